@@ -1,0 +1,93 @@
+"""The defense protocol: a privacy mechanism that attaches to an existing model (Opacus style).
+
+A defense may implement any of these hooks; the client step (`veil.training.step`) calls them:
+
+  transform_batch(batch)          before the forward pass (e.g. nothing: MJP acts on embeddings)
+  aux_loss(model, batch, logits)  an extra loss term (e.g. MJP's DAL / DRL)
+  backward(model, batch, loss_fn) replaces `loss.backward()` (e.g. DP-SGD per-sample clipping)
+  transform_grads(model, step)    rewrites `p.grad` in place after backward, before the optimiser
+                                  step AND before export: one masked gradient serves both
+  before_send / after_receive     split learning: features leaving / returning to the client
+
+`attach` keeps the handles it installs, refuses to attach twice, and `detach` removes them.
+A defense with zero strength leaves training bit-identical to no defense.
+"""
+from __future__ import annotations
+
+from typing import Any, Callable
+
+import torch
+from torch import Tensor
+
+from veil.errors import VeilError
+from veil.models.base import Batch, VeilModel
+
+
+class Defense:
+    name: str = "none"
+    #: the models this defense supports, by modality; an unsupported model is a one-line error
+    modalities: tuple[str, ...] = ("image", "text")
+
+    def __init__(self) -> None:
+        self.model: VeilModel | None = None
+
+    # ---- lifecycle ------------------------------------------------------------------------
+    def attach(self, model: VeilModel) -> "Defense":
+        if self.model is not None:
+            raise VeilError(f"defense {self.name!r} is already attached to a model; detach it first")
+        if model.modality not in self.modalities:
+            raise VeilError(f"defense {self.name!r} does not support {model.modality} models; it supports: {', '.join(self.modalities)}")
+        self.model = model
+        self._attach(model)
+        return self
+
+    def detach(self) -> None:
+        if self.model is not None:
+            self._detach(self.model)
+        self.model = None
+
+    def _attach(self, model: VeilModel) -> None:
+        """Install hooks, parameters or transforms on `model`."""
+
+    def _detach(self, model: VeilModel) -> None:
+        """Remove everything `_attach` installed."""
+
+    # ---- hooks (identity by default) -------------------------------------------------------
+    def transform_batch(self, batch: Batch) -> Batch:
+        return batch
+
+    def aux_loss(self, model: VeilModel, batch: Batch, logits: Tensor) -> Tensor | None:
+        return None
+
+    backward: Callable[..., None] | None = None  # (model, batch, loss_fn) -> None, sets p.grad
+
+    def transform_grads(self, model: VeilModel, step: int) -> None:
+        return None
+
+    def before_send(self, features: Tensor, state: dict[str, Any]) -> Tensor:
+        return features
+
+    def after_receive(self, features: Tensor, state: dict[str, Any]) -> Tensor:
+        return features
+
+    def describe(self) -> dict[str, Any]:
+        """The settings an adaptive attacker is granted (`Knowledge.defense`)."""
+        return {"name": self.name}
+
+
+class NoDefense(Defense):
+    """No defense: the reference every defense is compared with."""
+
+    name = "none"
+
+
+def check_unit_interval(name: str, value: float) -> float:
+    if not (0.0 <= float(value) <= 1.0):
+        raise VeilError(f"{name} must be in [0, 1], got {value}")
+    return float(value)
+
+
+def generator_for(seed: int, device: torch.device | str = "cpu") -> torch.Generator:
+    g = torch.Generator(device=device)
+    g.manual_seed(int(seed))
+    return g

@@ -1,0 +1,157 @@
+"""The handles every veil model exposes, so defenses and attacks never touch model internals.
+
+A batch is a dict of tensors:
+  images: ``pixels`` (B, C, H, W) and ``labels`` (B,)
+  text:   ``input_ids`` (B, T), ``attention_mask`` (B, T) and, for classification, ``labels`` (B,)
+
+The embedding step (timm's ``_pos_embed`` idea) is split so a defense can intervene:
+
+  tok = model.embed_tokens(batch)           # (B, N, D) content tokens in their input order
+  pos = model.position_embeddings(tok)      # (1 or B, N, D) the position embedding of each slot
+  movable = model.movable(batch)            # (B, N) which tokens a shuffle may move
+  tok, pos = transform(tok, pos, movable)   # e.g. MJP: shuffle tokens, put E_unk at moved slots
+  h = model.assemble(tok, pos, batch)       # add [CLS] / segment / norm as the model needs
+
+Everything after ``assemble`` is unchanged by defenses that act on the embedding step.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable, Protocol
+
+import torch
+from torch import Tensor, nn
+
+from veil.errors import VeilError
+
+Batch = dict[str, Tensor]
+
+
+class EmbeddingTransform(Protocol):
+    def __call__(self, tok: Tensor, pos: Tensor, movable: Tensor) -> tuple[Tensor, Tensor]: ...
+
+
+@dataclass
+class AttentionHandles:
+    """The four projections of one attention layer (nn.Linear or HF Conv1D; see `linear_weight`)."""
+
+    q: nn.Module
+    k: nn.Module
+    v: nn.Module
+    o: nn.Module
+
+
+def linear_weight(module: nn.Module, tensor: Tensor | None = None) -> Tensor:
+    """The weight (or a tensor shaped like it, e.g. its gradient) as (out_features, in_features).
+
+    Hugging Face GPT-2's Conv1D stores weights as (in, out); nn.Linear as (out, in).
+    """
+    t = module.weight if tensor is None else tensor
+    return t.t() if type(module).__name__ == "Conv1D" else t
+
+
+class VeilModel(nn.Module):
+    """Base class: the forward pass is written once in terms of the handles below."""
+
+    modality: str = "image"  # "image" | "text"
+    task: str = "classification"  # "classification" | "lm"
+
+    def __init__(self) -> None:
+        super().__init__()
+        self._embedding_transform: EmbeddingTransform | None = None
+
+    # ---- the replaceable embedding step -------------------------------------------------
+    def set_embedding_transform(self, fn: EmbeddingTransform | None) -> None:
+        """Install (or with None remove) the one transform applied inside `embed`."""
+        if fn is not None and self._embedding_transform is not None:
+            raise VeilError("this model already has an embedding transform attached (a defense is attached twice?)")
+        self._embedding_transform = fn
+
+    def embed(self, batch: Batch) -> Tensor:
+        tok = self.embed_tokens(batch)
+        pos = self.position_embeddings(tok)
+        if self._embedding_transform is not None:
+            tok, pos = self._embedding_transform(tok, pos, self.movable(batch))
+        return self.assemble(tok, pos, batch)
+
+    def forward(self, batch: Batch) -> Tensor:
+        return self.forward_from_embeddings(self.embed(batch), batch)
+
+    # ---- to implement ---------------------------------------------------------------------
+    def embed_tokens(self, batch: Batch) -> Tensor:
+        raise NotImplementedError
+
+    def position_embeddings(self, tok: Tensor) -> Tensor:
+        raise NotImplementedError
+
+    def movable(self, batch: Batch) -> Tensor:
+        raise NotImplementedError
+
+    def assemble(self, tok: Tensor, pos: Tensor, batch: Batch) -> Tensor:
+        raise NotImplementedError
+
+    def forward_from_embeddings(self, h: Tensor, batch: Batch) -> Tensor:
+        raise NotImplementedError
+
+    # handles
+    def token_embedding(self) -> nn.Module:
+        """Patch projection (vision) or token-embedding table (text)."""
+        raise NotImplementedError
+
+    def position_table(self) -> nn.Parameter:
+        """The learnable position-embedding table, (num_positions, D)."""
+        raise NotImplementedError
+
+    def attention_layers(self) -> list[AttentionHandles]:
+        raise NotImplementedError
+
+    def mlp_up(self) -> list[nn.Module]:
+        """The MLP expansion layer (fc1 / intermediate / c_fc) of every block."""
+        raise NotImplementedError
+
+    def mlp_down(self) -> list[nn.Module]:
+        raise NotImplementedError
+
+    def classifier(self) -> nn.Module:
+        """The last layer whose gradient reveals labels."""
+        raise NotImplementedError
+
+    def layer_input_norms(self) -> list[nn.Module]:
+        """For each block, the LayerNorm whose output feeds the Q/K/V projections (identity if none)."""
+        raise NotImplementedError
+
+    # ---- task -------------------------------------------------------------------------------
+    def loss(self, logits: Tensor, batch: Batch) -> Tensor:
+        if self.task == "lm":
+            return lm_loss(logits, batch["input_ids"], batch.get("attention_mask"))
+        return nn.functional.cross_entropy(logits, batch["labels"])
+
+    @property
+    def width(self) -> int:
+        return self.position_table().shape[-1]
+
+
+def lm_loss(logits: Tensor, ids: Tensor, mask: Tensor | None) -> Tensor:
+    """Next-token cross-entropy, ignoring padding."""
+    target = ids[:, 1:].clone()
+    if mask is not None:
+        target[mask[:, 1:] == 0] = -100
+    return nn.functional.cross_entropy(logits[:, :-1].reshape(-1, logits.shape[-1]), target.reshape(-1), ignore_index=-100)
+
+
+def padding_bias(mask: Tensor, causal: bool, dtype: torch.dtype) -> Tensor:
+    """Additive attention bias (B, 1, T, T): -inf-like where a key is padding or in the future."""
+    B, T = mask.shape
+    allowed = mask[:, None, None, :].bool().expand(B, 1, T, T)
+    if causal:
+        allowed = allowed & torch.ones(T, T, dtype=torch.bool, device=mask.device).tril()
+    return torch.zeros(B, 1, T, T, dtype=dtype, device=mask.device).masked_fill(~allowed, torch.finfo(dtype).min)
+
+
+def special_tokens_movable(ids: Tensor, mask: Tensor, special_ids: list[int]) -> Tensor:
+    """True for real, non-special tokens: [CLS], [SEP] and padding never move."""
+    special = torch.isin(ids, torch.tensor(special_ids, device=ids.device))
+    return mask.bool() & ~special
+
+
+Factory = Callable[..., VeilModel]

