@@ -1,0 +1,114 @@
+"""The threat model: what a curious server sees (`Observation`), what it is granted
+(`Knowledge`), and what it returns (`Reconstruction`). breaching's rule holds: an attack never
+receives the private batch; metrics compare against it afterwards, outside the attack.
+"""
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+from torch import Tensor, nn
+
+from veil.errors import VeilError
+from veil.models.base import VeilModel
+
+
+@dataclass
+class Observation:
+    """What the server saw from one client step."""
+
+    model: VeilModel  # the weights the client started from (the server sent them)
+    grads: dict[str, Tensor] = field(default_factory=dict)  # parameter name -> exported gradient
+    features: Tensor | None = None  # split learning: the smashed data the server received
+    kind: str = "gradient"  # "gradient" | "delta" | "features"
+
+    def grad(self, param: nn.Parameter | nn.Module, what: str = "weight") -> Tensor:
+        """The exported gradient of a parameter (or of `module.<what>`); a one-line error if absent."""
+        if isinstance(param, nn.Module):
+            param = getattr(param, what)
+        name = self._names().get(id(param))
+        if name is None or name not in self.grads:
+            raise VeilError(f"the observation has no gradient for {name or 'this parameter'} (frozen or not exported); this attack needs it")
+        return self.grads[name]
+
+    def has_grad(self, param: nn.Parameter | nn.Module, what: str = "weight") -> bool:
+        if isinstance(param, nn.Module):
+            param = getattr(param, what, None)
+            if param is None:
+                return False
+        return self._names().get(id(param)) in self.grads
+
+    def _names(self) -> dict[int, str]:
+        return {id(p): n for n, p in self.model.named_parameters()}
+
+
+@dataclass
+class Knowledge:
+    """What the attacker is granted."""
+
+    batch_size: int | None = None
+    labels: Tensor | None = None  # known labels, or None (the attack infers them)
+    input_shape: tuple[int, ...] | None = None  # e.g. (C, H, W) for images, (T,) for text
+    seq_len: int | None = None
+    tokenizer: Any = None  # text: maps ids <-> tokens; the attacker knows the public vocabulary
+    defense: dict[str, Any] = field(default_factory=dict)  # an adaptive attacker's knowledge of the mechanism
+    aux_data: Any = None  # auxiliary public data (feature-inversion attacks)
+    seed: int = 0
+
+
+@dataclass
+class Reconstruction:
+    """What the attack rebuilt, with its own statistics."""
+
+    images: Tensor | None = None  # (B, C, H, W) in [0, 1]
+    token_ids: list[list[int]] | None = None  # text sequences (without padding)
+    token_set: set[int] | None = None  # presence attacks: the bag of tokens
+    labels: Tensor | None = None
+    stats: dict[str, Any] = field(default_factory=dict)  # seconds, iterations, loss, ...
+
+
+class Attack:
+    """Base class: `reconstruct(observation, knowledge) -> Reconstruction`."""
+
+    name: str = "attack"
+    modality: str = "image"  # "image" | "text" | "any"
+    needs: str = "gradient"  # "gradient" | "features"
+
+    def __init__(self, **settings: Any) -> None:
+        self.settings = settings
+
+    def applies_to(self, model: VeilModel) -> str | None:
+        """None if the attack applies to `model`, else the reason it is skipped."""
+        if self.modality != "any" and model.modality != self.modality:
+            return f"{self.name} attacks {self.modality} models; this model is {model.modality}"
+        return None
+
+    def reconstruct(self, obs: Observation, know: Knowledge) -> Reconstruction:
+        reason = self.applies_to(obs.model)
+        if reason:
+            raise VeilError(reason)
+        t0 = time.perf_counter()
+        rec = self._reconstruct(obs, know)
+        rec.stats.setdefault("seconds", time.perf_counter() - t0)
+        return rec
+
+    def _reconstruct(self, obs: Observation, know: Knowledge) -> Reconstruction:
+        raise NotImplementedError
+
+
+def observe(model: VeilModel, batch: dict[str, Tensor], defenses: list | None = None, step: int = 0) -> Observation:
+    """Run one defended client step (no optimiser step) and wrap what the server sees."""
+    from veil.training.step import client_step
+
+    was_training = model.training
+    res = client_step(model, batch, defenses or [], optimizer=None, step=step)
+    model.train(was_training)
+    return Observation(model=model, grads=res.grads or {})
+
+
+def set_seed(seed: int) -> torch.Generator:
+    g = torch.Generator()
+    g.manual_seed(seed)
+    return g
