@@ -1,0 +1,90 @@
+"""Leakage metrics: how close an attack's reconstruction is to the private inputs.
+
+Images (`veil.metrics.image`): MSE, PSNR, SSIM (Wang et al. 2004), FFT2D (MJP: cosine similarity
+of 2-D FFT magnitude spectra); LPIPS is unavailable offline. Text (`veil.metrics.text`):
+ROUGE-1/2/L (Lin 2004), sacreBLEU (Papineni et al. 2002; Post 2018), Google-BLEU (Wu et al. 2016),
+token accuracy, position-aware token recovery, bag-of-tokens presence P/R/F1, exact recovery.
+Batches are paired with Hungarian matching (`veil.metrics.matching`) before scoring.
+
+`METRIC_KEYS` lists every stable key a metrics record may carry (``seconds`` is the attack's
+wall time, filled in by the caller).
+"""
+from __future__ import annotations
+
+from veil.metrics.image import (
+    IMAGE_KEYS,
+    LPIPS_UNAVAILABLE,
+    fft2d,
+    image_report,
+    lpips,
+    mse,
+    pairwise_mse,
+    psnr,
+    ssim,
+    ssim_window,
+)
+from veil.metrics.matching import MetricInputError, hungarian_match, order_from_match
+from veil.metrics.text import (
+    PRESENCE_KEYS,
+    TEXT_KEYS,
+    exact_recovery,
+    google_bleu,
+    pairwise_rouge_l,
+    pairwise_token_accuracy,
+    presence,
+    rouge,
+    sacrebleu,
+    text_report,
+    to_words,
+    token_accuracy,
+    token_recovery,
+)
+
+METRIC_KEYS: tuple[str, ...] = (
+    "mse",
+    "psnr",
+    "ssim",
+    "fft2d",
+    "rouge1",
+    "rouge2",
+    "rougeL",
+    "sacrebleu",
+    "google_bleu",
+    "token_accuracy",
+    "token_recovery",
+    "presence_precision",
+    "presence_recall",
+    "presence_f1",
+    "exact_recovery",
+    "seconds",
+)
+
+__all__ = [
+    "METRIC_KEYS",
+    "IMAGE_KEYS",
+    "TEXT_KEYS",
+    "PRESENCE_KEYS",
+    "LPIPS_UNAVAILABLE",
+    "MetricInputError",
+    "hungarian_match",
+    "order_from_match",
+    "mse",
+    "psnr",
+    "ssim",
+    "ssim_window",
+    "fft2d",
+    "lpips",
+    "pairwise_mse",
+    "image_report",
+    "to_words",
+    "rouge",
+    "sacrebleu",
+    "google_bleu",
+    "token_accuracy",
+    "token_recovery",
+    "presence",
+    "exact_recovery",
+    "pairwise_rouge_l",
+    "pairwise_token_accuracy",
+    "text_report",
+]
