@@ -1,0 +1,123 @@
+"""Token-wise jigsaw puzzle shuffle (Alg. 1 of the MJP paper, `mjp-masked-jigsaw-puzzle.txt`).
+
+Every function works on a whole batch at once (no Python loop over tokens or sequences):
+
+* `select_random(movable, gamma)`: per row, a ratio ``gamma`` of the movable slots.
+* `select_blocks(B, grid, gamma)`: BEiT-style block-wise selection on the patch grid: rectangles
+  of random area and aspect ratio, unioned until the target count, then topped up at random.
+* `select_windows(movable, gamma, window)`: the text n-gram variant (Eq. 6): the sequence is cut
+  into non-overlapping windows of ``window`` slots and each window selects its own share.
+* `jigsaw(selected, window)`: a random permutation of the selected slots among themselves
+  (restricted to each window when ``window`` is given); returns an index map ``perm`` so that
+  ``shuffled[:, j] = tokens[:, perm[:, j]]``. Unselected slots map to themselves.
+
+Counts use stochastic rounding (``floor(gamma * n + u)``, u ~ U[0, 1)) so the expected share is
+exactly ``gamma`` even on the 16-patch grid of ``vit-digits``, where ``gamma = 0.03`` would
+otherwise always round to zero. ``gamma = 0`` selects nothing, ever.
+"""
+from __future__ import annotations
+
+import math
+
+import torch
+from torch import Tensor
+
+
+def _counts(n: Tensor, gamma: float, g: torch.Generator | None) -> Tensor:
+    """Stochastically rounded ``gamma * n`` per row (never above n)."""
+    u = torch.rand(n.shape, generator=g, device=n.device)
+    return torch.minimum(torch.floor(gamma * n + u), n).long()
+
+
+def _rank(keys: Tensor) -> Tensor:
+    """Rank (0 = smallest) of every entry along the last dim."""
+    return keys.argsort(dim=-1).argsort(dim=-1)
+
+
+def select_random(movable: Tensor, gamma: float, g: torch.Generator | None = None) -> Tensor:
+    """(..., N) bool: per row, ~gamma of the movable slots chosen uniformly at random."""
+    movable = movable.bool()
+    k = _counts(movable.sum(-1).float(), gamma, g)
+    keys = torch.rand(movable.shape, generator=g, device=movable.device).masked_fill(~movable, 2.0)
+    return (_rank(keys) < k.unsqueeze(-1)) & movable
+
+
+def select_blocks(batch: int, grid: tuple[int, int], gamma: float, g: torch.Generator | None = None,
+                  device: torch.device | str = "cpu", rounds: int = 8, min_aspect: float = 0.3) -> Tensor:
+    """(B, H*W) bool: BEiT block-wise selection of ~gamma*H*W patches per image.
+
+    Each image draws ``rounds`` rectangles (area ~ U[1, target], log-uniform aspect ratio in
+    [min_aspect, 1/min_aspect], random position); the longest prefix whose union stays within the
+    target is kept, and the remaining count is filled with random patches so every image gets
+    exactly its target.
+    """
+    H, W = grid
+    n = torch.full((batch,), float(H * W), device=device)
+    k = _counts(n, gamma, g)  # (B,)
+    R = rounds
+    area = 1 + torch.rand(batch, R, generator=g, device=device) * (k.clamp(min=1).float().unsqueeze(1) - 1)
+    log_a = math.log(min_aspect) + torch.rand(batch, R, generator=g, device=device) * (-2 * math.log(min_aspect))
+    ratio = log_a.exp()
+    h = (area * ratio).sqrt().round().clamp(1, H)
+    w = (area / ratio).sqrt().round().clamp(1, W)
+    top = (torch.rand(batch, R, generator=g, device=device) * (H - h + 1)).floor()
+    left = (torch.rand(batch, R, generator=g, device=device) * (W - w + 1)).floor()
+    rows = torch.arange(H, device=device).view(1, 1, H, 1)
+    cols = torch.arange(W, device=device).view(1, 1, 1, W)
+    inside = ((rows >= top[..., None, None]) & (rows < (top + h)[..., None, None])
+              & (cols >= left[..., None, None]) & (cols < (left + w)[..., None, None]))  # (B, R, H, W)
+    union = inside.flatten(2).cummax(dim=1).values  # union of the first r blocks, (B, R, N)
+    fits = union.sum(-1) <= k.unsqueeze(1)  # (B, R), monotone: a prefix of True
+    last = fits.sum(1) - 1  # index of the longest fitting prefix, -1 if none
+    chosen = union.gather(1, last.clamp(min=0).view(batch, 1, 1).expand(-1, 1, H * W)).squeeze(1)
+    chosen = chosen & (last >= 0).unsqueeze(1)
+    # top up to exactly k with random patches outside the blocks
+    missing = k - chosen.sum(-1)
+    keys = torch.rand(batch, H * W, generator=g, device=device).masked_fill(chosen, 2.0)
+    extra = (_rank(keys) < missing.unsqueeze(-1)) & ~chosen
+    return chosen | extra
+
+
+def _windowed(x: Tensor, window: int, fill: bool | float) -> Tensor:
+    """(B, T) -> (B, nW, window), padding the tail with `fill`."""
+    B, T = x.shape
+    pad = (-T) % window
+    if pad:
+        x = torch.cat([x, x.new_full((B, pad), fill)], dim=1)
+    return x.view(B, -1, window)
+
+
+def select_windows(movable: Tensor, gamma: float, window: int | None, g: torch.Generator | None = None) -> Tensor:
+    """(B, T) bool: per n-gram window of `window` slots, ~gamma of its movable slots (Eq. 6)."""
+    if window is None or window >= movable.shape[1]:
+        return select_random(movable, gamma, g)
+    T = movable.shape[1]
+    sel = select_random(_windowed(movable.bool(), window, False), gamma, g)
+    return sel.flatten(1)[:, :T]
+
+
+def jigsaw(selected: Tensor, window: int | None = None, g: torch.Generator | None = None) -> Tensor:
+    """(B, N) long index map permuting the selected slots among themselves (per window if given).
+
+    Random keys in [0, 1) on selected slots and ``2 + j`` elsewhere, argsorted, list the selected
+    slots in random order followed by the rest in place; the same with keys ``j / N`` lists them
+    in order. Scattering the first onto the second sends every selected slot to a random selected
+    slot (of the same window) and leaves the others fixed.
+    """
+    B, N = selected.shape
+    if window is not None and window < N:
+        W = window
+        sel = _windowed(selected, W, False)  # (B, nW, W)
+        local = jigsaw(sel.reshape(-1, W), None, g).view(B, -1, W)
+        base = torch.arange(sel.shape[1], device=selected.device).view(1, -1, 1) * W
+        return (local + base).flatten(1)[:, :N]
+    j = torch.arange(N, device=selected.device).expand(B, N)
+    rest = 2.0 + j.float()
+    src = torch.where(selected, torch.rand(B, N, generator=g, device=selected.device), rest).argsort(dim=1)
+    dst = torch.where(selected, j.float() / N, rest).argsort(dim=1)
+    return torch.empty_like(j).scatter_(1, dst, src)
+
+
+def apply_perm(tok: Tensor, perm: Tensor) -> Tensor:
+    """Reorder (B, N, D) tokens: ``out[:, j] = tok[:, perm[:, j]]``."""
+    return tok.gather(1, perm.unsqueeze(-1).expand(-1, -1, tok.shape[-1]))

@@ -1,0 +1,210 @@
+"""MJP — the Masked Jigsaw Puzzle defense (`mjp-masked-jigsaw-puzzle.txt`, Ye et al.; Ren et al. CVPR'23).
+
+Implements, on every veil model with a learnable position table (ViT, text encoders, HF BERT /
+MiniLM, HF ViT):
+
+* Alg. 1 — token-wise jigsaw shuffle: per sequence a ratio ``gamma`` of the movable slots is
+  selected (vision: BEiT block-wise or plain random on the patch grid; text: within each
+  non-overlapping n-gram window of ``window`` slots, Eq. 6) and the selected tokens are permuted
+  among themselves (`veil.defenses.jigsaw`). [CLS], [SEP] and padding never move.
+* Eq. 2-3 — MJP position embedding: one shared learnable ``E_unk`` (1, D) replaces ``E_pos`` at
+  every selected slot. It is the parameter ``model.mjp.unk`` (in the state dict and checkpoints).
+* Eq. 4-5 — DAL: a regressor ``g`` (``model.mjp.loc``: Linear(D, D) - ReLU - Linear(D, c))
+  maps the position embedding ``E_pos[l]`` of every *unshuffled* movable slot to its location:
+  ``(row, col) / K`` on the K x K patch grid (c = 2) or ``l / (rows - 1)`` for text (c = 1, rows =
+  the size of the position table). Loss: mean over (sequence, unshuffled slot) of
+  ``|| loc_l - g(E_pos[l]) ||_1``, weighted by ``aux_lambda`` (0.01 in the paper).
+* DRL (text in the paper, allowed for vision too): the relative variant. Pairs (i, j) of unshuffled
+  slots are drawn (``pairs_per_token`` x N pairs per step, i and j independently, each slot
+  weighted by how many sequences left it unshuffled); ``g`` (Linear(2D, D) - ReLU - Linear(D, c))
+  maps ``[E_pos[i]; E_pos[j]]`` to the offset ``loc_i - loc_j``; loss = mean L1 over pairs.
+
+Variants under the same switch: ``mjp`` (shuffle + E_unk), ``shuffle`` (shuffle, original PEs:
+the paper's "shuff" baseline) and ``nope`` (no position embeddings at all, train and test: the
+"w/o PEs" baseline; the tokens are still shuffled at ``gamma`` in training).
+
+The shuffle runs only in training mode. `set_eval_gamma(g)` turns on a test-time shuffle at ratio
+g (the consistency evaluation of Fig. 4/5 and Table VIII (b)): as in the authors' consistency
+code, the client knows which slots it shuffled, so an ``mjp`` model gets ``E_unk`` at them, a
+``shuffle`` model keeps its PEs. ``gamma = 0`` makes the transform the identity (bit-identical
+training); the auxiliary loss is a separate switch (``aux='none'`` for a zero-strength run).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from torch import Tensor, nn
+
+from veil.defenses import DEFENSES
+from veil.defenses.base import Defense, check_unit_interval
+from veil.defenses.jigsaw import apply_perm, jigsaw, select_blocks, select_random, select_windows
+from veil.errors import VeilError
+from veil.models.base import Batch, VeilModel
+
+VARIANTS = ("mjp", "shuffle", "nope")
+AUXES = ("dal", "drl", "none")
+SELECTIONS = ("block", "random")
+
+
+@dataclass
+class JigsawState:
+    """What the last forward pass did (read by `aux_loss` and by tests)."""
+
+    pos: Tensor  # (1, N, D) the slots' original position embeddings
+    movable: Tensor  # (B, N)
+    mask: Tensor | None  # (B, N) selected (shuffled, E_unk) slots; None when nothing ran
+    perm: Tensor | None  # (B, N) index map, shuffled[:, j] = tok[:, perm[:, j]]
+    pos_out: Tensor | None = None  # the position embeddings actually used
+
+
+class MJPModule(nn.Module):
+    """The parameters MJP adds to a model: ``unk`` (E_unk) and the location regressor ``loc``."""
+
+    def __init__(self, dim: int, coords: int, unk: bool, aux: str) -> None:
+        super().__init__()
+        if unk:
+            self.unk = nn.Parameter(torch.randn(1, dim) * 0.02)
+        if aux != "none":
+            inp = 2 * dim if aux == "drl" else dim
+            self.loc = nn.Sequential(nn.Linear(inp, dim), nn.ReLU(), nn.Linear(dim, coords))
+
+
+def _check_choice(name: str, value: str, allowed: tuple[str, ...]) -> str:
+    if value not in allowed:
+        raise VeilError(f"mjp {name} {value!r} is not known; choose one of: {', '.join(allowed)}")
+    return value
+
+
+@DEFENSES.register("mjp", "Masked Jigsaw Puzzle: shuffle a ratio gamma of tokens, learnable E_unk at their positions, DAL/DRL")
+class MJP(Defense):
+    """Masked Jigsaw Puzzle (Alg. 1, Eq. 2-6).
+
+    gamma: shuffle ratio in [0, 1] (default 0.03 for images, 0.5 for text, the paper's choices).
+    window: text n-gram window size >= 2 (default 32); None shuffles across the whole sequence.
+    selection: ``block`` (BEiT blocks, default) or ``random`` for images.
+    aux: ``dal``, ``drl`` or ``none`` (default: dal for images, none for text, as in the paper).
+    aux_lambda: weight of the auxiliary loss (0.01). variant: ``mjp``, ``shuffle`` or ``nope``.
+    seed: seeds the defense's own random generator (shuffles are reproducible per seed).
+    """
+
+    name = "mjp"
+
+    def __init__(self, gamma: float | None = None, window: int | None = 32, selection: str = "block",
+                 aux: str | None = None, aux_lambda: float = 0.01, variant: str = "mjp", seed: int = 0,
+                 pairs_per_token: int = 4) -> None:
+        super().__init__()
+        self.gamma = None if gamma is None else check_unit_interval("mjp gamma", gamma)
+        if window is not None and (isinstance(window, bool) or int(window) != window or int(window) < 2):
+            raise VeilError(f"mjp window must be an integer >= 2 (or none for the whole sequence), got {window}")
+        self.window = None if window is None else int(window)
+        self.selection = _check_choice("selection", str(selection), SELECTIONS)
+        self.aux = None if aux is None else _check_choice("aux", str(aux), AUXES)
+        if float(aux_lambda) < 0:
+            raise VeilError(f"mjp aux_lambda must be >= 0, got {aux_lambda}")
+        self.aux_lambda = float(aux_lambda)
+        self.variant = _check_choice("variant", str(variant), VARIANTS)
+        if self.variant == "nope" and self.aux not in (None, "none"):
+            raise VeilError(f"mjp aux {self.aux!r} regresses position embeddings, which variant 'nope' removes; use aux=none")
+        self.seed = int(seed)
+        self.pairs_per_token = int(pairs_per_token)
+        self.eval_gamma: float | None = None
+        self.last: JigsawState | None = None
+        self._gen: torch.Generator | None = None
+
+    # ---- lifecycle ------------------------------------------------------------------------
+    def _attach(self, model: VeilModel) -> None:
+        if model.task == "lm":
+            raise VeilError("mjp shuffles input tokens, which breaks next-token prediction; use it on classification models")
+        if hasattr(model, "mjp"):
+            raise VeilError("this model already carries MJP parameters (model.mjp); detach the other MJP first")
+        image = model.modality == "image"
+        if self.gamma is None:
+            self.gamma = 0.03 if image else 0.5
+        if self.aux is None:
+            self.aux = "dal" if image and self.variant != "nope" else "none"
+        self.grid = tuple(model.grid_shape) if image else None
+        dim = int(model.width)
+        ref = model.position_table()
+        model.set_embedding_transform(self._transform)  # refuses a second transform
+        model.mjp = MJPModule(dim, 2 if image else 1, unk=self.variant == "mjp", aux=self.aux).to(ref.device, ref.dtype)
+
+    def _detach(self, model: VeilModel) -> None:
+        model.set_embedding_transform(None)
+        if hasattr(model, "mjp"):
+            del model.mjp
+        self.last = None
+
+    def set_eval_gamma(self, gamma: float | None) -> None:
+        """Shuffle at ratio `gamma` in eval mode too (consistency evaluation); None turns it off."""
+        self.eval_gamma = None if gamma is None else check_unit_interval("mjp test-time gamma", gamma)
+
+    def describe(self) -> dict[str, Any]:
+        return {"name": self.name, "gamma": self.gamma, "window": self.window, "selection": self.selection, "aux": self.aux,
+                "aux_lambda": self.aux_lambda, "variant": self.variant, "seed": self.seed}
+
+    # ---- the embedding transform (Alg. 1 + Eq. 2-3) ------------------------------------------
+    def _generator(self, device: torch.device) -> torch.Generator:
+        if self._gen is None or self._gen.device != device:
+            self._gen = torch.Generator(device=device)
+            self._gen.manual_seed(self.seed)
+        return self._gen
+
+    def select(self, movable: Tensor, gamma: float) -> Tensor:
+        """(B, N) bool: the slots to shuffle (and mask) for this batch."""
+        g = self._generator(movable.device)
+        if self.grid is not None:
+            if self.selection == "block" and movable.all():
+                return select_blocks(movable.shape[0], self.grid, gamma, g, movable.device)
+            return select_random(movable, gamma, g)
+        return select_windows(movable, gamma, self.window, g)
+
+    def _transform(self, tok: Tensor, pos: Tensor, movable: Tensor) -> tuple[Tensor, Tensor]:
+        model = self.model
+        gamma = self.gamma if (model is not None and model.training) else self.eval_gamma
+        self.last = JigsawState(pos, movable, None, None)
+        pos_out = torch.zeros_like(pos) if self.variant == "nope" else pos
+        if not gamma:
+            self.last.pos_out = pos_out
+            return tok, pos_out
+        mask = self.select(movable, gamma)
+        perm = jigsaw(mask, self.window if self.grid is None else None, self._generator(movable.device))
+        tok = apply_perm(tok, perm)
+        if self.variant == "mjp":
+            pos_out = torch.where(mask.unsqueeze(-1), model.mjp.unk.to(pos.dtype), pos)
+        self.last = JigsawState(pos, movable, mask, perm, pos_out)
+        return tok, pos_out
+
+    # ---- DAL / DRL (Eq. 4-5) ------------------------------------------------------------------
+    def locations(self, n: int, device: torch.device) -> Tensor:
+        """(n, c) normalised location of each slot: (row, col) / K on the grid, index / (rows - 1) for text."""
+        if self.grid is not None:
+            H, W = self.grid
+            idx = torch.arange(n, device=device)
+            return torch.stack([idx // W / H, idx % W / W], dim=1).float()
+        rows = self.model.position_table().shape[-2]
+        return (torch.arange(n, device=device).float() / max(rows - 1, 1)).unsqueeze(1)
+
+    def aux_loss(self, model: VeilModel, batch: Batch, logits: Tensor) -> Tensor | None:
+        if self.aux in (None, "none") or not model.training or self.last is None or self.aux_lambda == 0:
+            return None
+        st = self.last
+        keep = st.movable if st.mask is None else st.movable & ~st.mask
+        weight = keep.sum(0).to(st.pos.dtype)  # how many sequences left each slot unshuffled
+        if float(weight.sum()) == 0:
+            return None
+        table = st.pos[0]  # (N, D)
+        loc = self.locations(table.shape[0], table.device).to(table.dtype)
+        if self.aux == "dal":
+            err = (model.mjp.loc(table) - loc).abs().sum(-1)
+            return self.aux_lambda * (weight * err).sum() / weight.sum()
+        return self.aux_lambda * self.drl_loss(model, table, loc, weight)
+
+    def drl_loss(self, model: VeilModel, table: Tensor, loc: Tensor, weight: Tensor) -> Tensor:
+        """Mean L1 between predicted and true offsets loc_i - loc_j over sampled unshuffled pairs."""
+        m = self.pairs_per_token * table.shape[0]
+        g = self._generator(table.device)
+        ij = torch.multinomial(weight.float(), 2 * m, replacement=True, generator=g).view(2, m)
+        pred = model.mjp.loc(torch.cat([table[ij[0]], table[ij[1]]], dim=-1))
+        return (pred - (loc[ij[0]] - loc[ij[1]])).abs().sum(-1).mean()
