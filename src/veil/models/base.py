@@ -133,9 +133,9 @@ class VeilModel(nn.Module):
 
 def lm_loss(logits: Tensor, ids: Tensor, mask: Tensor | None) -> Tensor:
     """Next-token cross-entropy, ignoring padding."""
-    target = ids[:, 1:].clone()
-    if mask is not None:
-        target[mask[:, 1:] == 0] = -100
+    target = ids[:, 1:]
+    if mask is not None:  # masked_fill, not boolean indexing: per-sample gradients (vmap) need it
+        target = target.masked_fill(mask[:, 1:] == 0, -100)
     return nn.functional.cross_entropy(logits[:, :-1].reshape(-1, logits.shape[-1]), target.reshape(-1), ignore_index=-100)
 
 

@@ -1,0 +1,136 @@
+"""AEGIS: frozen attention, seeded per-step noise, bit-identity at zero strength, one masked gradient."""
+from __future__ import annotations
+
+import pytest
+import torch
+
+from veil.defenses import create_defense, list_defenses
+from veil.defenses.aegis import attention_parameters
+from veil.errors import VeilError
+from veil.models import create_model
+from veil.training.step import client_step
+
+VOCAB = 300
+
+
+def tiny(name: str = "transformer4", seed: int = 0) -> torch.nn.Module:
+    torch.manual_seed(seed)
+    kw = dict(vocab_size=VOCAB, dim=32, depth=2, heads=2)
+    if name == "hf-gpt2":
+        kw = dict(vocab_size=VOCAB, dim=32, depth=2, heads=2)
+    return create_model(name, **kw)
+
+
+def batch(seed: int = 0) -> dict[str, torch.Tensor]:
+    g = torch.Generator().manual_seed(seed)
+    ids = torch.randint(103, VOCAB, (3, 10), generator=g)
+    ids[:, 0] = 101
+    mask = torch.ones_like(ids)
+    mask[2, 7:] = 0
+    ids[2, 7:] = 0
+    return {"input_ids": ids, "attention_mask": mask, "labels": torch.tensor([0, 1, 1])}
+
+
+def test_registered() -> None:
+    assert {"aegis", "dpsgd", "prune", "gaussian"} <= set(list_defenses())
+
+
+@pytest.mark.parametrize("name", ["transformer4", "gpt-tiny", "hf-gpt2"])
+def test_frozen_attention_gets_no_update_and_exports_nothing(name: str) -> None:
+    model = tiny(name)
+    d = create_defense("aegis").attach(model)
+    frozen = attention_parameters(model)
+    names = {n for n, p in model.named_parameters() if any(p is q for q in frozen)}
+    assert frozen and all(not p.requires_grad for p in frozen)
+    before = [p.detach().clone() for p in frozen]
+    from veil.training.loop import make_optimizer
+
+    opt = make_optimizer(model, 1e-2, 0.05)
+    res = client_step(model, batch(), [d], opt)
+    assert names.isdisjoint(res.grads)  # nothing exported
+    assert all(p.grad is None for p in frozen)
+    assert all(torch.equal(a, p) for a, p in zip(before, frozen))  # no update
+    d.detach()
+    assert all(p.requires_grad for p in frozen)  # detach restores
+
+
+def test_zero_strength_is_bit_identical() -> None:
+    m0, m1 = tiny(), tiny()
+    d = create_defense("aegis", freeze_attention=False, embed_noise=0.0, mlp_noise=0.0).attach(m1)
+    o0, o1 = torch.optim.AdamW(m0.parameters(), 1e-2), torch.optim.AdamW(m1.parameters(), 1e-2)
+    for step in range(2):
+        r0 = client_step(m0, batch(step), [], o0, step=step)
+        r1 = client_step(m1, batch(step), [d], o1, step=step)
+        assert r0.grads.keys() == r1.grads.keys()
+        assert all(torch.equal(r0.grads[k], r1.grads[k]) for k in r0.grads)
+    assert all(torch.equal(a, b) for a, b in zip(m0.parameters(), m1.parameters()))
+
+
+def grads_of(defense_kw: dict, step: int, model_seed: int = 0, calls: int = 1) -> dict[str, torch.Tensor]:
+    model = tiny(seed=model_seed)
+    d = create_defense("aegis", **defense_kw).attach(model)
+    for _ in range(calls):
+        res = client_step(model, batch(), [d], step=step)
+    return res.grads
+
+
+def test_noise_is_seeded_and_changes_every_step() -> None:
+    emb = "tok.weight"
+    clean = grads_of(dict(embed_noise=0.0, mlp_noise=0.0), 0)
+    a = grads_of(dict(seed=1), 0)
+    assert torch.equal(a[emb], grads_of(dict(seed=1), 0)[emb])  # same seed, same step -> same noise
+    assert not torch.equal(a[emb], grads_of(dict(seed=2), 0)[emb])  # another seed
+    assert not torch.equal(a[emb], grads_of(dict(seed=1), 1)[emb])  # another step
+    assert not torch.equal(a[emb], grads_of(dict(seed=1), 0, calls=2)[emb])  # same step repeated: fresh noise
+    # noise on EVERY row: absent vocabulary rows are no longer zero
+    absent = torch.ones(VOCAB, dtype=torch.bool)
+    absent[batch()["input_ids"].unique()] = False
+    assert clean[emb][absent].abs().sum() == 0
+    assert (a[emb][absent].norm(dim=1) > 0).all()
+    up = "blocks.0.mlp.fc1.weight"
+    assert not torch.equal(a[up], clean[up])
+    assert torch.equal(a["blocks.0.mlp.fc2.weight"], clean["blocks.0.mlp.fc2.weight"])  # other layers untouched
+
+
+def test_embedding_noise_follows_its_calibration() -> None:
+    model = tiny()
+    d = create_defense("aegis", embed_noise=3.0, mlp_noise=0.0, freeze_attention=False).attach(model)
+    clean = grads_of(dict(embed_noise=0.0, mlp_noise=0.0, freeze_attention=False), 0)["tok.weight"]
+    noisy = client_step(model, batch(), [d]).grads["tok.weight"]
+    rho_max = float(clean.norm(dim=1).max())
+    want = 3.0 * rho_max / (2 * clean.shape[1]) ** 0.25
+    assert d.last_std["embedding"] == pytest.approx(want, rel=1e-6)
+    assert float((noisy - clean).std()) == pytest.approx(want, rel=0.05)
+
+
+def test_masked_gradient_is_exported_and_drives_the_step() -> None:
+    model = tiny()
+    d = create_defense("aegis", seed=3).attach(model)
+    before = {n: p.detach().clone() for n, p in model.named_parameters()}
+    opt = torch.optim.SGD([p for p in model.parameters() if p.requires_grad], lr=0.5)
+    res = client_step(model, batch(), [d], opt)
+    for n, p in model.named_parameters():
+        if n in res.grads:
+            assert torch.equal(p.grad, res.grads[n])  # exported == what the optimiser holds
+            assert torch.allclose(p.detach(), before[n] - 0.5 * res.grads[n], atol=1e-6)  # and used
+    clean = grads_of(dict(embed_noise=0.0, mlp_noise=0.0), 0)
+    assert not torch.equal(res.grads["tok.weight"], clean["tok.weight"])  # no clean gradient leaves
+
+
+@pytest.mark.parametrize("kw, msg", [
+    (dict(embed_noise=-1), "embed_noise"), (dict(mlp_noise="a"), "mlp_noise"),
+    (dict(freeze_attention="yes"), "freeze_attention"), (dict(seed=1.5), "seed"),
+])
+def test_bad_settings_are_one_line_errors(kw: dict, msg: str) -> None:
+    with pytest.raises(VeilError, match=msg) as e:
+        create_defense("aegis", **kw)
+    assert "\n" not in str(e.value)
+
+
+def test_attach_twice_and_wrong_modality() -> None:
+    model = tiny()
+    d = create_defense("aegis").attach(model)
+    with pytest.raises(VeilError, match="already attached"):
+        d.attach(model)
+    with pytest.raises(VeilError, match="text"):
+        create_defense("aegis").attach(create_model("vit-digits"))
