@@ -1,0 +1,52 @@
+"""The `veil` command. Each subcommand lives in `veil/commands/<name>.py` with
+`add_parser(subparsers)` and `run(args) -> int`. A bad input prints one line and exits 2.
+"""
+from __future__ import annotations
+
+import argparse
+import importlib
+import os
+import sys
+
+from veil.errors import VeilError
+
+COMMANDS = ("train", "eval", "attack", "federate", "split", "audit", "analyze", "bench", "list")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="veil", description="Train Transformers with privacy defenses in federated and split learning, and audit them with the attacks a curious server would run.")
+    from veil import __version__
+
+    parser.add_argument("--version", action="version", version=f"veil {__version__}")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+    for name in COMMANDS:
+        try:
+            mod = importlib.import_module(f"veil.commands.{name}")
+        except ModuleNotFoundError as e:
+            if e.name == f"veil.commands.{name}":
+                continue
+            raise
+        mod.add_parser(sub)
+    return parser
+
+
+
+def main(argv: list[str] | None = None) -> int:
+    os.environ.setdefault("FLWR_TELEMETRY_ENABLED", "0")
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if not getattr(args, "run", None):
+        parser.print_help()
+        return 0 if args.command is None else 2
+    try:
+        return int(args.run(args) or 0)
+    except VeilError as e:
+        print(f"veil: error: {e}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print("veil: interrupted; run the same command again to resume", file=sys.stderr)
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,25 @@
+"""`veil train CONFIG [key=value ...] --out RUN_DIR`"""
+from __future__ import annotations
+
+import argparse
+import json
+
+from veil.config import load_config
+
+
+def add_parser(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("train", help="train a model (with defenses) from a YAML config", description=__doc__)
+    p.add_argument("config", help="YAML config file, or a run folder to resume")
+    p.add_argument("overrides", nargs="*", help="key=value overrides, e.g. train.epochs=3 defense=mjp gamma=0.1")
+    p.add_argument("--out", required=True, help="run folder (created; an existing one is resumed)")
+    p.add_argument("--quiet", action="store_true", help="no progress bar")
+    p.set_defaults(run=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    from veil.training.loop import train
+
+    cfg = load_config(args.config, args.overrides)
+    summary = train(cfg, args.out, progress=not args.quiet)
+    print(json.dumps(summary, indent=2))
+    return 0

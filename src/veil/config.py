@@ -1,0 +1,239 @@
+"""Typed run configs: a YAML file plus `key=value` overrides, validated before anything runs.
+
+A config has four sections; `model`, `data` and each `defense` entry name a registered object
+and carry that object's own options, checked against its signature:
+
+    model: {name: vit-digits, dim: 64}
+    data: {name: digits, test_fraction: 0.2}
+    defense: [{name: mjp, gamma: 0.1}]      # or a single mapping, or a name
+    train: {epochs: 30, batch_size: 64, lr: 0.002, ...}
+
+Overrides: `model=minilm`, `train.epochs=3`, `defense=mjp`, `defense.gamma=0.1`, or a bare
+`gamma=0.1` when exactly one section knows the key. Every bad key, type or name is a one-line
+`VeilError` naming the key and what is allowed.
+"""
+from __future__ import annotations
+
+import dataclasses
+import inspect
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable
+
+import yaml
+
+from veil.errors import VeilError
+
+
+@dataclass
+class TrainConfig:
+    epochs: int = 10
+    batch_size: int = 32
+    lr: float = 1e-3
+    weight_decay: float = 0.05
+    warmup: float = 0.1  # fraction of all steps spent warming up
+    clip: float = 1.0  # max gradient norm; 0 disables
+    seed: int = 0
+    device: str = "auto"  # auto | cpu | cuda
+    eval_batch_size: int = 256
+    max_steps: int = 0  # 0: epochs decide
+    label_smoothing: float = 0.0
+
+
+@dataclass
+class RunConfig:
+    model: dict[str, Any] = field(default_factory=lambda: {"name": "vit-digits"})
+    data: dict[str, Any] = field(default_factory=lambda: {"name": "digits"})
+    defense: list[dict[str, Any]] = field(default_factory=list)
+    train: TrainConfig = field(default_factory=TrainConfig)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"model": dict(self.model), "data": dict(self.data), "defense": [dict(d) for d in self.defense],
+                "train": dataclasses.asdict(self.train)}
+
+
+SECTIONS = ("model", "data", "defense", "train")
+
+
+# ---- option discovery: what each named object accepts ------------------------------------------
+def _params(fn: Callable[..., Any]) -> set[str]:
+    return {n for n, p in inspect.signature(fn).parameters.items() if p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)} - {"self"}
+
+
+def model_keys(name: str) -> set[str]:
+    from veil.models import model_options
+
+    return set(model_options(name))
+
+
+def data_keys(name: str) -> set[str]:
+    from veil.data import DATASETS
+
+    if name not in DATASETS:
+        DATASETS.create(name)  # raises the one-line error
+    return _params(DATASETS._factories[name])
+
+
+def defense_keys(name: str) -> set[str]:
+    from veil.defenses import DEFENSES, _load_builtin
+
+    _load_builtin()
+    if name not in DEFENSES:
+        DEFENSES.create(name)
+    return _params(DEFENSES._factories[name])
+
+
+_KEYS = {"model": model_keys, "data": data_keys, "defense": defense_keys}
+_TRAIN_FIELDS = {f.name: f for f in dataclasses.fields(TrainConfig)}
+
+
+# ---- parsing -----------------------------------------------------------------------------------
+def parse_value(text: str) -> Any:
+    """`key=value` values are YAML scalars: 3 -> int, 0.1 -> float, true -> bool, [a, b] -> list."""
+    try:
+        return yaml.safe_load(text)
+    except yaml.YAMLError:
+        return text
+
+
+def _named(section: str, value: Any) -> dict[str, Any]:
+    if isinstance(value, str):
+        return {"name": value}
+    if isinstance(value, dict) and isinstance(value.get("name"), str):
+        return dict(value)
+    raise VeilError(f"config section '{section}' must be a name or a mapping with a 'name' key")
+
+
+def _defenses(value: Any) -> list[dict[str, Any]]:
+    if value is None or value == "none":
+        return []
+    items = value if isinstance(value, list) else [value]
+    out = [_named("defense", v) for v in items]
+    return [d for d in out if d["name"] != "none"]
+
+
+def _coerce_train(raw: dict[str, Any]) -> TrainConfig:
+    values: dict[str, Any] = {}
+    for key, val in raw.items():
+        if key not in _TRAIN_FIELDS:
+            raise VeilError(f"unknown config key 'train.{key}'; allowed: {', '.join(sorted(_TRAIN_FIELDS))}")
+        want = type(getattr(TrainConfig(), key))
+        if want is float and isinstance(val, int) and not isinstance(val, bool):
+            val = float(val)
+        if not isinstance(val, want) or (want is int and isinstance(val, bool)):
+            raise VeilError(f"config key 'train.{key}' must be {want.__name__}, got {val!r}")
+        values[key] = val
+    return TrainConfig(**values)
+
+
+def _check_options(section: str, entry: dict[str, Any]) -> None:
+    allowed = _KEYS[section](entry["name"])
+    for key in entry:
+        if key != "name" and key not in allowed:
+            raise VeilError(f"unknown config key '{section}.{key}' for {section} {entry['name']!r}; allowed: {', '.join(sorted(allowed)) or '(none)'}")
+
+
+def from_dict(raw: dict[str, Any]) -> RunConfig:
+    """Validate a raw mapping into a RunConfig (names, keys and train types)."""
+    if not isinstance(raw, dict):
+        raise VeilError("a config must be a YAML mapping with sections: " + ", ".join(SECTIONS))
+    unknown = sorted(set(raw) - set(SECTIONS))
+    if unknown:
+        raise VeilError(f"unknown config section '{unknown[0]}'; allowed: {', '.join(SECTIONS)}")
+    cfg = RunConfig(
+        model=_named("model", raw.get("model", "vit-digits")),
+        data=_named("data", raw.get("data", "digits")),
+        defense=_defenses(raw.get("defense")),
+        train=_coerce_train(raw.get("train") or {}),
+    )
+    _check_options("model", cfg.model)
+    _check_options("data", cfg.data)
+    for d in cfg.defense:
+        _check_options("defense", d)
+    return cfg
+
+
+def read_yaml(path: str | Path) -> dict[str, Any]:
+    p = Path(path)
+    if p.is_dir():
+        p = p / "config.yaml"
+    if not p.is_file():
+        raise VeilError(f"config file '{path}' does not exist")
+    try:
+        raw = yaml.safe_load(p.read_text())
+    except yaml.YAMLError as e:
+        mark = getattr(e, "problem_mark", None)
+        where = f" at line {mark.line + 1}" if mark else ""
+        raise VeilError(f"config file '{path}' is not valid YAML{where}") from None
+    if raw is None:
+        return {}
+    if not isinstance(raw, dict):
+        raise VeilError(f"config file '{path}' must hold a mapping with sections: {', '.join(SECTIONS)}")
+    return raw
+
+
+def apply_overrides(raw: dict[str, Any], overrides: list[str]) -> dict[str, Any]:
+    """Apply `key=value` strings to a raw config mapping (before validation)."""
+    raw = {k: v for k, v in raw.items()}
+    for item in overrides:
+        if "=" not in item:
+            raise VeilError(f"override '{item}' is not of the form key=value")
+        key, text = item.split("=", 1)
+        _set(raw, key.strip(), parse_value(text))
+    return raw
+
+
+def _set(raw: dict[str, Any], key: str, value: Any) -> None:
+    if key in ("model", "data"):
+        raw[key] = value if isinstance(value, dict) else {"name": value}
+        return
+    if key == "defense":
+        raw[key] = value
+        return
+    if "." not in key:
+        key = _resolve_bare(raw, key)
+    section, _, sub = key.partition(".")
+    if section not in SECTIONS:
+        raise VeilError(f"unknown config key '{key}'; sections are: {', '.join(SECTIONS)}")
+    if section == "defense":
+        ds = _defenses(raw.get("defense"))
+        if len(ds) != 1:
+            raise VeilError(f"override '{key}' needs exactly one defense in the config (found {len(ds)}); set defense=NAME first")
+        ds[0][sub] = value
+        raw["defense"] = ds
+        return
+    target = raw.get(section)
+    target = {"name": target} if isinstance(target, str) else dict(target or {})
+    if section in ("model", "data") and "name" not in target:
+        target["name"] = RunConfig().__getattribute__(section)["name"]
+    target[sub] = value
+    raw[section] = target
+
+
+def _resolve_bare(raw: dict[str, Any], key: str) -> str:
+    """Find the one section whose object accepts `key` (e.g. gamma -> defense.gamma)."""
+    owners = []
+    if key in _TRAIN_FIELDS:
+        owners.append("train")
+    for section in ("model", "data"):
+        entry = raw.get(section, RunConfig().__getattribute__(section))
+        name = entry if isinstance(entry, str) else (entry or {}).get("name")
+        if name and key in _KEYS[section](name):
+            owners.append(section)
+    ds = _defenses(raw.get("defense"))
+    if len(ds) == 1 and key in defense_keys(ds[0]["name"]):
+        owners.append("defense")
+    if len(owners) != 1:
+        where = f"it fits {', '.join(owners)}" if owners else "no section accepts it"
+        raise VeilError(f"unknown config key '{key}' ({where}); write it as section.key, e.g. train.{key}")
+    return f"{owners[0]}.{key}"
+
+
+def load_config(path: str | Path | None = None, overrides: list[str] | None = None) -> RunConfig:
+    """Read a YAML config (or a run folder's resolved config) and apply overrides."""
+    raw = read_yaml(path) if path is not None else {}
+    return from_dict(apply_overrides(raw, overrides or []))
+
+
+def dump_config(cfg: RunConfig) -> str:
+    return yaml.safe_dump(cfg.to_dict(), sort_keys=False)

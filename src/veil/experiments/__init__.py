@@ -1,0 +1,1 @@
+"""Experiment plumbing: build a run from a config, scenario runner, sweeps."""

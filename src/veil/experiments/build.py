@@ -1,0 +1,84 @@
+"""Turn a validated `RunConfig` into live objects: data, model (sized by the data), defenses."""
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from veil.config import RunConfig, load_config
+from veil.data import DataSplits, load_data
+from veil.defenses import Defense, create_defense
+from veil.errors import VeilError
+from veil.models import VeilModel, create_model, model_options
+
+
+def data_derived(model_name: str, data: DataSplits) -> dict[str, Any]:
+    """Model options the data decides (unless the config sets them)."""
+    opts = model_options(model_name)
+    out: dict[str, Any] = {}
+    if data.modality == "image":
+        px = data.train["pixels"]
+        out.update(in_chans=px.shape[1], image_size=px.shape[-1], num_classes=data.num_classes)
+    else:
+        tok = data.meta.get("tokenizer")
+        out["num_classes"] = data.num_classes
+        if tok is not None:
+            out["vocab_size"] = tok.vocab_size
+        out["max_len"] = max(int(data.train["input_ids"].shape[1]), 16)
+    return {k: v for k, v in out.items() if k in opts}
+
+
+def build_model(cfg: RunConfig, data: DataSplits) -> VeilModel:
+    name = cfg.model["name"]
+    overrides = {k: v for k, v in cfg.model.items() if k != "name"}
+    model = create_model(name, **{**data_derived(name, data), **overrides})
+    if model.modality != data.modality:
+        raise VeilError(f"model {name!r} takes {model.modality} input but data {cfg.data['name']!r} is {data.modality}")
+    if model.modality == "text":
+        vocab = model.token_embedding().weight.shape[0]
+        tok = data.meta.get("tokenizer")
+        if tok is not None and tok.vocab_size > vocab:
+            raise VeilError(f"model {name!r} has a vocabulary of {vocab} but the data's tokenizer has {tok.vocab_size}; use data.tokenizer=wordpiece")
+        if data.train["input_ids"].shape[1] > model.position_table().shape[-2]:
+            raise VeilError(f"data sequences ({data.train['input_ids'].shape[1]} tokens) are longer than model {name!r} allows; lower data.max_len")
+    return model
+
+
+def build_data(cfg: RunConfig) -> DataSplits:
+    args = {k: v for k, v in cfg.data.items() if k != "name"}
+    data = load_data(cfg.data["name"], **args)
+    if len(data.train["labels"]) == 0 or len(data.test["labels"]) == 0:
+        raise VeilError(f"data set {cfg.data['name']!r} has an empty train or test split")
+    return data
+
+
+def build_defenses(cfg: RunConfig) -> list[Defense]:
+    return [create_defense(d["name"], **{k: v for k, v in d.items() if k != "name"}) for d in cfg.defense]
+
+
+def build_run(cfg: RunConfig, data: DataSplits | None = None) -> tuple[VeilModel, DataSplits, list[Defense]]:
+    """Data, then a model sized for it (seeded by train.seed), then the attached defenses."""
+    data = data if data is not None else build_data(cfg)
+    torch.manual_seed(cfg.train.seed)
+    model = build_model(cfg, data)
+    defenses = build_defenses(cfg)
+    for d in defenses:
+        d.attach(model)
+    return model, data, defenses
+
+
+def load_run(run_dir: str | Path, overrides: list[str] | None = None) -> tuple[RunConfig, VeilModel, DataSplits, list[Defense]]:
+    """Rebuild a finished (or checkpointed) run with its trained weights."""
+    from veil.training.checkpoint import load_model_weights
+
+    run_dir = Path(run_dir)
+    cfg = load_config(run_dir, overrides)
+    model, data, defenses = build_run(cfg)
+    ckpt = run_dir / "checkpoints" / "model.safetensors"
+    if not ckpt.is_file():
+        ckpt = run_dir / "checkpoints" / "last.safetensors"
+    if not ckpt.is_file():
+        raise VeilError(f"run folder '{run_dir}' has no checkpoint (checkpoints/model.safetensors)")
+    load_model_weights(model, ckpt)
+    return cfg, model, data, defenses

@@ -1,0 +1,174 @@
+"""The training loop: seeded, resumable, AdamW with warm-up and cosine decay, clipping.
+
+Repeatability: epoch e shuffles with a generator seeded by (seed, e) and reseeds torch's global
+RNG (dropout) the same way, so a run resumed from the checkpoint of epoch e continues exactly as
+the uninterrupted run would have.
+"""
+from __future__ import annotations
+
+import json
+import math
+import time
+from pathlib import Path
+from typing import Any, Iterator
+
+import torch
+from torch import Tensor
+from tqdm.auto import tqdm
+
+from veil.config import RunConfig, dump_config
+from veil.data import DataSplits, iterate_batches
+from veil.defenses.base import Defense
+from veil.errors import VeilError
+from veil.models.base import Batch, VeilModel
+from veil.training.checkpoint import atomic_write_text, load_training_state, save_model_weights, save_training_state
+from veil.training.step import client_step
+
+
+def pick_device(name: str) -> torch.device:
+    if name == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    if name == "cuda" and not torch.cuda.is_available():
+        raise VeilError("train.device=cuda but no CUDA device is available; use auto or cpu")
+    if name not in ("cpu", "cuda"):
+        raise VeilError(f"train.device must be auto, cpu or cuda, got {name!r}")
+    return torch.device(name)
+
+
+def make_optimizer(model: VeilModel, lr: float, weight_decay: float) -> torch.optim.AdamW:
+    """AdamW; no weight decay on biases, norms and embedding tables of rank < 2."""
+    decay, no_decay = [], []
+    for p in model.parameters():
+        if p.requires_grad:
+            (decay if p.ndim >= 2 else no_decay).append(p)
+    groups = [{"params": decay, "weight_decay": weight_decay}, {"params": no_decay, "weight_decay": 0.0}]
+    return torch.optim.AdamW([g for g in groups if g["params"]], lr=lr)
+
+
+def warmup_cosine(total: int, warmup: float) -> Any:
+    warm = max(1, int(total * warmup))
+
+    def factor(step: int) -> float:
+        if step < warm:
+            return (step + 1) / warm
+        return 0.5 * (1 + math.cos(math.pi * min(1.0, (step - warm) / max(1, total - warm))))
+
+    return factor
+
+
+def to_device(batch: Batch, device: torch.device) -> Batch:
+    return {k: v.to(device) for k, v in batch.items()}
+
+
+@torch.no_grad()
+def evaluate(model: VeilModel, split: dict[str, Tensor], batch_size: int = 256, device: torch.device | str = "cpu") -> dict[str, float]:
+    """Top-1 accuracy (classification) or next-token accuracy and perplexity (LM)."""
+    was = model.training
+    model.eval()
+    correct, count, nll = 0.0, 0.0, 0.0
+    for batch in iterate_batches(split, batch_size, shuffle=False):
+        batch = to_device(batch, device)
+        logits = model(batch)
+        if model.task == "lm":
+            mask = batch["attention_mask"][:, 1:].bool()
+            target = batch["input_ids"][:, 1:]
+            lp = logits[:, :-1].log_softmax(-1)
+            nll += float(-lp.gather(-1, target[..., None])[..., 0][mask].sum())
+            correct += float((lp.argmax(-1) == target)[mask].sum())
+            count += float(mask.sum())
+        else:
+            correct += float((logits.argmax(-1) == batch["labels"]).sum())
+            count += len(batch["labels"])
+    model.train(was)
+    out = {"test_accuracy": correct / max(count, 1)}
+    if model.task == "lm":
+        out["test_perplexity"] = math.exp(nll / max(count, 1))
+    return out
+
+
+def _epoch_batches(split: dict[str, Tensor], cfg: RunConfig, epoch: int) -> Iterator[Batch]:
+    g = torch.Generator().manual_seed(cfg.train.seed * 100_003 + epoch)
+    torch.manual_seed(cfg.train.seed * 100_003 + epoch)
+    return iterate_batches(split, cfg.train.batch_size, shuffle=True, generator=g)
+
+
+def _append_events(path: Path, events: list[dict[str, Any]]) -> None:
+    with path.open("a") as f:
+        for e in events:
+            f.write(json.dumps(e) + "\n")
+
+
+def _truncate_events(path: Path, step: int) -> None:
+    """On resume, drop events logged after the checkpoint we continue from."""
+    if path.is_file():
+        keep = [line for line in path.read_text().splitlines() if line and json.loads(line).get("step", 0) <= step]
+        atomic_write_text(path, "".join(line + "\n" for line in keep))
+
+
+def train(cfg: RunConfig, out_dir: str | Path, model: VeilModel | None = None, data: DataSplits | None = None,
+          defenses: list[Defense] | None = None, progress: bool = True) -> dict[str, Any]:
+    """Train `cfg` into `out_dir`; resume from its checkpoint if one is there. Returns the summary."""
+    from veil.experiments.build import build_run
+
+    out = Path(out_dir)
+    if (out / "config.yaml").is_file() and (out / "config.yaml").read_text() != dump_config(cfg):
+        raise VeilError(f"run folder '{out}' holds a different config; pick a new --out or remove it")
+    if (out / "summary.json").is_file():
+        return json.loads((out / "summary.json").read_text())
+    if model is None:
+        model, data, defenses = build_run(cfg, data)
+    assert data is not None
+    defenses = defenses or []
+    device = pick_device(cfg.train.device)
+    model.to(device)
+    out.mkdir(parents=True, exist_ok=True)
+    atomic_write_text(out / "config.yaml", dump_config(cfg))
+
+    steps_per_epoch = math.ceil(len(data.train["labels"]) / cfg.train.batch_size)
+    total = cfg.train.max_steps or cfg.train.epochs * steps_per_epoch
+    opt = make_optimizer(model, cfg.train.lr, cfg.train.weight_decay)
+    sched = torch.optim.lr_scheduler.LambdaLR(opt, warmup_cosine(total, cfg.train.warmup))
+    loop = load_training_state(out / "checkpoints", model, opt) or {"epoch": 0, "step": 0, "seconds": 0.0}
+    for _ in range(loop["step"]):  # fast-forward the schedule to where the checkpoint left it
+        sched.step()
+    _truncate_events(out / "metrics.jsonl", loop["step"])
+
+    bar = tqdm(total=total, initial=loop["step"], disable=not progress, desc="train", unit="step", leave=False)
+    model.train()
+    while loop["step"] < total:  # one epoch per pass; max_steps may end one midway
+        t0, events = time.perf_counter(), []
+        for batch in _epoch_batches(data.train, cfg, loop["epoch"]):
+            if loop["step"] >= total:
+                break
+            res = client_step(model, to_device(batch, device), defenses, opt, step=loop["step"], clip=cfg.train.clip or None, export=False)
+            sched.step()
+            loop["step"] += 1
+            bar.update(1)
+            bar.set_postfix(loss=f"{res.loss:.3f}")
+            if loop["step"] % 10 == 0:
+                events.append({"event": "train", "epoch": loop["epoch"], "step": loop["step"], "loss": res.loss, "lr": sched.get_last_lr()[0]})
+        loop["epoch"] += 1
+        loop["seconds"] += time.perf_counter() - t0
+        metrics = evaluate(model, data.test, cfg.train.eval_batch_size, device)
+        events.append({"event": "eval", "epoch": loop["epoch"], "step": loop["step"], **metrics})
+        _append_events(out / "metrics.jsonl", events)
+        save_training_state(out / "checkpoints", model, opt, loop)
+    bar.close()
+    return _finish(cfg, out, model, data, device, loop)
+
+
+def _finish(cfg: RunConfig, out: Path, model: VeilModel, data: DataSplits, device: torch.device, loop: dict[str, Any]) -> dict[str, Any]:
+    save_model_weights(model, out / "checkpoints" / "model.safetensors")
+    summary = {
+        "model": cfg.model["name"],
+        "data": cfg.data["name"],
+        "defense": [d["name"] for d in cfg.defense] or ["none"],
+        "params": sum(p.numel() for p in model.parameters()),
+        "seed": cfg.train.seed,
+        "epochs": loop["epoch"],
+        "steps": loop["step"],
+        "train_seconds": round(loop["seconds"], 3),
+        **evaluate(model, data.test, cfg.train.eval_batch_size, device),
+    }
+    atomic_write_text(out / "summary.json", json.dumps(summary, indent=2))
+    return summary
