@@ -250,3 +250,37 @@ def test_bad_values_are_one_line_errors(kw) -> None:
 def test_lm_models_are_refused() -> None:
     with pytest.raises(VeilError, match="next-token"):
         MJP().attach(create_model("gpt-tiny", vocab_size=100))
+
+
+# ---- commands: veil eval --shuffle-gamma, veil analyze pe -------------------------------------
+def test_eval_shuffle_and_analyze_pe_commands(tmp_path) -> None:
+    import json
+
+    from veil.cli import main
+    from veil.config import load_config
+    from veil.training.loop import train
+
+    cfg = load_config(None, ["model=vit-digits", "data=digits", "defense=mjp", "gamma=0.1", "train.max_steps=3", "train.epochs=1"])
+    run = tmp_path / "run"
+    train(cfg, run, progress=False)
+    assert main(["eval", str(run), "--shuffle-gamma", "0.27", "--out", str(tmp_path / "ev")]) == 0
+    s = json.loads((tmp_path / "ev" / "summary.json").read_text())
+    assert 0 <= s["test_accuracy"] <= 1 and s["unk_at_shuffled"] and s["shuffle_gamma"] == 0.27
+    assert main(["eval", str(run), "--shuffle-gamma", "1.5"]) == 2  # one-line error, exit 2
+    assert main(["analyze", "pe", str(run), "--out", str(tmp_path / "pe")]) == 0
+    res = json.loads((tmp_path / "pe" / "pe_analysis.json").read_text())
+    assert res["rows"] == 16 and res["explained_variance_percent"]["10"] <= 100
+    ev = list(res["explained_variance_percent"].values())
+    assert ev == sorted(ev)
+    for name in ("pe_pca_1d.png", "pe_pca_2d.png", "pe_pca_3d.png", "pe_analysis.md"):
+        assert (tmp_path / "pe" / name).stat().st_size > 0
+
+
+def test_pca_explained_variance_matches_a_hand_value() -> None:
+    import numpy as np
+
+    from veil.analysis.pe import explained_variance, pca
+
+    x = np.array([[3.0, 0, 0], [-3, 0, 0], [0, 1, 0], [0, -1, 0]])  # variances 18 : 2 : 0
+    _, ratios = pca(x)
+    assert explained_variance(ratios, 3) == {1: 90.0, 2: 100.0, 3: 100.0}

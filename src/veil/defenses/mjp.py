@@ -86,13 +86,15 @@ class MJP(Defense):
     selection: ``block`` (BEiT blocks, default) or ``random`` for images.
     aux: ``dal``, ``drl`` or ``none`` (default: dal for images, none for text, as in the paper).
     aux_lambda: weight of the auxiliary loss (0.01). variant: ``mjp``, ``shuffle`` or ``nope``.
-    seed: seeds the defense's own random generator (shuffles are reproducible per seed).
+    seed: None (default) draws shuffles from torch's global RNG, which the training loop reseeds
+    per epoch from ``train.seed`` (reproducible and exactly resumable); an int gives MJP its own
+    generator.
     """
 
     name = "mjp"
 
     def __init__(self, gamma: float | None = None, window: int | None = 32, selection: str = "block",
-                 aux: str | None = None, aux_lambda: float = 0.01, variant: str = "mjp", seed: int = 0,
+                 aux: str | None = None, aux_lambda: float = 0.01, variant: str = "mjp", seed: int | None = None,
                  pairs_per_token: int = 4) -> None:
         super().__init__()
         self.gamma = None if gamma is None else check_unit_interval("mjp gamma", gamma)
@@ -107,9 +109,10 @@ class MJP(Defense):
         self.variant = _check_choice("variant", str(variant), VARIANTS)
         if self.variant == "nope" and self.aux not in (None, "none"):
             raise VeilError(f"mjp aux {self.aux!r} regresses position embeddings, which variant 'nope' removes; use aux=none")
-        self.seed = int(seed)
+        self.seed = None if seed is None else int(seed)
         self.pairs_per_token = int(pairs_per_token)
         self.eval_gamma: float | None = None
+        self.eval_unk = True
         self.last: JigsawState | None = None
         self._gen: torch.Generator | None = None
 
@@ -136,16 +139,23 @@ class MJP(Defense):
             del model.mjp
         self.last = None
 
-    def set_eval_gamma(self, gamma: float | None) -> None:
-        """Shuffle at ratio `gamma` in eval mode too (consistency evaluation); None turns it off."""
+    def set_eval_gamma(self, gamma: float | None, unk: bool = True) -> None:
+        """Shuffle at ratio `gamma` in eval mode too (consistency evaluation); None turns it off.
+
+        ``unk=False`` keeps the original PEs at the shuffled slots even for an ``mjp`` model (the
+        "w/o E_unk" ablation of Table VIII (3)).
+        """
         self.eval_gamma = None if gamma is None else check_unit_interval("mjp test-time gamma", gamma)
+        self.eval_unk = bool(unk)
 
     def describe(self) -> dict[str, Any]:
         return {"name": self.name, "gamma": self.gamma, "window": self.window, "selection": self.selection, "aux": self.aux,
                 "aux_lambda": self.aux_lambda, "variant": self.variant, "seed": self.seed}
 
     # ---- the embedding transform (Alg. 1 + Eq. 2-3) ------------------------------------------
-    def _generator(self, device: torch.device) -> torch.Generator:
+    def _generator(self, device: torch.device) -> torch.Generator | None:
+        if self.seed is None:
+            return None
         if self._gen is None or self._gen.device != device:
             self._gen = torch.Generator(device=device)
             self._gen.manual_seed(self.seed)
@@ -162,7 +172,8 @@ class MJP(Defense):
 
     def _transform(self, tok: Tensor, pos: Tensor, movable: Tensor) -> tuple[Tensor, Tensor]:
         model = self.model
-        gamma = self.gamma if (model is not None and model.training) else self.eval_gamma
+        training = model is not None and model.training
+        gamma = self.gamma if training else self.eval_gamma
         self.last = JigsawState(pos, movable, None, None)
         pos_out = torch.zeros_like(pos) if self.variant == "nope" else pos
         if not gamma:
@@ -171,7 +182,7 @@ class MJP(Defense):
         mask = self.select(movable, gamma)
         perm = jigsaw(mask, self.window if self.grid is None else None, self._generator(movable.device))
         tok = apply_perm(tok, perm)
-        if self.variant == "mjp":
+        if self.variant == "mjp" and (training or self.eval_unk):
             pos_out = torch.where(mask.unsqueeze(-1), model.mjp.unk.to(pos.dtype), pos)
         self.last = JigsawState(pos, movable, mask, perm, pos_out)
         return tok, pos_out

@@ -1,0 +1,1 @@
+"""Analyses of trained runs (e.g. `veil.analysis.pe`: PCA of the position-embedding table)."""

@@ -1,0 +1,37 @@
+"""`veil analyze pe RUN_DIR [--out DIR] [--dims 10]`: PCA of the trained position embeddings.
+
+Writes pe_analysis.json and pe_analysis.md (explained variance by projected dimension, the MJP
+paper's Table XII) and pe_pca_1d/2d/3d.png (its Fig. 2 / Fig. 7) into DIR (default
+RUN_DIR/analysis/pe).
+"""
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+
+
+def add_parser(sub: argparse._SubParsersAction) -> None:
+    """Register `pe` under the `veil analyze` subcommands."""
+    p = sub.add_parser("pe", help="PCA of the position-embedding table: explained variance and 1-D/2-D/3-D plots",
+                       description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("run_dir", help="a run folder written by `veil train`")
+    p.add_argument("--out", default=None, help="output folder (default RUN_DIR/analysis/pe)")
+    p.add_argument("--dims", type=int, default=10, help="projected dimensions to report (default 10)")
+    p.add_argument("--rows", type=int, default=None, help="text: only the first ROWS positions")
+    p.set_defaults(run=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    from veil.analysis.pe import analyze_model_pe
+    from veil.errors import VeilError
+    from veil.experiments.build import load_run
+
+    if args.dims < 1:
+        raise VeilError(f"--dims must be >= 1, got {args.dims}")
+    cfg, model, _, _ = load_run(args.run_dir)
+    title = f"{cfg.model['name']} + {'+'.join(d['name'] for d in cfg.defense) or 'none'}"
+    out = Path(args.out) if args.out else Path(args.run_dir) / "analysis" / "pe"
+    result = analyze_model_pe(model, out, title, args.dims, args.rows)
+    print(json.dumps(result, indent=2))
+    return 0
