@@ -43,6 +43,7 @@ class TextEncoder(VeilModel):
         self.blocks = nn.ModuleList(Block(cfg.dim, cfg.heads, cfg.mlp_ratio, cfg.dropout, prenorm=False) for _ in range(cfg.depth))
         self.head = nn.Linear(cfg.dim, cfg.num_classes)
         nn.init.normal_(self.tok.weight, std=0.02)
+        nn.init.normal_(self.seg.weight, std=0.02)  # BERT's init; N(0, 1) would swamp token + position after the LayerNorm
 
     def embed_tokens(self, batch: Batch) -> Tensor:
         return self.tok(batch["input_ids"])

@@ -1,0 +1,88 @@
+"""Token presence from the token-embedding gradient (the bag-of-words leak used by LAMP,
+Balunovic et al. 2022, sec. 4, and by DAGER, Petrov et al. 2024, as a vocabulary filter).
+
+An embedding lookup ``e_i = E[x_i]`` backpropagates ``dL/dE = sum_i onehot(x_i) (dL/de_i)^T``:
+row ``v`` of the token-embedding gradient is non-zero only if token ``v`` occurs in the batch
+(and its position influenced the loss). So the set of rows whose norm exceeds a threshold,
+
+    S = { v : ||dL/dE[v]||_2 > max(rel_tol * max_u ||dL/dE[u]||_2, abs_tol) },
+
+is the batch's bag of tokens. Untouched rows are exact zeros, so a tiny relative threshold
+separates them; additive noise (DP) makes every row non-zero and precision collapses.
+
+Special tokens: padding positions are masked out as attention keys and (LM) as targets, so
+[PAD] usually gets no gradient; [SEP] gets none in a causal LM (its output is not scored).
+[CLS]/[SEP]/[PAD] occur in every sentence and tell nothing, so by default they are dropped from
+the returned set (``keep_special=False``); score against `true_token_set` with the same choice.
+A model whose LM head is tied to the token embedding (GPT-2) puts gradient on every row; the
+attack refuses it rather than return the whole vocabulary.
+"""
+from __future__ import annotations
+
+from collections.abc import Iterable
+from typing import Any
+
+import torch
+from torch import Tensor
+
+from veil.attacks import ATTACKS
+from veil.attacks.base import Attack, Knowledge, Observation, Reconstruction
+from veil.errors import VeilError
+from veil.models.base import VeilModel
+
+
+def special_ids(model: VeilModel, tokenizer: Any = None) -> list[int]:
+    """The special token ids the attacker knows: from the tokenizer, else the model's config."""
+    if tokenizer is not None:
+        ids = [getattr(tokenizer, a, None) for a in ("pad_id", "cls_id", "sep_id")]
+        return [int(i) for i in ids if i is not None]
+    for owner in (model, getattr(model, "cfg", None)):
+        ids = getattr(owner, "special_ids", None)
+        if ids:
+            return list(ids)
+    pad = getattr(getattr(model, "cfg", None), "pad_id", getattr(model, "pad_id", None))
+    return [0, 101, 102] if pad is None else [pad, 101, 102]
+
+
+def true_token_set(input_ids: Tensor, attention_mask: Tensor | None, drop: Iterable[int] = ()) -> set[int]:
+    """The bag of tokens of a batch (real positions only), without the ids in `drop`."""
+    ids = input_ids if attention_mask is None else input_ids[attention_mask.bool()]
+    return set(int(i) for i in ids.flatten().tolist()) - set(drop)
+
+
+def embedding_row_norms(obs: Observation) -> Tensor:
+    """Row norms of the token-embedding gradient; one-line error if it was not exported or is tied."""
+    model = obs.model
+    emb = model.token_embedding()
+    head = model.classifier()
+    if getattr(head, "weight", None) is emb.weight:
+        raise VeilError("presence needs an untied token embedding; this model ties it to the LM head, so every row gets gradient")
+    g = obs.grad(emb)
+    if g.dim() != 2:
+        raise VeilError(f"presence needs a token-embedding table gradient (vocab, width), got shape {tuple(g.shape)}")
+    return g.float().norm(dim=1)
+
+
+def present_tokens(norms: Tensor, rel_tol: float = 1e-6, abs_tol: float = 0.0) -> Tensor:
+    """Ids of the rows above the threshold (vectorised; see the module docstring)."""
+    top = float(norms.max()) if norms.numel() else 0.0
+    if top <= 0.0:
+        return torch.zeros(0, dtype=torch.long)
+    return torch.nonzero(norms > max(rel_tol * top, abs_tol)).flatten()
+
+
+@ATTACKS.register("presence", help="token bag from the row norms of the token-embedding gradient (text)")
+class PresenceAttack(Attack):
+    """Settings: ``rel_tol`` (1e-6), ``abs_tol`` (0), ``keep_special`` (False)."""
+
+    name = "presence"
+    modality = "text"
+
+    def _reconstruct(self, obs: Observation, know: Knowledge) -> Reconstruction:
+        rel_tol = float(self.settings.get("rel_tol", 1e-6))
+        abs_tol = float(self.settings.get("abs_tol", 0.0))
+        norms = embedding_row_norms(obs)
+        found = set(present_tokens(norms, rel_tol, abs_tol).tolist())
+        if not self.settings.get("keep_special", False):
+            found -= set(special_ids(obs.model, know.tokenizer))
+        return Reconstruction(token_set=found, stats={"found": len(found), "rel_tol": rel_tol, "keep_special": bool(self.settings.get("keep_special", False))})
