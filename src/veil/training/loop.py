@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import math
 import time
+import warnings
 from pathlib import Path
 from typing import Any, Iterator
 
@@ -129,8 +130,10 @@ def train(cfg: RunConfig, out_dir: str | Path, model: VeilModel | None = None, d
     opt = make_optimizer(model, cfg.train.lr, cfg.train.weight_decay)
     sched = torch.optim.lr_scheduler.LambdaLR(opt, warmup_cosine(total, cfg.train.warmup))
     loop = load_training_state(out / "checkpoints", model, opt) or {"epoch": 0, "step": 0, "seconds": 0.0}
-    for _ in range(loop["step"]):  # fast-forward the schedule to where the checkpoint left it
-        sched.step()
+    with warnings.catch_warnings():  # fast-forward the schedule to where the checkpoint left it
+        warnings.simplefilter("ignore", UserWarning)
+        for _ in range(loop["step"]):
+            sched.step()
     _truncate_events(out / "metrics.jsonl", loop["step"])
 
     bar = tqdm(total=total, initial=loop["step"], disable=not progress, desc="train", unit="step", leave=False)

@@ -1,0 +1,34 @@
+"""Small real inputs for tests: shapes each registered model accepts."""
+from __future__ import annotations
+
+import torch
+
+from veil.models import VeilModel
+
+SMALL = {  # small widths so the whole registry runs in seconds
+    "vit-digits": {},
+    "vit-tiny": {"depth": 2},
+    "transformer4": {"vocab_size": 30522},
+    "bert-mini": {"depth": 2},
+    "gpt-tiny": {"depth": 2},
+    "minilm": {},
+    "hf-bert": {"dim": 64, "depth": 2},
+    "hf-vit": {"dim": 64, "depth": 2, "heads": 2},
+    "hf-gpt2": {"dim": 64, "depth": 2},
+}
+
+
+def batch_for(model: VeilModel, batch_size: int = 2, seq_len: int = 7) -> dict[str, torch.Tensor]:
+    if model.modality == "image":
+        cfg = getattr(model, "cfg", None)
+        size = cfg.image_size if cfg else model.hf.config.image_size
+        chans = cfg.in_chans if cfg else model.hf.config.num_channels
+        return {"pixels": torch.rand(batch_size, chans, size, size), "labels": torch.arange(batch_size) % 2}
+    ids = torch.randint(1000, 2000, (batch_size, seq_len))
+    ids[:, 0] = 101
+    ids[:, -1] = 102
+    mask = torch.ones_like(ids)
+    ids[0, -2:] = 0
+    ids[0, -3] = 102
+    mask[0, -2:] = 0
+    return {"input_ids": ids, "attention_mask": mask, "labels": torch.arange(batch_size) % 2}
