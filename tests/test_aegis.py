@@ -134,3 +134,60 @@ def test_attach_twice_and_wrong_modality() -> None:
         d.attach(model)
     with pytest.raises(VeilError, match="text"):
         create_defense("aegis").attach(create_model("vit-digits"))
+
+
+# ---- adaptive attackers (veil.attacks.adaptive) ----------------------------------------------
+def _attack(name: str, model, defenses, **kw):
+    from veil.attacks import Knowledge, create_attack, observe
+
+    obs = observe(model, batch(), defenses)
+    know = Knowledge(batch_size=3, defense=defenses[0].describe() if defenses else {}, **kw.pop("know", {}))
+    return create_attack(name, **kw).reconstruct(obs, know)
+
+
+def _truth() -> set[int]:
+    b = batch()
+    return set(b["input_ids"][b["attention_mask"].bool()].tolist()) - {0, 101, 102}
+
+
+def test_presence_adaptive_recovers_undefended_and_fails_under_aegis() -> None:
+    from veil.metrics.text import presence
+
+    enc, dec = tiny(), tiny("gpt-tiny")
+    dec.eval()
+    assert presence(_truth(), _attack("presence-adaptive", enc, []).token_set)["presence_f1"] == 1.0
+    assert presence(_truth(), _attack("presence-adaptive", dec, [], source="head").token_set)["presence_f1"] > 0.9
+    for model, src in ((enc, "embedding"), (dec, "embedding"), (dec, "head")):
+        d = create_defense("aegis").attach(model)
+        assert presence(_truth(), _attack("presence-adaptive", model, [d], source=src).token_set)["presence_f1"] < 0.2
+        d.detach()
+
+
+def test_presence_average_needs_rounds_and_averages_them() -> None:
+    from veil.attacks import Knowledge, create_attack, observe
+    from veil.attacks.adaptive import observe_rounds
+
+    model = tiny()
+    d = create_defense("aegis", embed_noise=0.05).attach(model)  # weak noise: averaging must help
+    obs = observe_rounds(model, batch(), [d], 8)
+    att = create_attack("presence-average")
+    with pytest.raises(VeilError, match="rounds"):
+        att.reconstruct(obs[0], Knowledge())
+    rec = att.reconstruct(obs[0], Knowledge(aux_data={"rounds": [o.grads for o in obs[1:]]}, defense=d.describe()))
+    assert rec.stats["rounds"] == 8 and len(rec.token_set & _truth()) > 0.8 * len(_truth())
+
+
+def test_span_unfrozen_finds_decoder_first_tokens_unless_mlp_down_is_noised() -> None:
+    model = tiny("gpt-tiny")
+    model.eval()
+    first = set(batch()["input_ids"][:, 1].tolist())
+    from types import SimpleNamespace
+
+    know = {"tokenizer": SimpleNamespace(cls_id=101, sep_id=102, pad_id=0)}
+    d = create_defense("aegis").attach(model)
+    rec = _attack("span-unfrozen", model, [d], know=dict(know))
+    assert rec.stats["layers"]["mlp_up.0"]["passed"] == 0  # channel 3 closed
+    assert first <= rec.token_set  # the MLP down-projection still leaks (reported, not hidden)
+    d.detach()
+    d = create_defense("aegis", mlp_down_noise=1.0).attach(model)
+    assert not (first & _attack("span-unfrozen", model, [d], know=dict(know)).token_set)

@@ -41,6 +41,18 @@ Calibration (where the abstract is silent, our choices):
     threshold: the top singular subspace is noise, and a span check of true inputs against it
     fails. Per block, because gradient norms differ by orders of magnitude across depth.
 
+Channel 2 has a twin in a causal LM whose head is NOT tied to the embedding (veil's gpt-tiny,
+Llama-style models): row v of dL/dW_head = sum_t (p_tv - 1[y_t = v]) h_t, and the target rows
+stand out by orders of magnitude (measured: presence F1 ~1 from the clean head). The abstract's
+models tie it (GPT-2), where the embedding noise covers it; for untied heads we add the same
+row noise, eq. (E), to the head rows (``head_noise``, default = embed_noise; 0 disables).
+
+The abstract names three channels; we measured a fourth it does not: the MLP down-projection
+(fc2 / c_proj) gradient is left clean, and in a causal decoder its input at position t depends
+only on tokens <= t, so DAGER's span check on it still recovers tokens (`span-unfrozen`: every
+sentence's first token on gpt-tiny under default AEGIS). ``mlp_down_noise`` applies eq. (M) to
+it too; it defaults to 0 to keep AEGIS as published, and the results table reports both.
+
 Defaults (measured with `veil analyze channels` and the attacks in `veil.attacks.adaptive`,
 numbers in docs/results.md): embed_noise=3.0 (a present row moves the norm statistic by at most
 0.11 absent-row std), mlp_noise=1.0 (the BBP bound); freeze_attention=True. With
@@ -104,6 +116,14 @@ def block_noise_std(grad: Tensor, scale: float) -> float:
     return scale * float(grad.norm()) / grad.numel() ** 0.25
 
 
+def untied_lm_head(model: VeilModel) -> nn.Parameter | None:
+    """The LM head's (vocab, D) weight when it is NOT the token embedding (tied heads are covered)."""
+    if model.task != "lm":
+        return None
+    w = getattr(model.classifier(), "weight", None)
+    return None if w is None or w is model.token_embedding().weight else w
+
+
 def add_noise_(grad: Tensor, std: float, g: torch.Generator) -> None:
     if std > 0:
         grad.add_(torch.randn(grad.shape, generator=g, device=grad.device, dtype=grad.dtype), alpha=std)
@@ -115,7 +135,8 @@ class Aegis(Defense):
     name = "aegis"
     modalities = ("text",)
 
-    def __init__(self, freeze_attention: bool = True, embed_noise: float = 3.0, mlp_noise: float = 1.0, seed: int = 0) -> None:
+    def __init__(self, freeze_attention: bool = True, embed_noise: float = 3.0, mlp_noise: float = 1.0,
+                 head_noise: float | None = None, mlp_down_noise: float = 0.0, seed: int = 0) -> None:
         super().__init__()
         if not isinstance(freeze_attention, bool):
             raise VeilError(f"freeze_attention must be true or false, got {freeze_attention!r}")
@@ -124,6 +145,8 @@ class Aegis(Defense):
         self.freeze_attention = freeze_attention
         self.embed_noise = check_scale("embed_noise", embed_noise)
         self.mlp_noise = check_scale("mlp_noise", mlp_noise)
+        self.head_noise = self.embed_noise if head_noise is None else check_scale("head_noise", head_noise)
+        self.mlp_down_noise = check_scale("mlp_down_noise", mlp_down_noise)
         self.seed = seed
         self._frozen: list[tuple[nn.Parameter, bool]] = []
         self._calls = 0
@@ -144,7 +167,7 @@ class Aegis(Defense):
         self._frozen = []
 
     def transform_grads(self, model: VeilModel, step: int) -> None:
-        if self.embed_noise == 0 and self.mlp_noise == 0:
+        if self.embed_noise == 0 and self.mlp_noise == 0 and self.head_noise == 0 and self.mlp_down_noise == 0:
             return
         emb = model.token_embedding().weight
         g = keyed_generator(self.seed, step, self._calls, emb.device)
@@ -154,20 +177,31 @@ class Aegis(Defense):
             std = embedding_noise_std(emb.grad, self.embed_noise)
             add_noise_(emb.grad, std, g)
             self.last_std["embedding"] = std
-        if self.mlp_noise > 0:
-            stds = []
-            for mod in model.mlp_up():
-                for p in (mod.weight, getattr(mod, "bias", None)):
-                    if p is not None and p.grad is not None:
-                        std = block_noise_std(p.grad, self.mlp_noise)
-                        add_noise_(p.grad, std, g)
-                        stds.append(std)
-            self.last_std["mlp_up"] = stds
+        head = untied_lm_head(model)
+        if self.head_noise > 0 and head is not None and head.grad is not None:
+            std = embedding_noise_std(head.grad, self.head_noise)
+            add_noise_(head.grad, std, g)
+            self.last_std["head"] = std
+        self._noise_blocks(model.mlp_up(), self.mlp_noise, "mlp_up", g)
+        self._noise_blocks(model.mlp_down(), self.mlp_down_noise, "mlp_down", g)
+
+    def _noise_blocks(self, modules: list[nn.Module], scale: float, key: str, g: torch.Generator) -> None:
+        """Eq. (M) on the weight and bias gradient of each module, each with its own scale."""
+        if scale == 0:
+            return
+        stds = []
+        for mod in modules:
+            for p in (mod.weight, getattr(mod, "bias", None)):
+                if p is not None and p.grad is not None:
+                    std = block_noise_std(p.grad, scale)
+                    add_noise_(p.grad, std, g)
+                    stds.append(std)
+        self.last_std[key] = stds
 
     def describe(self) -> dict[str, Any]:
         """What an adaptive attacker is granted: the frozen set and the noise laws with their scales."""
         return {"name": self.name, "freeze_attention": self.freeze_attention, "embed_noise": self.embed_noise,
-                "mlp_noise": self.mlp_noise, "embed_law": "N(0, s^2), s = embed_noise * rho_max / (2D)^(1/4)",
+                "mlp_noise": self.mlp_noise, "head_noise": self.head_noise, "mlp_down_noise": self.mlp_down_noise, "embed_law": "N(0, s^2), s = embed_noise * rho_max / (2D)^(1/4)",
                 "mlp_law": "N(0, s^2), s = mlp_noise * ||G||_F / (H D)^(1/4)", "last_std": dict(self.last_std)}
 
 
