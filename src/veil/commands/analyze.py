@@ -6,11 +6,11 @@ from __future__ import annotations
 import argparse
 import importlib
 
-ANALYSES = ("pe",)
+ANALYSES = ("pe", "channels")
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
-    p = sub.add_parser("analyze", help="analyses of trained runs (pe: position-embedding PCA)", description=__doc__)
+    p = sub.add_parser("analyze", help="analyses of trained runs (pe: position-embedding PCA; channels: AEGIS leakage channels)", description=__doc__)
     inner = p.add_subparsers(dest="analysis", metavar="ANALYSIS")
     for name in ANALYSES:
         importlib.import_module(f"veil.commands.analyze_{name}").add_parser(inner)
