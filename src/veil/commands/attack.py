@@ -1,0 +1,318 @@
+"""`veil attack (RUN_DIR | CONFIG) --attack NAME [--batch-size B] [--samples N] [key=value ...] --out OUT`
+
+Audits one model: for each of N private batches of the test split, run one client step under the
+run's defenses (`observe`), hand the server's view to the attack, and score the reconstruction
+against the private batch. `key=value` overrides the config (e.g. `defense=mjp gamma=0.5`);
+`attack.KEY=VALUE` sets an attack option (e.g. `attack.iterations=500`).
+
+`--reference original|shuffled` picks what an image/text reconstruction is scored against: the
+client's input (MJP setting (a) undefended, (c) defended) or the input as the shuffling defense
+reordered it (setting (b)). Writes OUT/summary.json (`attacks.<name>.<metric>`, the mean over
+samples), OUT/<name>.png (images: originals above reconstructions) or OUT/<name>.md (text:
+aligned tokens, wrong ones struck through).
+"""
+from __future__ import annotations
+
+import argparse
+import json
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any, Iterator
+
+import torch
+from torch import Tensor
+
+from veil.attacks import create_attack, observe
+from veil.attacks.base import Attack, Knowledge, Observation, Reconstruction
+from veil.config import RunConfig, load_config, parse_value
+from veil.errors import VeilError
+from veil.models.base import VeilModel
+
+REFERENCES = ("original", "shuffled")
+
+
+def add_parser(sub: argparse._SubParsersAction) -> None:
+    from veil.attacks import list_attacks
+
+    p = sub.add_parser("attack", help="run a privacy attack on one client update and score it", description=__doc__,
+                       formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("source", help="run folder (trained weights) or YAML config (weights at init)")
+    p.add_argument("overrides", nargs="*", help="config key=value overrides; attack.KEY=VALUE for attack options")
+    p.add_argument("--attack", required=True, help=f"one of: {', '.join(list_attacks())}")
+    p.add_argument("--batch-size", type=int, default=1, help="private batch size of the attacked update (default 1)")
+    p.add_argument("--samples", type=int, default=4, help="number of attacked updates, averaged (default 4)")
+    p.add_argument("--reference", choices=REFERENCES, default="original", help="score against the original or the shuffled input")
+    p.add_argument("--seed", type=int, default=0, help="seed of the sample draw and the attack")
+    p.add_argument("--out", required=True, help="output folder")
+    p.add_argument("--quiet", action="store_true", help="no progress bar or table")
+    p.set_defaults(run=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    cfg_over, attack_over = split_overrides(args.overrides)
+    model, data, defenses, cfg = load_target(args.source, cfg_over)
+    summary = attack_run(model, data, defenses, args.attack, attack_over, batch_size=args.batch_size,
+                         samples=args.samples, reference=args.reference, seed=args.seed, out=Path(args.out),
+                         progress=not args.quiet, config=cfg.to_dict())
+    if not args.quiet:
+        print(format_table(args.attack, summary["attacks"][args.attack]))
+    return 0
+
+
+# ---- inputs ------------------------------------------------------------------------------------
+def split_overrides(items: list[str]) -> tuple[list[str], dict[str, Any]]:
+    """`attack.KEY=VALUE` -> attack settings; everything else is a config override."""
+    config, attack = [], {}
+    for item in items:
+        key, sep, value = item.partition("=")
+        if sep and key.startswith("attack."):
+            attack[key[len("attack."):]] = parse_value(value)
+        else:
+            config.append(item)
+    return config, attack
+
+
+def load_target(source: str, overrides: list[str]) -> tuple[VeilModel, Any, list, RunConfig]:
+    """A run folder gives trained weights; a config gives the model at its seeded init."""
+    from veil.experiments.build import build_run, load_run
+
+    path = Path(source)
+    if path.is_dir() and (path / "checkpoints").is_dir():
+        cfg, model, data, defenses = load_run(path, overrides)
+    else:
+        cfg = load_config(source, overrides)
+        model, data, defenses = build_run(cfg)
+    return model, data, defenses, cfg
+
+
+def private_batches(split: dict[str, Tensor], batch_size: int, samples: int, seed: int) -> list[dict[str, Tensor]]:
+    """`samples` disjoint batches drawn (seeded) from the split."""
+    n = len(next(iter(split.values())))
+    if batch_size < 1 or samples < 1:
+        raise VeilError(f"--batch-size and --samples must be at least 1, got {batch_size} and {samples}")
+    if batch_size * samples > n:
+        raise VeilError(f"{samples} samples of batch {batch_size} need {batch_size * samples} examples; the test split has {n}")
+    order = torch.randperm(n, generator=torch.Generator().manual_seed(seed))[: batch_size * samples]
+    return [{k: v[idx] for k, v in split.items()} for idx in order.reshape(samples, batch_size)]
+
+
+# ---- observing: the defended step, the shuffled reference, the attacker's view ------------------
+@contextmanager
+def recorded_order(model: VeilModel) -> Iterator[dict[str, Tensor]]:
+    """Wrap the model's embedding transform to learn where each token went (for setting (b))."""
+    record: dict[str, Tensor] = {}
+    inner = model._embedding_transform
+    if inner is None:
+        yield record
+        return
+
+    def spy(tok: Tensor, pos: Tensor, movable: Tensor) -> tuple[Tensor, Tensor]:
+        out_tok, out_pos = inner(tok, pos, movable)
+        d = torch.cdist(out_tok.detach().float(), tok.detach().float())  # (B, N_out, N_in)
+        record["order"] = d.argmin(-1)  # slot j holds input token order[b, j]
+        return out_tok, out_pos
+
+    model._embedding_transform = spy
+    try:
+        yield record
+    finally:
+        model._embedding_transform = inner
+
+
+@contextmanager
+def attacker_view(model: VeilModel) -> Iterator[None]:
+    """The server runs the plain model: the client's embedding transform is not replayed."""
+    inner = model._embedding_transform
+    model._embedding_transform = None
+    try:
+        yield
+    finally:
+        model._embedding_transform = inner
+
+
+def shuffled_reference(model: VeilModel, batch: dict[str, Tensor], order: Tensor | None) -> dict[str, Tensor]:
+    """The batch as the model saw it after the defense's shuffle."""
+    if order is None:
+        return batch
+    out = dict(batch)
+    if "pixels" in batch:
+        from veil.models.vit import patchify, unpatchify
+        from veil.attacks.analytic_vit import patch_geometry
+
+        p, chans, size = patch_geometry(model)
+        patches = patchify(batch["pixels"], p)
+        moved = torch.gather(patches, 1, order.unsqueeze(-1).expand(-1, -1, patches.shape[-1]))
+        out["pixels"] = unpatchify(moved, p, chans, size)
+    else:
+        out["input_ids"] = torch.gather(batch["input_ids"], 1, order)
+    return out
+
+
+def knowledge_for(batch: dict[str, Tensor], data: Any, defenses: list, seed: int) -> Knowledge:
+    B = len(next(iter(batch.values())))
+    shape = tuple(batch["pixels"].shape[1:]) if "pixels" in batch else (batch["input_ids"].shape[1],)
+    return Knowledge(batch_size=B, input_shape=shape, seq_len=shape[0] if "input_ids" in batch else None,
+                     tokenizer=data.meta.get("tokenizer"), defense={d.name: d.describe() for d in defenses}, seed=seed)
+
+
+def attack_once(attack: Attack, model: VeilModel, batch: dict[str, Tensor], defenses: list, data: Any,
+                reference: str, seed: int) -> tuple[Reconstruction, dict[str, Tensor], Observation]:
+    with recorded_order(model) as rec:
+        obs = observe(model, batch, defenses)
+    ref = shuffled_reference(model, batch, rec.get("order")) if reference == "shuffled" else batch
+    with attacker_view(model):
+        out = attack.reconstruct(obs, knowledge_for(batch, data, defenses, seed))
+    model.zero_grad(set_to_none=True)
+    return out, ref, obs
+
+
+# ---- scoring -------------------------------------------------------------------------------------
+def score(rec: Reconstruction, ref: dict[str, Tensor], data: Any) -> dict[str, float]:
+    """Every metric the reconstruction supports, against the reference batch."""
+    from veil.metrics import image_report, presence, text_report
+
+    out: dict[str, float] = {}
+    if rec.images is not None:
+        out.update({k: float(v) for k, v in image_report(ref["pixels"], rec.images).items() if k != "order"})
+    if rec.token_ids is not None:
+        out.update({k: float(v) for k, v in text_report(sequences(ref), rec.token_ids, ignore=special_ids(data)).items() if k != "order"})
+    if rec.token_set is not None:
+        true = {int(t) for t in ref["input_ids"][ref["attention_mask"].bool()].tolist()} - set(special_ids(data))
+        out.update({f"presence_{k}" if not k.startswith("presence") else k: float(v) for k, v in presence(true, rec.token_set).items()})
+    if rec.labels is not None and "labels" in ref:
+        from veil.attacks.labels import label_accuracy
+
+        out["label_accuracy"] = label_accuracy(ref["labels"], rec.labels)
+    out["seconds"] = float(rec.stats.get("seconds", 0.0))
+    if "iterations_per_second" in rec.stats:
+        out["iterations_per_second"] = float(rec.stats["iterations_per_second"])
+    return out
+
+
+def sequences(batch: dict[str, Tensor]) -> list[list[int]]:
+    mask = batch.get("attention_mask", torch.ones_like(batch["input_ids"]))
+    return [ids[m.bool()].tolist() for ids, m in zip(batch["input_ids"], mask)]
+
+
+def special_ids(data: Any) -> list[int]:
+    return list(data.meta.get("special_ids", [])) if data is not None else []
+
+
+def mean_metrics(rows: list[dict[str, float]]) -> dict[str, float]:
+    keys = sorted({k for r in rows for k in r})
+    return {k: sum(r[k] for r in rows if k in r) / sum(1 for r in rows if k in r) for k in keys}
+
+
+# ---- the whole audit -------------------------------------------------------------------------
+def attack_run(model: VeilModel, data: Any, defenses: list, name: str, settings: dict[str, Any], *, batch_size: int = 1,
+               samples: int = 4, reference: str = "original", seed: int = 0, out: Path | None = None,
+               progress: bool = False, config: dict | None = None) -> dict[str, Any]:
+    """Attack `samples` private test batches and write OUT/summary.json plus the picture."""
+    if reference not in REFERENCES:
+        raise VeilError(f"reference must be one of {', '.join(REFERENCES)}, got {reference!r}")
+    attack = create_attack(name, **settings)
+    reason = attack.applies_to(model)
+    if reason:
+        raise VeilError(reason)
+    batches = private_batches(data.test, batch_size, samples, seed)
+    rows, shown = [], []
+    for i, batch in enumerate(_progress(batches, progress, name)):
+        torch.manual_seed(seed + i)
+        rec, ref, _ = attack_once(attack, model, batch, defenses, data, reference, seed + i)
+        rows.append(score(rec, ref, data))
+        shown.append((ref, rec))
+    means = mean_metrics(rows)
+    summary = {"attacks": {name: means}, "runs": {name: {"settings": settings, "batch_size": batch_size, "samples": samples,
+                                                         "reference": reference, "seed": seed, "per_sample": rows,
+                                                         "defenses": [d.describe() for d in defenses]}}}
+    if config is not None:
+        summary["config"] = config
+    if out is not None:
+        summary = write_outputs(out, name, summary, shown, data)
+    return summary
+
+
+def _progress(items: list, on: bool, name: str) -> Any:
+    if not on:
+        return items
+    from tqdm import tqdm
+
+    return tqdm(items, desc=f"attack {name}", unit="update", leave=False)
+
+
+def write_outputs(out: Path, name: str, summary: dict[str, Any], shown: list, data: Any) -> dict[str, Any]:
+    """Merge into OUT/summary.json (other attacks' entries are kept) and draw the picture."""
+    out.mkdir(parents=True, exist_ok=True)
+    path = out / "summary.json"
+    if path.is_file():
+        old = json.loads(path.read_text())
+        for key in ("attacks", "runs"):
+            summary[key] = {**old.get(key, {}), **summary[key]}
+    path.write_text(json.dumps(summary, indent=2, default=str))
+    if any(rec.images is not None for _, rec in shown):
+        save_image_grid(out / f"{name}.png", [(ref["pixels"], rec.images) for ref, rec in shown if rec.images is not None], name)
+    if any(rec.token_ids is not None for _, rec in shown):
+        save_text_alignment(out / f"{name}.md", [(sequences(ref), rec.token_ids) for ref, rec in shown if rec.token_ids is not None],
+                            data.meta.get("tokenizer"), name)
+    return summary
+
+
+def save_image_grid(path: Path, pairs: list[tuple[Tensor, Tensor]], title: str) -> None:
+    """Originals (top row) above reconstructions (bottom row), one column per image."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    orig = torch.cat([o for o, _ in pairs]).detach().cpu()
+    recs = torch.cat([r[: len(o)] for o, r in pairs]).detach().cpu()
+    n = min(len(orig), len(recs), 16)
+    fig, axes = plt.subplots(2, n, figsize=(1.3 * n + 0.6, 3), squeeze=False)
+    for row, (imgs, label) in enumerate(((orig, "original"), (recs, "reconstructed"))):
+        for j in range(n):
+            img = imgs[j].clamp(0, 1)
+            ax = axes[row][j]
+            ax.imshow(img[0] if img.shape[0] == 1 else img.permute(1, 2, 0), cmap="gray", vmin=0, vmax=1)
+            ax.set_xticks([]), ax.set_yticks([])
+        axes[row][0].set_ylabel(label, fontsize=8)
+    fig.suptitle(title, fontsize=9)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+
+
+def save_text_alignment(path: Path, pairs: list[tuple[list[list[int]], list[list[int]]]], tokenizer: Any, title: str) -> None:
+    """Each reference beside its best-matching reconstruction; wrong tokens struck through."""
+    from veil.metrics import text_report
+
+    def words(ids: list[int]) -> list[str]:
+        return list(tokenizer.decode(ids)) if tokenizer is not None else [str(i) for i in ids]
+
+    lines = [f"# {title}: reconstructions", "", "Wrong tokens are ~~struck through~~ at their position.", ""]
+    for k, (refs, hyps) in enumerate(pairs):
+        order = text_report(refs, hyps)["order"] if hyps else [-1] * len(refs)
+        for i, ref in enumerate(refs):
+            hyp = hyps[order[i]] if order[i] >= 0 else []
+            marked = [w if j < len(ref) and hyp[j] == ref[j] else f"~~{w}~~" for j, w in enumerate(words(hyp))]
+            lines += [f"**sample {k} / sequence {i}**", "", f"- original: {' '.join(words(ref))}",
+                      f"- recovered: {' '.join(marked)}", ""]
+    path.write_text("\n".join(lines))
+
+
+def format_table(name: str, metrics: dict[str, float]) -> str:
+    width = max(len(k) for k in metrics) if metrics else 6
+    lines = [f"attack {name}", "-" * (width + 14)] + [f"{k:<{width}}  {v:>12.4f}" for k, v in metrics.items()]
+    return "\n".join(lines)
+
+
+if __name__ == "__main__":  # python -m veil.commands.attack ...
+    import sys
+
+    parser = argparse.ArgumentParser(prog="veil")
+    add_parser(parser.add_subparsers())
+    ns = parser.parse_args(["attack", *sys.argv[1:]])
+    try:
+        sys.exit(ns.run(ns))
+    except VeilError as e:
+        print(f"error: {e}", file=sys.stderr)
+        sys.exit(2)
