@@ -1,0 +1,87 @@
+"""veil's Flower ClientApp: defended local training on one data partition (Message API).
+
+Handlers (`@app.train()`, `@app.evaluate()`, `@app.query()`):
+  query     -> {"info": MetricRecord(partition-id, num-examples)}: the server learns who holds what
+  train     <- {"arrays": global weights, "config": {spec, lr, server-round, proximal-mu}}
+            -> {"arrays": new weights (fedavg) or the defended gradient (fedsgd),
+                "metrics": {num-examples, loss, steps, partition-id},
+                "receipt": {digest}}     SHA-256 of the batches used: lets an evaluation oracle
+                                         outside the server check it re-derived the same batch
+  evaluate  <- global weights -> {"metrics": {num-examples, test_accuracy}} on the client's test share
+
+The partition comes from the node config (`partition-id`, `num-partitions`), which Flower's
+simulation engine sets and a SuperNode takes from `--node-config`. The defenses run inside
+`client_step`; what leaves the client is exactly what they produced.
+"""
+from __future__ import annotations
+
+import os
+import time
+
+import torch
+from flwr.app import ArrayRecord, ConfigRecord, Context, Message, MetricRecord, RecordDict
+from flwr.clientapp import ClientApp
+
+from veil.federated.task import client_world, load_arrays, reset_defenses, model_arrays, tensors_arrays, train_round
+
+app = ClientApp()
+
+
+def _partition(ctx: Context, world_clients: int) -> int:
+    pid = int(ctx.node_config.get("partition-id", 0))
+    n = int(ctx.node_config.get("num-partitions", world_clients))
+    if n != world_clients or not 0 <= pid < n:
+        raise ValueError(f"node has partition {pid} of {n}, but the run has {world_clients} clients")
+    return pid
+
+
+def _inject_fault(spec_fail: dict, pid: int, rnd: int, timeout: float) -> None:
+    """Test hook (`federated.fail`): make one client raise, hang past the timeout, or die."""
+    if not spec_fail or int(spec_fail.get("client", -1)) != pid or int(spec_fail.get("round", -1)) != rnd:
+        return
+    mode = spec_fail.get("mode", "raise")
+    if mode == "raise":
+        raise RuntimeError(f"injected failure in client {pid}, round {rnd}")
+    if mode == "hang":
+        time.sleep(float(spec_fail.get("seconds", timeout * 2 + 5)))
+        raise RuntimeError(f"injected hang in client {pid}, round {rnd}")  # the late reply is an error; the server has moved on
+    elif mode == "exit":
+        os._exit(17)
+
+
+@app.query()
+def query(msg: Message, ctx: Context) -> Message:
+    world = client_world(str(msg.content["config"]["spec"]))
+    pid = _partition(ctx, world.spec.fed.clients)
+    info = MetricRecord({"partition-id": pid, "num-examples": int(len(world.parts[pid]))})
+    return Message(RecordDict({"info": info}), reply_to=msg)
+
+
+@app.train()
+def train(msg: Message, ctx: Context) -> Message:
+    torch.set_num_threads(1)
+    conf = msg.content["config"]
+    world = client_world(str(conf["spec"]))
+    pid = _partition(ctx, world.spec.fed.clients)
+    rnd = int(conf["server-round"])
+    _inject_fault(world.spec.fed.fail, pid, rnd, world.spec.fed.timeout)
+    reset_defenses(world)
+    load_arrays(world.model, msg.content["arrays"])
+    res = train_round(world, pid, rnd, float(conf["lr"]), float(conf.get("proximal-mu", 0.0)))
+    arrays: ArrayRecord = tensors_arrays(res.grads) if res.grads is not None else model_arrays(world.model)
+    metrics = MetricRecord({"num-examples": res.num_examples, "loss": res.loss, "steps": res.steps, "partition-id": pid})
+    return Message(RecordDict({"arrays": arrays, "metrics": metrics, "receipt": ConfigRecord({"digest": res.digest})}), reply_to=msg)
+
+
+@app.evaluate()
+def evaluate(msg: Message, ctx: Context) -> Message:
+    from veil.training.loop import evaluate as eval_model
+
+    torch.set_num_threads(1)
+    world = client_world(str(msg.content["config"]["spec"]))
+    pid = _partition(ctx, world.spec.fed.clients)
+    load_arrays(world.model, msg.content["arrays"])
+    share = {k: v[pid::world.spec.fed.clients] for k, v in world.data.test.items()}  # this client's slice of the test set
+    metrics = eval_model(world.model, share, world.spec.cfg.train.eval_batch_size)
+    out = MetricRecord({"num-examples": int(len(share["labels"])), **{k: float(v) for k, v in metrics.items()}})
+    return Message(RecordDict({"metrics": out}), reply_to=msg)

@@ -1,0 +1,127 @@
+"""The `federated:` and `split:` sections of a run config (read beside model/data/defense/train).
+
+    federated:
+      clients: 10            # SuperNodes, one data partition each
+      rounds: 30
+      partition: dirichlet   # iid | dirichlet
+      alpha: 0.5             # Dirichlet concentration (label skew)
+      mode: fedavg           # fedavg: clients return weights after local training
+                             # fedsgd: one local step, clients return the (defended) gradient
+      local_epochs: 1        # fedavg: passes over the local partition per round
+      local_steps: 0         # fedavg: if > 0, exactly this many steps instead of epochs
+      strategy: fedavg       # fedavg | fedprox (Flower's `flwr.serverapp.strategy`)
+      proximal_mu: 0.0       # FedProx: mu/2 ||w - w_global||^2 on the client
+      fraction: 1.0          # clients sampled per round
+      audit: []              # attacks the curious server runs on the updates: [april, {name: ig, iterations: 200}]
+      audit_every: 1         # audit every k-th round
+      audit_clients: 1       # clients audited per audited round (first sampled, by partition id)
+      timeout: 600           # seconds the server waits for a round's replies
+      backend: ray           # ray: Flower's simulation engine; inline: in-process Grid (tests, debugging)
+      num_cpus: 1            # Ray: CPUs per client (concurrency = cores / num_cpus)
+      fail: {}               # fault injection for tests: {client: 1, round: 2, mode: raise|hang|exit}
+
+Every bad key or value is a one-line `VeilError`.
+"""
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+from typing import Any
+
+from veil.errors import VeilError
+
+
+@dataclass
+class FederatedConfig:
+    clients: int = 10
+    rounds: int = 30
+    partition: str = "dirichlet"
+    alpha: float = 0.5
+    mode: str = "fedavg"
+    local_epochs: int = 1
+    local_steps: int = 0
+    strategy: str = "fedavg"
+    proximal_mu: float = 0.0
+    fraction: float = 1.0
+    audit: list[Any] = field(default_factory=list)
+    audit_every: int = 1
+    audit_clients: int = 1
+    timeout: float = 600.0
+    backend: str = "ray"
+    num_cpus: float = 1.0
+    fail: dict[str, Any] = field(default_factory=dict)
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+
+_CHOICES = {"partition": ("iid", "dirichlet"), "mode": ("fedavg", "fedsgd"), "strategy": ("fedavg", "fedprox"),
+            "backend": ("ray", "inline")}
+
+
+def coerce(cls: type, raw: Any, section: str) -> Any:
+    """Build dataclass `cls` from a mapping, checking keys and scalar types (ints accepted as floats)."""
+    if raw is None:
+        raw = {}
+    if not isinstance(raw, dict):
+        raise VeilError(f"config section '{section}' must be a mapping")
+    fields = {f.name: f for f in dataclasses.fields(cls)}
+    default = cls()
+    values: dict[str, Any] = {}
+    for key, val in raw.items():
+        if key not in fields:
+            raise VeilError(f"unknown config key '{section}.{key}'; allowed: {', '.join(sorted(fields))}")
+        want = type(getattr(default, key))
+        if want is float and isinstance(val, int) and not isinstance(val, bool):
+            val = float(val)
+        if want is list and isinstance(val, (str, dict)):
+            val = [val]
+        if not isinstance(val, want) or (want is int and isinstance(val, bool)):
+            raise VeilError(f"config key '{section}.{key}' must be {want.__name__}, got {val!r}")
+        values[key] = val
+    return cls(**values)
+
+
+def federated_config(raw: Any) -> FederatedConfig:
+    fed = coerce(FederatedConfig, raw, "federated")
+    for key, allowed in _CHOICES.items():
+        if getattr(fed, key) not in allowed:
+            raise VeilError(f"federated.{key} must be one of {', '.join(allowed)}, got {getattr(fed, key)!r}")
+    if fed.clients < 1 or fed.rounds < 1:
+        raise VeilError(f"federated.clients and federated.rounds must be at least 1, got {fed.clients} and {fed.rounds}")
+    if not 0.0 < fed.fraction <= 1.0:
+        raise VeilError(f"federated.fraction must be in (0, 1], got {fed.fraction}")
+    if fed.alpha <= 0:
+        raise VeilError(f"federated.alpha must be positive, got {fed.alpha}")
+    if fed.audit_every < 1 or fed.audit_clients < 0:
+        raise VeilError("federated.audit_every must be >= 1 and federated.audit_clients >= 0")
+    fed.audit = [a if isinstance(a, dict) else {"name": a} for a in fed.audit]
+    if any(not isinstance(a.get("name"), str) for a in fed.audit):
+        raise VeilError("each federated.audit entry must be an attack name or a mapping with a 'name' key")
+    return fed
+
+
+EXTRA_SECTIONS = ("federated", "split")
+
+
+def split_sections(raw: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
+    """(the model/data/defense/train mapping `veil.config.from_dict` reads, the extra sections)."""
+    base = {k: v for k, v in raw.items() if k not in EXTRA_SECTIONS}
+    extra = {k: raw[k] for k in EXTRA_SECTIONS if k in raw}
+    return base, extra
+
+
+def apply_extra_overrides(extra: dict[str, Any], overrides: list[str]) -> tuple[dict[str, Any], list[str]]:
+    """Take `federated.x=v` / `split.x=v` overrides out of the list; the rest go to `veil.config`."""
+    from veil.config import parse_value
+
+    extra = {k: dict(v or {}) for k, v in extra.items()}
+    rest = []
+    for item in overrides:
+        key = item.split("=", 1)[0].strip()
+        section, _, sub = key.partition(".")
+        if section in EXTRA_SECTIONS and sub and "=" in item:
+            extra.setdefault(section, {})[sub] = parse_value(item.split("=", 1)[1])
+        else:
+            rest.append(item)
+    return extra, rest

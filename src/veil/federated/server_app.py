@@ -1,0 +1,221 @@
+"""veil's Flower ServerApp: rounds of FedAvg / FedProx / FedSGD with checkpoints, resume, central
+evaluation, byte accounting and the live privacy auditor.
+
+The round loop is written out (not `Strategy.start`) because a resumed run must start at round
+k+1 with the checkpointed weights and server-optimiser state; each round still goes through the
+strategy's `configure_train` / `aggregate_train` and the Grid's `send_and_receive`.
+
+RUN_DIR/
+  config.yaml             resolved spec (model, data, defense, train, federated)
+  metrics.jsonl           {"event": "round", round, test_accuracy, train_loss, clients, failures,
+                           bytes_down, bytes_up, seconds} · {"event": "audit", round, client,
+                           attack, psnr, ssim, mse, ...} · {"event": "client_failure", ...}
+  checkpoints/            last.safetensors (global model), server_optimizer.safetensors (fedsgd),
+                          state.json (written last: the completed round)
+  summary.json            test_accuracy, rounds, leakage (last audited round, mean per attack), bytes
+  leakage.png             leakage per round beside accuracy
+"""
+from __future__ import annotations
+
+import json
+import time
+from collections import defaultdict
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+from flwr.app import ArrayRecord, ConfigRecord, Context, Message, RecordDict
+from flwr.serverapp import Grid, ServerApp
+from flwr.serverapp.strategy import FedAvg, FedProx, Strategy
+
+from veil.attacks import Knowledge
+from veil.errors import VeilError
+from veil.federated.auditor import AuditedStrategy, Auditor, BatchOracle
+from veil.federated.comm import message_bytes
+from veil.federated.grid import wait_for_nodes
+from veil.federated.task import Spec, client_world, load_arrays, load_spec, model_arrays, round_lr
+from safetensors.torch import load_file, save_file
+
+from veil.training.checkpoint import atomic_write_text, load_model_weights, save_model_weights
+from veil.training.loop import evaluate, make_optimizer
+
+
+def make_strategy(spec: Spec) -> Strategy:
+    common = dict(fraction_train=1.0, fraction_evaluate=1.0, min_train_nodes=1, min_evaluate_nodes=1, min_available_nodes=1)
+    if spec.fed.strategy == "fedprox":
+        return FedProx(proximal_mu=spec.fed.proximal_mu, **common)
+    return FedAvg(**common)
+
+
+def discover(grid: Grid, spec: Spec, timeout: float) -> dict[int, int]:
+    """Ask every SuperNode which partition it holds (a `query` message): node id -> partition id."""
+    nodes = wait_for_nodes(grid, spec.fed.clients)
+    msgs = [Message(RecordDict({"config": ConfigRecord({"spec": spec.text()})}), dst_node_id=n, message_type="query") for n in nodes]
+    replies = list(grid.send_and_receive(msgs, timeout=timeout))
+    bad = [m for m in replies if m.has_error()]
+    if bad or len(replies) < len(nodes):
+        reason = bad[0].error.reason if bad else "no reply"
+        raise VeilError(f"a SuperNode could not load its partition: {reason[:200]}")
+    found = {m.metadata.src_node_id: int(m.content["info"]["partition-id"]) for m in replies}
+    if sorted(found.values()) != list(range(spec.fed.clients)):
+        raise VeilError(f"SuperNodes hold partitions {sorted(found.values())}, expected 0..{spec.fed.clients - 1}")
+    return found
+
+
+class ServerState:
+    """Global model, optional server optimiser (fedsgd), and the checkpoint folder."""
+
+    def __init__(self, spec: Spec, run_dir: Path) -> None:
+        self.spec, self.dir = spec, run_dir
+        self.world = client_world(spec.text())  # server's own copy: model shape, test split, oracle
+        import copy
+
+        self.model = copy.deepcopy(self.world.model)
+        self.model.load_state_dict(self.world.initial)
+        self.opt = make_optimizer(self.model, spec.cfg.train.lr, spec.cfg.train.weight_decay) if spec.fed.mode == "fedsgd" else None
+        self.round, self.seconds = 0, 0.0
+        self.ck = run_dir / "checkpoints"
+
+    def resume(self) -> None:
+        from veil.training.checkpoint import restore_optimizer
+
+        state_path = self.ck / "state.json"
+        if not state_path.is_file():
+            return
+        state = json.loads(state_path.read_text())
+        load_model_weights(self.model, self.ck / "last.safetensors")
+        if self.opt is not None:
+            restore_optimizer(self.opt, load_file(str(self.ck / "server_optimizer.safetensors")), state["optimizer"])
+        self.round, self.seconds = int(state["round"]), float(state["seconds"])
+
+    def apply(self, agg: ArrayRecord, lr: float) -> None:
+        if self.opt is None:
+            load_arrays(self.model, agg)
+            return
+        grads = agg.to_torch_state_dict()
+        for g in self.opt.param_groups:
+            g["lr"] = lr
+        for n, p in self.model.named_parameters():
+            p.grad = grads[n].to(p.dtype) if n in grads else None
+        self.opt.step()
+
+    def save(self) -> None:
+        from veil.training.checkpoint import optimizer_tensors
+
+        self.ck.mkdir(parents=True, exist_ok=True)
+        save_model_weights(self.model, self.ck / "last.safetensors")
+        state: dict[str, Any] = {"round": self.round, "seconds": self.seconds}
+        if self.opt is not None:
+            tensors, scalars = optimizer_tensors(self.opt)
+            tmp = self.ck / "server_optimizer.safetensors.tmp"
+            save_file(tensors, str(tmp))
+            tmp.replace(self.ck / "server_optimizer.safetensors")
+            state["optimizer"] = scalars
+        atomic_write_text(self.ck / "state.json", json.dumps(state))
+
+
+def make_auditor(spec: Spec, state: ServerState, oracle: bool) -> Auditor | None:
+    if not spec.fed.audit:
+        return None
+    w = state.world
+    shape = tuple(w.data.train["pixels"].shape[1:]) if "pixels" in w.data.train else None
+    bs = spec.cfg.train.batch_size
+    know = Knowledge(batch_size=bs, input_shape=shape, defense={"defenses": [d.describe() for d in w.defenses]}, seed=spec.cfg.train.seed)
+    return Auditor(state.model, spec.fed.audit, know, spec.fed.mode, spec.fed.audit_every, spec.fed.audit_clients,
+                   BatchOracle(w) if oracle else None)
+
+
+def append_events(path: Path, events: list[dict[str, Any]]) -> None:
+    with path.open("a") as f:
+        for e in events:
+            f.write(json.dumps(e) + "\n")
+
+
+def truncate_events(path: Path, rnd: int) -> None:
+    if path.is_file():
+        keep = [ln for ln in path.read_text().splitlines() if ln and json.loads(ln).get("round", 0) <= rnd]
+        atomic_write_text(path, "".join(ln + "\n" for ln in keep))
+
+
+def server_main(grid: Grid, spec: Spec, run_dir: Path, oracle: bool = True, progress: bool = False) -> dict[str, Any]:
+    """Run (or resume) the rounds of `spec` into `run_dir`; returns the summary."""
+    torch.set_num_threads(1)
+    run_dir.mkdir(parents=True, exist_ok=True)
+    atomic_write_text(run_dir / "config.yaml", spec.text())
+    state = ServerState(spec, run_dir)
+    state.resume()
+    metrics = run_dir / "metrics.jsonl"
+    truncate_events(metrics, state.round)
+    strategy = AuditedStrategy(make_strategy(spec), discover(grid, spec, spec.fed.timeout), spec.fed.fraction,
+                               spec.cfg.train.seed, make_auditor(spec, state, oracle))
+    while state.round < spec.fed.rounds:
+        rnd, t0 = state.round + 1, time.perf_counter()
+        lr = round_lr(spec.cfg, spec.fed, rnd)
+        msgs = list(strategy.configure_train(rnd, model_arrays(state.model), ConfigRecord({"spec": spec.text(), "lr": lr}), grid))
+        down = sum(message_bytes(m) for m in msgs)
+        replies = list(grid.send_and_receive(msgs, timeout=spec.fed.timeout))
+        up = sum(message_bytes(m) for m in replies)
+        agg, train_metrics = strategy.aggregate_train(rnd, replies)
+        if agg is not None:
+            state.apply(agg, lr)
+        state.round, state.seconds = rnd, state.seconds + time.perf_counter() - t0
+        ev = {"event": "round", "round": rnd, "lr": lr, "clients": len(msgs), "replies": sum(not m.has_error() for m in replies),
+              "train_loss": float(train_metrics["loss"]) if train_metrics is not None else None,
+              "bytes_down": down, "bytes_up": up, "seconds": round(time.perf_counter() - t0, 3),
+              **evaluate(state.model, state.world.data.test, spec.cfg.train.eval_batch_size)}
+        events, strategy.events = strategy.events + [ev], []
+        append_events(metrics, events)
+        state.save()
+        if progress:
+            print(f"round {rnd}/{spec.fed.rounds}: test_accuracy={ev['test_accuracy']:.4f} loss={ev['train_loss']} ({ev['seconds']:.1f}s)", flush=True)
+    return finish(spec, state, metrics)
+
+
+def leakage(events: list[dict[str, Any]]) -> dict[str, dict[str, float]]:
+    """Mean of each attack's numeric metrics over the clients of the last audited round."""
+    audits = [e for e in events if e.get("event") == "audit" and "skipped" not in e]
+    if not audits:
+        return {}
+    last = max(e["round"] for e in audits)
+    per: dict[str, dict[str, list[float]]] = defaultdict(lambda: defaultdict(list))
+    for e in audits:
+        if e["round"] == last:
+            for k, v in e.items():
+                if k not in ("round", "client") and isinstance(v, (int, float)) and not isinstance(v, bool):
+                    per[e["attack"]][k].append(float(v))
+    return {a: {"round": last, **{k: float(np.mean(v)) for k, v in m.items()}} for a, m in per.items()}
+
+
+def finish(spec: Spec, state: ServerState, metrics: Path) -> dict[str, Any]:
+    from veil.federated.plots import plot_leakage
+
+    events = [json.loads(ln) for ln in metrics.read_text().splitlines() if ln]
+    rounds = [e for e in events if e["event"] == "round"]
+    save_model_weights(state.model, state.ck / "model.safetensors")
+    summary = {
+        "model": spec.cfg.model["name"], "data": spec.cfg.data["name"], "defense": [d["name"] for d in spec.cfg.defense] or ["none"],
+        "mode": spec.fed.mode, "strategy": spec.fed.strategy, "clients": spec.fed.clients, "partition": spec.fed.partition,
+        "alpha": spec.fed.alpha, "rounds": state.round, "train_seconds": round(state.seconds, 3),
+        "test_accuracy": rounds[-1]["test_accuracy"] if rounds else None,
+        "best_round_accuracy": max((e["test_accuracy"] for e in rounds), default=None),
+        "client_failures": sum(e["event"] == "client_failure" for e in events),
+        "bytes_total": int(sum(e["bytes_down"] + e["bytes_up"] for e in rounds)),
+        "leakage": leakage(events),
+    }
+    atomic_write_text(state.dir / "summary.json", json.dumps(summary, indent=2))
+    plot_leakage(events, state.dir / "leakage.png")
+    return summary
+
+
+# ---- `flwr run` / SuperLink entry point -------------------------------------------------------
+app = ServerApp()
+
+
+@app.main()
+def main(grid: Grid, context: Context) -> None:
+    """Reads `config` (YAML path), `run-dir` and optional `overrides` (space-separated key=value)
+    from the Flower run config (pyproject `[tool.flwr.app.config]` or `--run-config`)."""
+    rc = context.run_config
+    spec = load_spec(str(rc["config"]), str(rc.get("overrides", "")).split())
+    server_main(grid, spec, Path(str(rc.get("run-dir", "runs/flwr"))), oracle=bool(rc.get("oracle", True)), progress=True)

@@ -1,0 +1,216 @@
+"""What a federated client and the server share: the run spec, partitions, seeded local batches,
+the defended local training round, and model <-> Flower `ArrayRecord` conversion.
+
+The server sends the resolved run spec (YAML text) in every message's config; a client builds
+its model, data partition and defenses from it once per process (cached) and keeps no other
+state between rounds, so a Ray actor, a SuperNode or the in-process grid behave the same.
+
+Seeds: the batches of client `pid` in round `r` are drawn from a generator seeded by
+(seed, r, pid), and the torch RNG (dropout, noise defenses) is reseeded the same way, so a round
+computes the same update wherever and whenever it runs — what makes `--resume` exact.
+"""
+from __future__ import annotations
+
+import hashlib
+import math
+from dataclasses import dataclass
+from functools import lru_cache
+from pathlib import Path
+from typing import Any, Iterator
+
+import numpy as np
+import torch
+import yaml
+from flwr.app import ArrayRecord
+from torch import Tensor
+
+from veil.config import RunConfig, from_dict, read_yaml, apply_overrides
+from veil.data import DataSplits, dirichlet, iid, iterate_batches, subset
+from veil.defenses.base import Defense
+from veil.federated.config import FederatedConfig, apply_extra_overrides, federated_config, split_sections
+from veil.models.base import Batch, VeilModel
+from veil.training.step import client_step
+
+
+@dataclass
+class Spec:
+    """A resolved federated run: the base config, the federated settings, and the raw mapping."""
+
+    cfg: RunConfig
+    fed: FederatedConfig
+    raw: dict[str, Any]
+
+    def text(self) -> str:
+        return yaml.safe_dump(self.raw, sort_keys=False)
+
+
+def load_spec(path: str | Path | None, overrides: list[str] | None = None) -> Spec:
+    """Read a YAML config (or a run folder), apply `key=value` overrides, validate both parts."""
+    raw = read_yaml(path) if path is not None else {}
+    base, extra = split_sections(raw)
+    extra, rest = apply_extra_overrides(extra, overrides or [])
+    base = apply_overrides(base, rest)
+    return spec_from_raw({**base, **extra})
+
+
+def spec_from_raw(raw: dict[str, Any]) -> Spec:
+    base, extra = split_sections(raw)
+    cfg = from_dict(base)
+    fed = federated_config(extra.get("federated"))
+    resolved = {**cfg.to_dict(), "federated": fed.to_dict()}
+    if "split" in extra:
+        resolved["split"] = extra["split"]
+    return Spec(cfg, fed, resolved)
+
+
+def spec_from_text(text: str) -> Spec:
+    return spec_from_raw(yaml.safe_load(text))
+
+
+# ---- partitions and batches --------------------------------------------------------------------
+def partitions(data: DataSplits, fed: FederatedConfig, seed: int) -> list[np.ndarray]:
+    labels = data.train["labels"]
+    if fed.partition == "iid":
+        return iid(labels, fed.clients, seed=seed)
+    return dirichlet(labels, fed.clients, fed.alpha, seed=seed, min_size=2)
+
+
+def round_seed(seed: int, rnd: int, pid: int) -> int:
+    return (seed * 1_000_003 + rnd * 10_007 + pid) % (2**62)
+
+
+def local_batches(split: dict[str, Tensor], batch_size: int, seed: int, rnd: int, pid: int, epochs: int, steps: int) -> Iterator[Batch]:
+    """The client's batches for one round: `steps` batches if > 0, else `epochs` passes."""
+    g = torch.Generator().manual_seed(round_seed(seed, rnd, pid))
+    done, epoch = 0, 0
+    while True:
+        for batch in iterate_batches(split, batch_size, shuffle=True, generator=g):
+            if steps and done >= steps:
+                return
+            yield batch
+            done += 1
+        epoch += 1
+        if not steps and epoch >= epochs:
+            return
+
+
+def batch_digest(batches: list[Batch]) -> str:
+    """SHA-256 over the batches' tensors: the client's receipt of what it trained on."""
+    h = hashlib.sha256()
+    for b in batches:
+        for k in sorted(b):
+            h.update(b[k].detach().cpu().contiguous().numpy().tobytes())
+    return h.hexdigest()
+
+
+def round_lr(cfg: RunConfig, fed: FederatedConfig, rnd: int) -> float:
+    """Warm-up then cosine decay over rounds (round numbers start at 1; the last round's lr > 0)."""
+    warm = max(1, int(round(fed.rounds * cfg.train.warmup)))
+    if rnd <= warm:
+        return cfg.train.lr * rnd / warm
+    t = (rnd - warm) / (fed.rounds - warm + 1)
+    return cfg.train.lr * 0.5 * (1 + math.cos(math.pi * min(1.0, t)))
+
+
+# ---- model <-> ArrayRecord ---------------------------------------------------------------------
+def model_arrays(model: torch.nn.Module) -> ArrayRecord:
+    return ArrayRecord({k: v.detach().cpu() for k, v in model.state_dict().items()})
+
+
+def load_arrays(model: torch.nn.Module, arrays: ArrayRecord) -> None:
+    model.load_state_dict(arrays.to_torch_state_dict(), strict=True)
+
+
+def tensors_arrays(tensors: dict[str, Tensor]) -> ArrayRecord:
+    return ArrayRecord({k: v.detach().cpu().contiguous() for k, v in tensors.items()})
+
+
+# ---- the client's world, built once per process ------------------------------------------------
+@dataclass
+class ClientWorld:
+    spec: Spec
+    model: VeilModel
+    data: DataSplits
+    defenses: list[Defense]
+    parts: list[np.ndarray]
+    initial: dict[str, Tensor]  # the seeded initial weights (the cached model is trained in place)
+
+
+@lru_cache(maxsize=4)
+def client_world(spec_text: str) -> ClientWorld:
+    """Model, data, defenses and the partition of every client, from the server's spec."""
+    from veil.experiments.build import build_run
+
+    spec = spec_from_text(spec_text)
+    model, data, defenses = build_run(spec.cfg)
+    initial = {k: v.detach().clone() for k, v in model.state_dict().items()}
+    return ClientWorld(spec, model, data, defenses, partitions(data, spec.fed, spec.cfg.train.seed), initial)
+
+
+def reset_defenses(world: ClientWorld) -> None:
+    """Fresh defense objects for each round: a defense's internal counters (noise calls, MJP
+    draws) then depend only on (round, client), not on which process served earlier rounds.
+    Call before loading the global weights (a defense's own parameters are re-created, then set)."""
+    from veil.experiments.build import build_defenses
+
+    for d in world.defenses:
+        d.detach()
+    world.defenses = build_defenses(world.spec.cfg)
+    for d in world.defenses:
+        d.attach(world.model)
+
+
+def step_key(rnd: int, pid: int, i: int) -> int:
+    """A defense's `step` argument, unique per (round, client, local step): noise never repeats."""
+    return ((rnd * 1009 + pid) * 4096 + i) % (2**32)
+
+
+def client_split(world: ClientWorld, pid: int) -> dict[str, Tensor]:
+    return subset(world.data.train, world.parts[pid])
+
+
+class ProximalTerm(Defense):
+    """FedProx's client term mu/2 ||w - w_global||^2 (Li et al., MLSys 2020), as an auxiliary loss
+    so it enters the one defended client step like any other loss term."""
+
+    name = "fedprox"
+
+    def __init__(self, mu: float, model: VeilModel) -> None:
+        super().__init__()
+        self.mu = float(mu)
+        self.anchor = {n: p.detach().clone() for n, p in model.named_parameters() if p.requires_grad}
+
+    def aux_loss(self, model: VeilModel, batch: Batch, logits: Tensor) -> Tensor | None:
+        if self.mu == 0.0:
+            return None
+        sq = sum(((p - self.anchor[n]) ** 2).sum() for n, p in model.named_parameters() if n in self.anchor)
+        return 0.5 * self.mu * sq
+
+
+@dataclass
+class LocalResult:
+    num_examples: int
+    steps: int
+    loss: float
+    digest: str
+    grads: dict[str, Tensor] | None = None  # fedsgd: the exported (defended) gradient
+
+
+def train_round(world: ClientWorld, pid: int, rnd: int, lr: float, mu: float) -> LocalResult:
+    """One round of local training on partition `pid`, through the defended `client_step`."""
+    from veil.training.loop import make_optimizer
+
+    cfg, fed, model = world.spec.cfg, world.spec.fed, world.model
+    split = client_split(world, pid)
+    torch.manual_seed(round_seed(cfg.train.seed, rnd, pid))
+    steps = 1 if fed.mode == "fedsgd" else fed.local_steps
+    batches = list(local_batches(split, cfg.train.batch_size, cfg.train.seed, rnd, pid, fed.local_epochs, steps))
+    defenses = list(world.defenses) + ([ProximalTerm(mu, model)] if mu > 0 else [])
+    model.train()
+    if fed.mode == "fedsgd":
+        res = client_step(model, batches[0], defenses, None, step=step_key(rnd, pid, 0), clip=cfg.train.clip or None)
+        return LocalResult(len(batches[0]["labels"]), 1, res.loss, batch_digest(batches), res.grads)
+    opt = make_optimizer(model, lr, cfg.train.weight_decay)
+    losses = [client_step(model, b, defenses, opt, step=step_key(rnd, pid, i), clip=cfg.train.clip or None, export=False).loss
+              for i, b in enumerate(batches)]
+    return LocalResult(int(sum(len(b["labels"]) for b in batches)), len(batches), float(np.mean(losses)), batch_digest(batches))
