@@ -168,6 +168,10 @@ class SpanAttack(Attack):
         try:
             with torch.no_grad():
                 cands, cdist = position_candidates(model, span1, max_len, tol1, max_per_position=int(cap) if cap else None)
+                narrowed = None
+                if model.task != "lm" and s.get("layernorm_positions", True):
+                    narrowed = layernorm_positions(obs, cands, float(s.get("tol_ln", 1e-2)))
+                    cands = narrowed if narrowed is not None else cands
                 specials = _Specials.of(model, know)
                 opts: dict[str, Any] = {"tol2": tol2, "seed": int(s.get("seed", know.seed)), "batch_size": know.batch_size}
                 if model.task == "lm":
@@ -177,7 +181,7 @@ class SpanAttack(Attack):
                                                 sweeps=int(s.get("sweeps", 12)), **opts)
         finally:
             model.train(was)
-        stats = {"rank1": span1.rank, "rank2": span2.rank, "width": width, "full_rank": span1.rank >= width,
+        stats = {"rank1": span1.rank, "rank2": span2.rank, "width": width, "full_rank": span1.rank >= width, "layernorm_positions": narrowed is not None,
                  "candidates_per_position": [len(c) for c in cands if len(c)], **info}
         return Reconstruction(token_ids=seqs, token_set={int(v) for c in cands for v in c.tolist()}, stats=stats)
 
@@ -195,3 +199,57 @@ class _Specials:
             return cls(getattr(tok, "cls_id", None), getattr(tok, "sep_id", None), getattr(tok, "pad_id", None))
         ids = special_ids(model)
         return cls(ids[1] if len(ids) > 1 else None, ids[2] if len(ids) > 2 else None, ids[0])
+
+
+# ----------------------------------------------------------------------------- encoder positions
+def _orth(g: Tensor, x: Tensor) -> Tensor:
+    """|cos| between gradients g (..., D) and the centred LayerNorm inputs x (..., D)."""
+    xc = x - x.mean(-1, keepdim=True)
+    return (xc * g).sum(-1).abs() / (xc.norm(dim=-1) * g.norm(dim=-1)).clamp_min(1e-30)
+
+
+def _clear_minimum(cos: Tensor, tol: float) -> Tensor:
+    """Per column: the smallest |cos| is below `tol` and 4x below the runner-up (LayerNorm eps makes it inexact)."""
+    if cos.shape[0] < 2:
+        return cos[0] < tol
+    two = cos.topk(2, dim=0, largest=False).values
+    return (two[0] < tol) & (two[0] < 0.25 * two[1])
+
+
+def layernorm_positions(obs: Observation, cands: list[Tensor], tol: float = 1e-3) -> list[Tensor] | None:
+    """Narrow an encoder's per-position candidates with the embedding LayerNorm's Jacobian.
+
+    For ``h = LN(x)``, ``x = E[v] + P[t] + s``, the backward pass gives ``dL/dx = J^T dL/dh`` with
+    ``J^T`` projecting out ``1`` and the centred ``x`` (LN is invariant to shifting and scaling x).
+    So ``dL/dE[v]`` is orthogonal to ``x(v, t) - mean`` when v occurs at one position t only (in any
+    number of sentences), which pins that token to t; for tokens at several positions, the
+    position gradient ``dL/dP[t]`` minus the pinned tokens' rows leaves their share at t, which is
+    orthogonal to ``x(v, t)`` if one of them is there. None if the model or gradients do not allow it.
+    """
+    model = obs.model
+    emb = model.token_embedding()
+    if not hasattr(model, "embedding_norm") or not obs.has_grad(emb) or not obs.has_grad(model.position_table()):
+        return None
+    T = len(cands)
+    present = torch.unique(torch.cat([c for c in cands if len(c)])) if any(len(c) for c in cands) else None
+    if present is None:
+        return None
+    g_tok = obs.grad(emb)[present].float()
+    g_pos = obs.grad(model.position_table()).reshape(-1, g_tok.shape[-1])[:T].float()
+    x = emb.weight[present][None] + model.position_table().reshape(-1, g_tok.shape[-1])[:T, None] + model.segment_row()
+    cos = _orth(g_tok[None], x)  # (T, P)
+    single = _clear_minimum(cos, tol)  # tokens orthogonal at exactly one position
+    pinned = torch.zeros_like(cos, dtype=torch.bool)
+    pinned[cos.argmin(0)[single], torch.nonzero(single).flatten()] = True
+    rest = g_pos - pinned.float() @ g_tok  # each position's gradient not explained by pinned tokens
+    multi = present[~single]
+    out = []
+    for t in range(T):
+        allowed = set(cands[t].tolist())
+        mine = [int(v) for v in present[pinned[t]].tolist() if int(v) in allowed]
+        if len(multi) and rest[t].norm() > 1e-3 * g_pos[t].norm().clamp_min(1e-30):
+            c = _orth(rest[t][None], x[t, ~single])
+            extra = multi[c < tol] if bool((c < tol).any()) else multi
+            mine += [int(v) for v in extra.tolist() if int(v) in allowed]
+        out.append(torch.tensor(sorted(set(mine)), dtype=torch.long))
+    return out
