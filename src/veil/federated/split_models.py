@@ -1,0 +1,66 @@
+"""Head / body / tail of a ViT for split learning (p-FeSTA, Fig. 2): the client's patch embedder
+(head: patch projection + position embedding), the server's Transformer body ([CLS] + blocks +
+final norm, permutation-equivariant over the patch tokens), and task-specific tails.
+
+Built from a registered veil ViT (`vit-digits`, `vit-tiny`, ...) so the same config section
+sizes all three; the head's output is exactly the ViT's `tok + pos` for the patch slots.
+"""
+from __future__ import annotations
+
+import torch
+from torch import Tensor, nn
+
+from veil.models.vit import ViT, patchify, unpatchify
+
+
+class Head(nn.Module):
+    """Patch projection + position embedding: pixels (B, C, H, W) -> tokens (B, N, D)."""
+
+    def __init__(self, vit: ViT) -> None:
+        super().__init__()
+        self.patch = vit.cfg.patch_size
+        self.proj = nn.Linear(vit.patch_embed.in_features, vit.patch_embed.out_features)
+        self.proj.load_state_dict(vit.patch_embed.state_dict())
+        self.pos = nn.Parameter(vit.pos.weight[1:].detach().clone())
+
+    def forward(self, pixels: Tensor) -> Tensor:
+        return self.proj(patchify(pixels, self.patch)) + self.pos
+
+
+class Body(nn.Module):
+    """[CLS] (its own learned embedding) + the ViT's blocks + final norm: (B, N, D) -> (B, 1+N, D)."""
+
+    def __init__(self, vit: ViT) -> None:
+        super().__init__()
+        self.cls = nn.Parameter((vit.cls.weight + vit.pos.weight[:1]).detach().clone())
+        self.blocks = vit.blocks
+        self.norm = vit.norm
+
+    def forward(self, tokens: Tensor) -> Tensor:
+        h = torch.cat([self.cls.expand(tokens.shape[0], 1, -1), tokens], dim=1)
+        for blk in self.blocks:
+            h = blk(h)
+        return self.norm(h)
+
+
+class CLSTail(nn.Module):
+    """Classification or regression from the [CLS] output (invariant to the patch order)."""
+
+    def __init__(self, dim: int, out: int) -> None:
+        super().__init__()
+        self.fc = nn.Linear(dim, out)
+
+    def forward(self, h: Tensor) -> Tensor:
+        return self.fc(h[:, 0])
+
+
+class SegTail(nn.Module):
+    """Per-patch mask logits from the patch outputs (in their original order), unpatchified."""
+
+    def __init__(self, dim: int, patch: int, size: int, hidden: int = 64) -> None:
+        super().__init__()
+        self.patch, self.size = patch, size
+        self.mlp = nn.Sequential(nn.Linear(dim, hidden), nn.GELU(), nn.Linear(hidden, patch * patch))
+
+    def forward(self, h: Tensor) -> Tensor:
+        return unpatchify(self.mlp(h[:, 1:]), self.patch, 1, self.size)
