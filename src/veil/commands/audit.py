@@ -1,0 +1,28 @@
+"""`veil audit [SCENARIO] [--out OUT]`: from a scenario to a privacy-utility report.
+
+With no scenario it runs the embedded quickstart (a digits ViT and an SST-2 text model, MJP and
+AEGIS against their attacks). Running it again resumes: finished runs and cells are reused.
+"""
+from __future__ import annotations
+
+import argparse
+
+
+def add_parser(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("audit", help="train one model per defense, attack each, write a privacy-utility report", description=__doc__)
+    p.add_argument("scenario", nargs="?", default=None, help="scenario YAML (default: the embedded quickstart)")
+    p.add_argument("--out", default="runs/audit", help="audit folder (default: runs/audit); an existing one is resumed")
+    p.add_argument("--quiet", action="store_true", help="no progress bars")
+    p.set_defaults(run=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    from veil.experiments.audit import run_audit
+    from veil.experiments.scenario import load_scenario
+
+    scenario = load_scenario(args.scenario)
+    summary = run_audit(scenario, args.out, progress=not args.quiet)
+    for name, t in summary["tasks"].items():
+        print(f"{name}: " + ", ".join(f"{d} acc {u['test_accuracy_mean']:.3f}" for d, u in t["utility"].items()))
+    print(f"report: {args.out}/report.html")
+    return 0

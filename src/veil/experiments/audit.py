@@ -1,0 +1,160 @@
+"""`veil audit`: train one model per defense, attack each, and report privacy against utility.
+
+Every finished piece is a file — a run folder per (task, defense, seed), a JSON per attack cell
+— written atomically, so a killed audit resumes without recomputing anything it finished.
+"""
+from __future__ import annotations
+
+import json
+import platform
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from tqdm.auto import tqdm
+
+from veil.errors import VeilError
+from veil.experiments.scenario import Scenario, Task, dump_scenario, label
+from veil.training.checkpoint import atomic_write_text
+
+
+@dataclass
+class Cell:
+    task: Task
+    defense: dict[str, Any]
+    attack: dict[str, Any]
+    seed: int
+    skipped: str | None = None  # why the attack does not apply
+
+    @property
+    def key(self) -> tuple[str, str, str, int]:
+        return (self.task.name, label(self.defense), label(self.attack), self.seed)
+
+
+def validate(s: Scenario) -> list[Cell]:
+    """Check every name, key, path and attack before any training; return the cells to run."""
+    from veil.experiments.build import build_data, build_defenses, build_model
+    from veil.experiments.cells import make_attack
+
+    cells: list[Cell] = []
+    for task in s.tasks:
+        if task.protocol != "single-step":
+            _check_protocol(task)
+        data = build_data(task.run)
+        model = build_model(task.run, data)
+        for d in task.defenses:
+            cfg = task.run_for(d, s.seeds[0])  # validates the defense name and its keys
+            for defense in build_defenses(cfg):
+                defense.attach(model)
+                defense.detach()
+        own = [(a, True) for a in task.attacks]
+        shared = [(a, False) for a in s.attacks if label(a) not in {label(x) for x in task.attacks}]
+        for a, required in own + shared:
+            reason = make_attack(a).applies_to(model)
+            if reason and required:
+                raise VeilError(f"attack '{a['name']}' does not apply to task '{task.name}': {reason}")
+            for d in task.defenses:
+                for seed in s.seeds:
+                    cells.append(Cell(task, d, a, seed, reason))
+    return cells
+
+
+def _check_protocol(task: Task) -> None:
+    import importlib
+
+    mod = {"fedavg": "veil.federated.audit", "split": "veil.federated.split_audit"}[task.protocol]
+    try:
+        importlib.import_module(mod)
+    except ModuleNotFoundError:
+        raise VeilError(f"protocol '{task.protocol}' of task '{task.name}' is not available in this build; use single-step") from None
+
+
+def run_dir(out: Path, task: Task, defense: dict[str, Any], seed: int) -> Path:
+    return out / "runs" / task.name / label(defense) / f"seed{seed}"
+
+
+def cell_path(out: Path, cell: Cell) -> Path:
+    return out / "cells" / cell.task.name / label(cell.defense) / label(cell.attack) / f"seed{cell.seed}.json"
+
+
+def run_audit(s: Scenario, out: str | Path, progress: bool = True) -> dict[str, Any]:
+    from veil.report.summary import build_summary
+    from veil.report.render import write_reports
+
+    out = Path(out)
+    cells = validate(s)
+    marker = out / "scenario.yaml"
+    if marker.is_file() and marker.read_text() != dump_scenario(s):
+        raise VeilError(f"audit folder '{out}' holds a different scenario; pick a new --out or remove it")
+    out.mkdir(parents=True, exist_ok=True)
+    atomic_write_text(marker, dump_scenario(s))
+    utility = _train_all(s, out, progress)
+    _attack_all(cells, out, progress)
+    overhead = {t.name: _overhead(t, out, s.seeds[0]) for t in s.tasks}
+    summary = build_summary(s, out, cells, utility, overhead, versions())
+    atomic_write_text(out / "summary.json", json.dumps(summary, indent=2, sort_keys=True))
+    write_reports(summary, out)
+    return summary
+
+
+def _train_all(s: Scenario, out: Path, progress: bool) -> dict[str, dict[str, list[dict[str, Any]]]]:
+    from veil.training.loop import train
+
+    jobs = [(t, d, seed) for t in s.tasks for d in t.defenses for seed in s.seeds]
+    utility: dict[str, dict[str, list[dict[str, Any]]]] = {}
+    for t, d, seed in tqdm(jobs, desc="train", disable=not progress, unit="run"):
+        summary = train(t.run_for(d, seed), run_dir(out, t, d, seed), progress=progress)
+        utility.setdefault(t.name, {}).setdefault(label(d), []).append(summary)
+    return utility
+
+
+def _attack_all(cells: list[Cell], out: Path, progress: bool) -> None:
+    from veil.experiments.build import load_run
+    from veil.experiments.cells import make_attack, run_cell
+
+    todo = [c for c in cells if c.skipped is None and not cell_path(out, c).is_file()]
+    loaded: dict[tuple[str, str, int], Any] = {}
+    for c in tqdm(todo, desc="attack", disable=not progress, unit="cell"):
+        key = (c.task.name, label(c.defense), c.seed)
+        if key not in loaded:
+            loaded = {key: load_run(run_dir(out, c.task, c.defense, c.seed))}  # keep one run in memory
+        _, model, data, defenses = loaded[key]
+        result = run_cell(make_attack(c.attack), model, data, defenses, c.task.knowledge, c.task.samples, c.seed)
+        path = cell_path(out, c)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        atomic_write_text(path, json.dumps(result))
+
+
+def _overhead(task: Task, out: Path, seed: int) -> dict[str, float]:
+    """Step time per defense relative to none, measured once per task and cached."""
+    from veil.experiments.build import build_run
+    from veil.experiments.cells import pick_batch, step_overhead
+
+    path = out / "cells" / task.name / "overhead.json"
+    if path.is_file():
+        return json.loads(path.read_text())
+    models = {}
+    data = None
+    for d in task.defenses:
+        model, data, defenses = build_run(task.run_for(d, seed), data)
+        models[label(d)] = (model, defenses)
+    assert data is not None
+    batch = pick_batch(data.train, min(32, len(data.train["labels"])), seed, 0)
+    seconds = step_overhead(models, batch)
+    base = seconds.get("none", min(seconds.values()))
+    result = {"seconds": seconds, "ratio": {k: v / base for k, v in seconds.items()}, "batch_size": len(batch["labels"])}
+    path.parent.mkdir(parents=True, exist_ok=True)
+    atomic_write_text(path, json.dumps(result))
+    return result
+
+
+def versions() -> dict[str, str]:
+    import importlib.metadata as md
+
+    out = {"python": platform.python_version(), "platform": platform.platform()}
+    for pkg in ("veil", "torch", "transformers", "flwr", "torchmetrics", "opacus", "numpy"):
+        try:
+            out[pkg] = md.version(pkg)
+        except md.PackageNotFoundError:
+            out[pkg] = "not installed"
+    return out

@@ -1,0 +1,142 @@
+"""Audit scenarios: one YAML naming the tasks, defenses, protocol, attacks, attacker knowledge
+and seeds. Everything is validated before any training — a bad scenario fails in one line.
+
+    name: quickstart
+    seeds: [0]
+    attacks: [labels]                    # optional: run wherever they apply, skipped elsewhere
+    tasks:
+      - name: digits-vit
+        run: {model: vit-digits, data: digits, train: {epochs: 20}}   # a RunConfig
+        protocol: single-step            # single-step | fedavg | split
+        defenses: [none, {name: mjp, gamma: 0.1}]
+        attacks: [april, {name: ig, iterations: 200}]   # must apply to this task
+        knowledge: {labels: true, batch_size: 1}
+        samples: 4                       # attacked client steps per cell
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from veil.config import RunConfig, from_dict, read_yaml
+from veil.errors import VeilError
+
+PROTOCOLS = ("single-step", "fedavg", "split")
+TASK_KEYS = {"name", "run", "protocol", "defenses", "attacks", "knowledge", "samples", "federated"}
+SCENARIO_KEYS = {"name", "seeds", "tasks", "description", "attacks"}
+KNOWLEDGE_KEYS = {"labels", "batch_size", "seq_len", "defense"}
+
+
+@dataclass
+class Task:
+    name: str
+    run: RunConfig
+    protocol: str = "single-step"
+    defenses: list[dict[str, Any]] = field(default_factory=lambda: [{"name": "none"}])
+    attacks: list[dict[str, Any]] = field(default_factory=list)
+    knowledge: dict[str, Any] = field(default_factory=dict)
+    samples: int = 2
+    federated: dict[str, Any] = field(default_factory=dict)
+
+    def run_for(self, defense: dict[str, Any], seed: int) -> RunConfig:
+        """The task's run with one defense and one seed."""
+        raw = self.run.to_dict()
+        raw["defense"] = [] if defense["name"] == "none" else [defense]
+        raw["train"]["seed"] = seed
+        return from_dict(raw)
+
+
+@dataclass
+class Scenario:
+    name: str
+    seeds: list[int]
+    tasks: list[Task]
+    raw: dict[str, Any]
+    #: attacks run on every task where they apply (skipped, with the reason, where not);
+    #: a task's own `attacks` must apply to it, or the scenario is refused
+    attacks: list[dict[str, Any]] = field(default_factory=list)
+
+
+def label(entry: dict[str, Any]) -> str:
+    """A short stable name for a defense or attack entry: mjp, mjp(gamma=0.1)."""
+    extra = ",".join(f"{k}={v}" for k, v in sorted(entry.items()) if k != "name")
+    return f"{entry['name']}({extra})" if extra else entry["name"]
+
+
+def _entries(value: Any, what: str, where: str) -> list[dict[str, Any]]:
+    items = value if isinstance(value, list) else [value]
+    out = []
+    for v in items:
+        if isinstance(v, str):
+            out.append({"name": v})
+        elif isinstance(v, dict) and isinstance(v.get("name"), str):
+            out.append(dict(v))
+        else:
+            raise VeilError(f"{where}.{what} entries must be names or mappings with a 'name' key, got {v!r}")
+    return out
+
+
+def _unknown(keys: set[str], allowed: set[str], where: str) -> None:
+    bad = sorted(keys - allowed)
+    if bad:
+        raise VeilError(f"unknown key '{where}.{bad[0]}'; allowed: {', '.join(sorted(allowed))}")
+
+
+def parse_task(raw: Any, index: int) -> Task:
+    where = f"tasks[{index}]"
+    if not isinstance(raw, dict):
+        raise VeilError(f"{where} must be a mapping")
+    _unknown(set(raw), TASK_KEYS, where)
+    name = raw.get("name") or f"task{index}"
+    if "run" not in raw:
+        raise VeilError(f"{where} ({name}) has no 'run' section (model, data, train)")
+    protocol = raw.get("protocol", "single-step")
+    if protocol not in PROTOCOLS:
+        raise VeilError(f"unknown protocol '{protocol}' in {where}; allowed: {', '.join(PROTOCOLS)}")
+    knowledge = raw.get("knowledge") or {}
+    _unknown(set(knowledge), KNOWLEDGE_KEYS, f"{where}.knowledge")
+    samples = raw.get("samples", 2)
+    if not isinstance(samples, int) or samples < 1:
+        raise VeilError(f"{where}.samples must be a positive integer, got {samples!r}")
+    try:
+        run = from_dict(raw["run"])
+    except VeilError as e:
+        raise VeilError(f"{where} ({name}): {e}") from None
+    return Task(name=str(name), run=run, protocol=protocol,
+                defenses=_entries(raw.get("defenses", ["none"]), "defenses", where),
+                attacks=_entries(raw.get("attacks", []), "attacks", where),
+                knowledge=dict(knowledge), samples=samples, federated=dict(raw.get("federated") or {}))
+
+
+def parse_scenario(raw: Any, default_name: str = "scenario") -> Scenario:
+    if not isinstance(raw, dict):
+        raise VeilError("a scenario must be a YAML mapping with keys: " + ", ".join(sorted(SCENARIO_KEYS)))
+    _unknown(set(raw), SCENARIO_KEYS, "scenario")
+    seeds = raw.get("seeds", [0])
+    if not isinstance(seeds, list) or not seeds or not all(isinstance(s, int) for s in seeds):
+        raise VeilError(f"scenario.seeds must be a non-empty list of integers, got {seeds!r}")
+    tasks = raw.get("tasks")
+    if not isinstance(tasks, list) or not tasks:
+        raise VeilError("scenario.tasks must be a non-empty list")
+    parsed = [parse_task(t, i) for i, t in enumerate(tasks)]
+    names = [t.name for t in parsed]
+    if len(set(names)) != len(names):
+        raise VeilError(f"task names must be unique, got {names}")
+    attacks = _entries(raw.get("attacks", []), "attacks", "scenario")
+    return Scenario(name=str(raw.get("name", default_name)), seeds=seeds, tasks=parsed, raw=raw, attacks=attacks)
+
+
+def default_scenario_path() -> Path:
+    return Path(__file__).resolve().parent.parent / "configs" / "quickstart.yaml"
+
+
+def load_scenario(path: str | Path | None) -> Scenario:
+    p = Path(path) if path is not None else default_scenario_path()
+    return parse_scenario(read_yaml(p), default_name=p.stem)
+
+
+def dump_scenario(s: Scenario) -> str:
+    return yaml.safe_dump(s.raw, sort_keys=False)

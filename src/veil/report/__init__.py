@@ -1,0 +1,1 @@
+"""Reports: the audit summary (stable keys), Markdown and self-contained HTML, figures."""

@@ -1,0 +1,55 @@
+"""Figures for reports: reconstruction grids, privacy-utility scatter (matplotlib, Agg)."""
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import matplotlib
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt  # noqa: E402
+import numpy as np  # noqa: E402
+
+
+def image_grid(original: Any, reconstruction: Any, path: Path, title: str = "") -> Path:
+    """Originals (top row) above reconstructions (bottom row)."""
+    o, r = np.asarray(original), np.asarray(reconstruction)
+    n = max(len(o), 1)
+    fig, axes = plt.subplots(2, n, figsize=(1.6 * n + 0.6, 3.4), squeeze=False)
+    for i in range(n):
+        for row, imgs in enumerate((o, r)):
+            ax = axes[row][i]
+            ax.axis("off")
+            if i < len(imgs):
+                img = np.transpose(imgs[i], (1, 2, 0))
+                ax.imshow(img.squeeze(-1) if img.shape[-1] == 1 else img, cmap="gray", vmin=0, vmax=1)
+    axes[0][0].set_title("original", fontsize=8, loc="left")
+    axes[1][0].set_title("rebuilt", fontsize=8, loc="left")
+    if title:
+        fig.suptitle(title, fontsize=9)
+    fig.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=90)
+    plt.close(fig)
+    return path
+
+
+def privacy_utility(points: list[tuple[str, str, float, float]], metric_of: dict[str, str], path: Path, title: str) -> Path:
+    """One panel per attack: x = accuracy, y = leakage (its headline metric), a point per defense."""
+    attacks = sorted({a for _, a, _, _ in points})
+    fig, axes = plt.subplots(1, max(len(attacks), 1), figsize=(3.2 * max(len(attacks), 1), 3.0), squeeze=False)
+    for ax, attack in zip(axes[0], attacks):
+        for d, a, x, y in points:
+            if a == attack:
+                ax.scatter([x], [y])
+                ax.annotate(d, (x, y), fontsize=7, xytext=(3, 3), textcoords="offset points")
+        ax.set_xlabel("test accuracy (higher: more utility)", fontsize=7)
+        ax.set_ylabel(f"{metric_of[attack]} (higher: more leakage)", fontsize=7)
+        ax.set_title(attack, fontsize=8)
+        ax.tick_params(labelsize=7)
+    fig.suptitle(title, fontsize=9)
+    fig.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=90)
+    plt.close(fig)
+    return path

@@ -1,0 +1,161 @@
+"""Render an audit summary as report.md and a self-contained report.html (PNGs embedded).
+
+Both are built from one list of blocks, so they always show the same numbers as summary.json.
+"""
+from __future__ import annotations
+
+import base64
+import html
+import json
+from pathlib import Path
+from typing import Any
+
+from veil.report.figures import image_grid, privacy_utility
+from veil.report.summary import primary_metric
+
+Block = tuple  # ("h2", text) | ("p", text) | ("table", header, rows) | ("img", path, caption) | ("tokens", rows)
+
+SHOWN = ("psnr", "ssim", "mse", "fft2d", "token_recovery", "rouge1", "rouge2", "exact_recovery", "presence_f1", "label_accuracy", "seconds")
+
+
+def fmt(v: Any) -> str:
+    if isinstance(v, float):
+        return "inf" if v == float("inf") else f"{v:.3f}" if abs(v) < 1000 else f"{v:.0f}"
+    return str(v)
+
+
+def _examples(out: Path, task: str) -> dict[tuple[str, str], dict[str, Any]]:
+    found = {}
+    root = out / "cells" / task
+    for f in sorted(root.glob("*/*/seed*.json")):
+        key = (f.parent.parent.name, f.parent.name)
+        if key not in found:
+            found[key] = json.loads(f.read_text()).get("example") or {}
+    return found
+
+
+def slug(text: str) -> str:
+    """A file-name-safe form of a label such as mjp(gamma=0.1)."""
+    return "".join(c if c.isalnum() or c in "-." else "_" for c in text).strip("_")
+
+
+def aligned(ref: list[str], hyp: list[str]) -> list[tuple[str, bool]]:
+    """The rebuilt tokens, each flagged right (same token at the same position) or wrong."""
+    return [(tok, i < len(ref) and ref[i] == tok) for i, tok in enumerate(hyp)]
+
+
+def task_blocks(name: str, t: dict[str, Any], out: Path) -> list[Block]:
+    blocks: list[Block] = [("h2", f"Task `{name}` — {t['model']} on {t['data']} ({t['protocol']})")]
+    blocks.append(("p", f"Client dropout during the attacked step: {t['dropout']}. Attacker knowledge: {json.dumps(t['knowledge'])}; "
+                        f"{t['samples']} attacked client steps per cell."))
+    rows = []
+    for d, u in t["utility"].items():
+        acc = f"{u['test_accuracy_mean']:.4f} ± {u['test_accuracy_std']:.4f}"
+        ppl = f"{u['test_perplexity_mean']:.2f}" if "test_perplexity_mean" in u else "—"
+        rows.append([d, acc, ppl, f"{t['overhead'].get(d, float('nan')):.3f}", f"{t['step_seconds'].get(d, float('nan')):.4f}"])
+    blocks.append(("h3", "Utility and cost"))
+    blocks.append(("table", ["defense", "test accuracy (mean ± std over seeds)", "perplexity", "step time vs none", "step s"], rows))
+    blocks.append(("h3", "Leakage (defense × attack)"))
+    metrics = [m for m in SHOWN if any(m in cell for att in t["leakage"].values() for cell in att.values())]
+    rows = [[d, a, *[fmt(cell.get(m, "—")) for m in metrics]] for d, att in t["leakage"].items() for a, cell in att.items()]
+    blocks.append(("table", ["defense", "attack", *metrics], rows))
+    for a, why in t["skipped"].items():
+        blocks.append(("p", f"Skipped `{a}`: {why}"))
+    points, metric_of = [], {}
+    for d, att in t["leakage"].items():
+        for a, cell in att.items():
+            m = primary_metric(cell)
+            if m and d in t["utility"]:
+                metric_of[a] = m
+                y = cell[m] if cell[m] != float("inf") else 100.0
+                points.append((d, a, t["utility"][d]["test_accuracy_mean"], y))
+    if points:
+        path = privacy_utility(points, metric_of, out / "figures" / f"{slug(name)}_privacy_utility.png", f"{name}: privacy vs utility")
+        blocks.append(("img", path, "Privacy-utility: each point is a defense; up is more leakage, right is more accuracy."))
+    blocks.append(("h3", "What the server rebuilt"))
+    for (d, a), ex in _examples(out, name).items():
+        if "original" in ex:
+            path = image_grid(ex["original"], ex["reconstruction"], out / "figures" / f"{slug(name)}_{slug(d)}_{slug(a)}.png", f"{a} vs {d}")
+            blocks.append(("img", path, f"{a} against defense {d}: originals (top), reconstructions (bottom)."))
+        elif "references" in ex:
+            rows = [(" ".join(r), aligned(r, h)) for r, h in zip(ex["references"], ex["reconstructions"])]
+            blocks.append(("tokens", f"{a} against defense {d}", rows))
+    return blocks
+
+
+def summary_blocks(summary: dict[str, Any], out: Path) -> list[Block]:
+    blocks: list[Block] = [("h1", f"veil audit: {summary['scenario']}"),
+                           ("p", f"Seeds: {summary['seeds']}. Numbers: summary.json (same keys as below).")]
+    for name, t in summary["tasks"].items():
+        blocks += task_blocks(name, t, out)
+    blocks.append(("h2", "Software"))
+    blocks.append(("table", ["package", "version"], [[k, v] for k, v in summary["versions"].items()]))
+    blocks.append(("h2", "Scenario"))
+    import yaml
+
+    blocks.append(("pre", yaml.safe_dump(summary["config"], sort_keys=False)))
+    return blocks
+
+
+def to_markdown(blocks: list[Block], out: Path) -> str:
+    lines: list[str] = []
+    for b in blocks:
+        kind = b[0]
+        if kind in ("h1", "h2", "h3"):
+            lines += ["#" * int(kind[1]) + " " + b[1], ""]
+        elif kind == "p":
+            lines += [b[1], ""]
+        elif kind == "pre":
+            lines += ["```yaml", b[1].rstrip(), "```", ""]
+        elif kind == "table":
+            lines += ["| " + " | ".join(b[1]) + " |", "|" + "---|" * len(b[1])]
+            lines += ["| " + " | ".join(str(c) for c in row) + " |" for row in b[2]] + [""]
+        elif kind == "img":
+            lines += [f"![{b[2]}]({Path(b[1]).relative_to(out)})", "", f"*{b[2]}*", ""]
+        elif kind == "tokens":
+            lines += [f"**{b[1]}** (wrong tokens struck through)", ""]
+            for ref, toks in b[2]:
+                lines += [f"- true: {ref}", "  rebuilt: " + " ".join(t if ok else f"~~{t}~~" for t, ok in toks)]
+            lines.append("")
+    return "\n".join(lines)
+
+
+def to_html(blocks: list[Block]) -> str:
+    e = html.escape
+    parts = ["<!doctype html><html><head><meta charset='utf-8'><title>veil audit</title><style>",
+             "body{font-family:system-ui,sans-serif;max-width:1100px;margin:2em auto;padding:0 1em;color:#222}",
+             "table{border-collapse:collapse;margin:.5em 0 1.2em}td,th{border:1px solid #ccc;padding:3px 8px;font-size:13px;text-align:right}",
+             "th{background:#f3f3f3}td:first-child,td:nth-child(2){text-align:left}.bad{color:#b00;text-decoration:line-through}",
+             "pre{background:#f6f6f6;padding:1em;font-size:12px}figure{margin:1em 0}figcaption{font-size:12px;color:#555}",
+             "</style></head><body>"]
+    for b in blocks:
+        kind = b[0]
+        if kind in ("h1", "h2", "h3"):
+            parts.append(f"<{kind}>{e(b[1]).replace('`', '')}</{kind}>")
+        elif kind == "p":
+            parts.append(f"<p>{e(b[1]).replace('`', '')}</p>")
+        elif kind == "pre":
+            parts.append(f"<pre>{e(b[1])}</pre>")
+        elif kind == "table":
+            head = "".join(f"<th>{e(h)}</th>" for h in b[1])
+            body = "".join("<tr>" + "".join(f"<td>{e(str(c))}</td>" for c in row) + "</tr>" for row in b[2])
+            parts.append(f"<table><tr>{head}</tr>{body}</table>")
+        elif kind == "img":
+            data = base64.b64encode(Path(b[1]).read_bytes()).decode()
+            parts.append(f"<figure><img src='data:image/png;base64,{data}' alt='{e(b[2])}'><figcaption>{e(b[2])}</figcaption></figure>")
+        elif kind == "tokens":
+            parts.append(f"<p><b>{e(b[1])}</b> (wrong tokens in red)</p><ul>")
+            for ref, toks in b[2]:
+                rebuilt = " ".join(e(t) if ok else f"<span class='bad'>{e(t)}</span>" for t, ok in toks)
+                parts.append(f"<li>true: {e(ref)}<br>rebuilt: {rebuilt}</li>")
+            parts.append("</ul>")
+    parts.append("</body></html>")
+    return "\n".join(parts)
+
+
+def write_reports(summary: dict[str, Any], out: Path) -> None:
+    from veil.training.checkpoint import atomic_write_text
+
+    blocks = summary_blocks(summary, out)
+    atomic_write_text(out / "report.md", to_markdown(blocks, out))
+    atomic_write_text(out / "report.html", to_html(blocks))

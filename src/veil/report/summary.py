@@ -1,0 +1,64 @@
+"""The audit's numbers with stable keys; report.md and report.html are rendered from this alone.
+
+summary["tasks"][task]:
+  utility[defense]          test_accuracy_mean / _std / values (+ test_perplexity_* for LMs)
+  leakage[defense][attack]  every metric, mean over seeds (each cell already averages samples)
+  skipped[attack]           why an attack did not apply
+  overhead[defense]         step time relative to no defense; step_seconds[defense] absolute
+"""
+from __future__ import annotations
+
+import json
+import statistics
+from pathlib import Path
+from typing import Any
+
+from veil.experiments.scenario import Scenario, label
+
+PRIMARY = ("psnr", "token_recovery", "presence_f1", "rouge1", "label_accuracy")  # the headline leakage metric, by preference
+
+
+def _mean_std(values: list[float]) -> tuple[float, float]:
+    return statistics.fmean(values), (statistics.stdev(values) if len(values) > 1 else 0.0)
+
+
+def primary_metric(metrics: dict[str, float]) -> str | None:
+    return next((m for m in PRIMARY if m in metrics), None)
+
+
+def build_summary(s: Scenario, out: Path, cells: list[Any], utility: dict[str, Any], overhead: dict[str, Any], versions: dict[str, str]) -> dict[str, Any]:
+    from veil.experiments.audit import cell_path
+
+    tasks: dict[str, Any] = {}
+    for task in s.tasks:
+        t: dict[str, Any] = {
+            "model": task.run.model["name"], "data": task.run.data["name"], "protocol": task.protocol,
+            "dropout": float(task.run.model.get("dropout", 0.0) or 0.0),
+            "knowledge": task.knowledge, "samples": task.samples,
+            "utility": {}, "leakage": {}, "skipped": {}, "overhead": {}, "step_seconds": {},
+        }
+        for d, runs in utility[task.name].items():
+            u: dict[str, Any] = {}
+            for key in ("test_accuracy", "test_perplexity"):
+                vals = [r[key] for r in runs if key in r]
+                if vals:
+                    m, sd = _mean_std(vals)
+                    u.update({f"{key}_mean": m, f"{key}_std": sd, f"{key}_values": vals})
+            u["train_seconds_mean"] = statistics.fmean(r["train_seconds"] for r in runs)
+            t["utility"][d] = u
+        by_cell: dict[tuple[str, str], list[dict[str, float]]] = {}
+        for c in cells:
+            if c.task is not task:
+                continue
+            if c.skipped:
+                t["skipped"][label(c.attack)] = c.skipped
+                continue
+            result = json.loads(cell_path(out, c).read_text())
+            by_cell.setdefault((label(c.defense), label(c.attack)), []).append(result["metrics"])
+        for (d, a), rows in by_cell.items():
+            keys = sorted(set().union(*rows))
+            t["leakage"].setdefault(d, {})[a] = {k: statistics.fmean(r[k] for r in rows if k in r) for k in keys}
+        t["overhead"] = overhead[task.name]["ratio"]
+        t["step_seconds"] = overhead[task.name]["seconds"]
+        tasks[task.name] = t
+    return {"scenario": s.name, "seeds": s.seeds, "tasks": tasks, "versions": versions, "config": s.raw}
