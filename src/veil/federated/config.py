@@ -125,3 +125,46 @@ def apply_extra_overrides(extra: dict[str, Any], overrides: list[str]) -> tuple[
         else:
             rest.append(item)
     return extra, rest
+
+
+@dataclass
+class SplitConfig:
+    """The `split:` section (veil split):
+
+      protocol: pfesta        # sl | festa | pfesta | fl | central
+      tasks: [classify, zones, segment]
+      clients_per_task: 2
+      epochs: 20              # passes over each client's shard
+      unify_every: 0          # global steps between FedAvg of heads/tails within a task (0: once per epoch)
+      task_scale: {}          # per-task gradient scaling at the body, e.g. {classify: 1, zones: 2, segment: 10}
+      permute: true           # pfesta: the permutation module (false: same protocol, patches in order)
+      backend: inline         # inline | ray
+      eval_every: 0           # epochs between evaluations (0: only at the end)
+    """
+
+    protocol: str = "pfesta"
+    tasks: list[Any] = field(default_factory=lambda: ["classify", "zones", "segment"])
+    clients_per_task: int = 2
+    epochs: int = 20
+    unify_every: int = 0
+    task_scale: dict[str, Any] = field(default_factory=dict)
+    permute: bool = True
+    backend: str = "inline"
+    eval_every: int = 0
+    num_cpus: float = 1.0
+
+
+def split_config(raw: Any) -> SplitConfig:
+    from veil.federated.multitask import TASKS
+
+    sc = coerce(SplitConfig, raw, "split")
+    if sc.protocol not in ("sl", "festa", "pfesta", "fl", "central"):
+        raise VeilError(f"split.protocol must be one of sl, festa, pfesta, fl, central, got {sc.protocol!r}")
+    bad = [t for t in sc.tasks if t not in TASKS]
+    if bad or not sc.tasks:
+        raise VeilError(f"split.tasks must be a non-empty list from {', '.join(TASKS)}, got {sc.tasks!r}")
+    if sc.backend not in ("inline", "ray"):
+        raise VeilError(f"split.backend must be inline or ray, got {sc.backend!r}")
+    if sc.clients_per_task < 1 or sc.epochs < 1:
+        raise VeilError("split.clients_per_task and split.epochs must be at least 1")
+    return sc

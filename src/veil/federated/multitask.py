@@ -38,6 +38,7 @@ class Task:
     metric: Callable[[Tensor, Tensor], float]
     metric_name: str
     higher_is_better: bool
+    reads_patches: bool = False  # False: the tail reads only [CLS], so only that token is exchanged
 
 
 def zone_ink(pixels: Tensor) -> Tensor:
@@ -64,7 +65,7 @@ TASK_DEFS: dict[str, Task] = {
     "zones": Task("zones", lambda d, p, s: CLSTail(d, 6), lambda o, t: F.binary_cross_entropy_with_logits(o, t),
                   lambda o, t: float(((o.sigmoid() - t) ** 2).mean()), "mse", False),
     "segment": Task("segment", lambda d, p, s: SegTail(d, p, s), lambda o, t: F.binary_cross_entropy_with_logits(o, t) + 1 - dice(o, t),
-                    hard_dice, "dice", True),
+                    hard_dice, "dice", True, True),
 }
 
 

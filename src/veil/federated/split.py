@@ -1,0 +1,247 @@
+"""Split learning on Flower (Park et al., p-FeSTA, Fig. 1-2 and Alg. 1): the server's side.
+
+Protocols (`split.protocol`), each over Flower messages (see `split_client` for the types):
+  sl      every step: client head features up, body output down, its gradient up, the head
+          gradient down; head and tail stay on the client and are never averaged
+  festa   SL + FedAvg of head and tail among the clients of a task every `unify_every` steps
+  pfesta  frozen shared patch-embedding head; each client sends its head features ONCE, each
+          sample permuted with a fresh client-only key; the server caches them and, every step,
+          runs the body on a cached batch, sends the output down, gets the tail's gradient up;
+          tails averaged within a task every `unify_every` steps (Alg. 1)
+  fl      FedAvg baseline: the whole model goes to every client and back every `unify_every`
+          steps; body and head averaged over all clients, tails within a task
+  central the task's pooled data trained in one place (no messages), the utility reference
+
+The body takes one Adam step per client batch with the gradient scaled by `task_scale[task]`
+(the paper's per-task gradient scaling). Bytes are the serialised size of every message.
+"""
+from __future__ import annotations
+
+import json
+import math
+import random
+import time
+from collections import defaultdict
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+import yaml
+from flwr.app import ArrayRecord, ConfigRecord, Context, Message, RecordDict
+from flwr.serverapp import Grid
+from torch import Tensor, nn
+
+from veil.config import apply_overrides, from_dict, read_yaml, RunConfig
+from veil.errors import VeilError
+from veil.federated.comm import Ledger, message_bytes, paper_cost
+from veil.federated.config import SplitConfig, apply_extra_overrides, split_config, split_sections
+from veil.federated.grid import wait_for_nodes
+from veil.training.checkpoint import atomic_write_text
+
+
+@dataclass
+class SplitSpec:
+    cfg: RunConfig
+    split: SplitConfig
+    raw: dict[str, Any]
+
+    def text(self) -> str:
+        return yaml.safe_dump(self.raw, sort_keys=False)
+
+
+def split_spec_from_raw(raw: dict[str, Any]) -> SplitSpec:
+    base, extra = split_sections(raw)
+    cfg = from_dict(base)
+    sc = split_config(extra.get("split"))
+    return SplitSpec(cfg, sc, {**cfg.to_dict(), "split": {**sc.__dict__}})
+
+
+def split_spec_from_text(text: str) -> SplitSpec:
+    return split_spec_from_raw(yaml.safe_load(text))
+
+
+def load_split_spec(path: str | Path | None, overrides: list[str] | None = None) -> SplitSpec:
+    raw = read_yaml(path) if path is not None else {}
+    base, extra = split_sections(raw)
+    extra, rest = apply_extra_overrides(extra, overrides or [])
+    return split_spec_from_raw({**apply_overrides(base, rest), **extra})
+
+
+def build_vit(spec: SplitSpec) -> Any:
+    from veil.models import create_model
+    from veil.models.vit import ViT
+
+    torch.manual_seed(spec.cfg.train.seed)
+    opts = {k: v for k, v in spec.cfg.model.items() if k != "name"}
+    vit = create_model(spec.cfg.model["name"], **{"num_classes": 10, **opts})
+    if not isinstance(vit, ViT):
+        raise VeilError(f"split learning needs a veil ViT (vit-digits, vit-tiny), got {spec.cfg.model['name']!r}")
+    return vit
+
+
+def build_body(world: Any) -> nn.Module:
+    from veil.federated.split_models import Body
+
+    vit = build_vit(world.spec)
+    vit.load_state_dict(world.vit_state)
+    return Body(vit)
+
+
+class Exchange:
+    """send_and_receive with byte accounting (train vs eval) and error surfacing."""
+
+    def __init__(self, grid: Grid, spec: SplitSpec) -> None:
+        self.grid, self.spec = grid, spec
+        self.train, self.eval = Ledger(), Ledger()
+
+    def __call__(self, node: int, mtype: str, phase: str = "train", **records: Any) -> Message:
+        conf = records.pop("config", {})
+        content = RecordDict({**records, "config": ConfigRecord({"spec": self.spec.text(), **conf})})
+        msg = Message(content, dst_node_id=node, message_type=mtype)
+        ledger = self.train if phase == "train" else self.eval
+        ledger.sent(msg, message_bytes(msg) - _spec_bytes(self.spec))
+        reply = list(self.grid.send_and_receive([msg], timeout=600))
+        if not reply or reply[0].has_error():
+            raise VeilError(f"split client {node} failed on {mtype}: {reply[0].error.reason[:300] if reply else 'no reply'}")
+        ledger.received(reply[0])
+        return reply[0]
+
+
+def _spec_bytes(spec: SplitSpec) -> int:
+    """The run spec rides along in every message for stateless clients; it is not protocol traffic."""
+    from veil.federated.comm import content_bytes
+
+    return content_bytes(RecordDict({"config": ConfigRecord({"spec": spec.text()})})) - content_bytes(RecordDict({"config": ConfigRecord({})}))
+
+
+def _t(msg: Message, key: str) -> Tensor:
+    return msg.content[key].to_torch_state_dict()["x"]
+
+
+def _arr(x: Tensor) -> ArrayRecord:
+    return ArrayRecord({"x": x.detach().contiguous()})
+
+
+class SplitServer:
+    def __init__(self, grid: Grid, spec: SplitSpec) -> None:
+        from veil.federated.split_client import split_world
+
+        self.spec, self.sc = spec, spec.split
+        self.world = split_world(spec.text())
+        self.body = build_body(self.world)
+        self.opt = torch.optim.Adam(self.body.parameters(), lr=spec.cfg.train.lr)
+        self.ex = Exchange(grid, spec)
+        nodes = wait_for_nodes(grid, len(self.world.clients))
+        infos = {n: self.ex(n, "query.info", phase="setup").content["info"] for n in nodes}
+        self.pid = {n: int(i["partition-id"]) for n, i in infos.items()}
+        self.nodes = sorted(nodes, key=self.pid.get)
+        self.task = {n: str(infos[n]["task"]) for n in self.nodes}
+        self.size = {n: int(infos[n]["num-examples"]) for n in self.nodes}
+        bs = spec.cfg.train.batch_size
+        self.steps_per_epoch = max(math.ceil(s / bs) for s in self.size.values())
+        self.total = self.sc.epochs * self.steps_per_epoch
+        self.unify = self.sc.unify_every or self.steps_per_epoch
+        self.events: list[dict[str, Any]] = []
+
+    def scale(self, node: int) -> float:
+        return float(self.sc.task_scale.get(self.task[node], 1.0))
+
+    def body_step(self, node: int, h: Tensor, **tail_conf: Any) -> tuple[Tensor | None, float]:
+        """Body forward, tail round trip, body backward (scaled) and step; returns dL/dh."""
+        h = h.requires_grad_(self.sc.protocol != "pfesta")
+        b = self.tokens_for(node, self.body(h))
+        rep = self.ex(node, "train.tail", body=_arr(b), config=tail_conf)
+        self.opt.zero_grad()
+        b.backward(_t(rep, "grad") * self.scale(node))
+        self.opt.step()
+        return h.grad, float(rep.content["metrics"]["loss"])
+
+    def tokens_for(self, node: int, b: Tensor) -> Tensor:
+        """Only what the task's tail reads goes down: [CLS] alone for classification/regression."""
+        from veil.federated.multitask import TASK_DEFS
+
+        return b if TASK_DEFS[self.task[node]].reads_patches else b[:, :1]
+
+    def unify_params(self, head: bool) -> None:
+        """FedAvg of tails (and heads) among the clients of each task, weighted by data size."""
+        by_task: dict[str, list[int]] = defaultdict(list)
+        for n in self.nodes:
+            by_task[self.task[n]].append(n)
+        for nodes in by_task.values():
+            if len(nodes) < 2:
+                continue
+            got = [self.ex(n, "query.params", config={"head": head}) for n in nodes]
+            w = torch.tensor([float(self.size[n]) for n in nodes])
+            w = w / w.sum()
+            sds = [g.content["params"].to_torch_state_dict() for g in got]
+            avg = {k: sum(wi * sd[k].float() for wi, sd in zip(w, sds)) for k in sds[0]}
+            for n in nodes:
+                self.ex(n, "train.params", params=ArrayRecord(avg))
+
+    def train_split(self) -> None:
+        pf = self.sc.protocol == "pfesta"
+        cache = {n: _t(self.ex(n, "train.embed"), "features") for n in self.nodes} if pf else {}
+        rng = random.Random(self.spec.cfg.train.seed)
+        order = {n: [] for n in self.nodes}
+        for step in range(self.total):
+            losses = []
+            for n in self.nodes:
+                if pf:
+                    if not order[n]:
+                        order[n] = rng.sample(range(self.size[n]), self.size[n])
+                    idx, order[n] = order[n][: self.spec.cfg.train.batch_size], order[n][self.spec.cfg.train.batch_size:]
+                    _, loss = self.body_step(n, cache[n][idx].clone(), idx=idx)
+                else:
+                    h = _t(self.ex(n, "train.fwd", config={"step": step}), "features")
+                    gh, loss = self.body_step(n, h, step=step)
+                    self.ex(n, "train.bwd", grad=_arr(gh), config={"step": step})
+                losses.append(loss)
+            if (step + 1) % self.unify == 0 and self.sc.protocol in ("festa", "pfesta"):
+                self.unify_params(head=self.sc.protocol == "festa")
+            self.log_step(step, losses)
+
+    def train_fl(self) -> None:
+        from veil.federated.split_client import build_parts
+
+        parts = {t: build_parts(self.world, t) for t in self.sc.tasks}
+        glob = {f"head.{k}": v for k, v in parts[self.sc.tasks[0]][0].state_dict().items()}
+        glob.update({f"body.{k}": v for k, v in self.body.state_dict().items()})
+        tails = {t: {f"tail.{k}": v for k, v in parts[t][1].state_dict().items()} for t in self.sc.tasks}
+        for start in range(0, self.total, self.unify):
+            steps = min(self.unify, self.total - start)
+            reps = {n: self.ex(n, "train.local", params=ArrayRecord({**glob, **tails[self.task[n]]}),
+                               config={"step": start, "steps": steps, "lr": self.spec.cfg.train.lr}) for n in self.nodes}
+            sds = {n: r.content["params"].to_torch_state_dict() for n, r in reps.items()}
+            glob = _wavg([sds[n] for n in self.nodes], [self.size[n] for n in self.nodes], ("head.", "body."))
+            for t in self.sc.tasks:
+                ns = [n for n in self.nodes if self.task[n] == t]
+                tails[t] = _wavg([sds[n] for n in ns], [self.size[n] for n in ns], ("tail.",))
+            self.log_step(start + steps - 1, [float(r.content["metrics"]["loss"]) for r in reps.values()])
+        self.body.load_state_dict({k[5:]: v for k, v in glob.items() if k.startswith("body.")})
+        for n in self.nodes:  # the final tails and head are the clients' models for evaluation
+            self.ex(n, "train.params", params=ArrayRecord({**{k: v for k, v in glob.items() if k.startswith("head.")}, **tails[self.task[n]]}))
+
+    def log_step(self, step: int, losses: list[float]) -> None:
+        if (step + 1) % self.steps_per_epoch == 0:
+            self.events.append({"event": "epoch", "epoch": (step + 1) // self.steps_per_epoch, "step": step + 1,
+                                "loss": sum(losses) / len(losses), "bytes": self.ex.train.total()})
+
+    @torch.no_grad()
+    def evaluate(self) -> dict[str, float]:
+        """Each task's metric on its test split, through its first client (head, body, tail)."""
+        out: dict[str, float] = {}
+        for t in self.sc.tasks:
+            n = next(n for n in self.nodes if self.task[n] == t)
+            h = _t(self.ex(n, "evaluate.embed", phase="eval", config={"protocol": self.sc.protocol}), "features")
+            rep = self.ex(n, "evaluate.tail", phase="eval", body=_arr(self.tokens_for(n, self.body.eval()(h))), config={"protocol": self.sc.protocol})
+            self.body.train()
+            out[t] = float(next(iter(rep.content["metrics"].values())))
+        return out
+
+
+def _wavg(sds: list[dict[str, Tensor]], sizes: list[int], prefixes: tuple[str, ...]) -> dict[str, Tensor]:
+    w = torch.tensor(sizes, dtype=torch.float64)
+    w = w / w.sum()
+    keys = [k for k in sds[0] if k.startswith(prefixes)]
+    return {k: sum(float(wi) * sd[k].double() for wi, sd in zip(w, sds)).float() for k in keys}

@@ -1,0 +1,258 @@
+"""The split-learning ClientApp (SL, FeSTA, p-FeSTA, FL): head and tail on the client, Flower
+messages to and from the server's body. Custom message types (Flower's "<category>.<action>"):
+
+  query.info      -> {task, num-examples}                     who holds which task
+  train.embed     -> permuted head features of every local sample, sent ONCE (p-FeSTA)
+  train.fwd       -> head features of this step's batch (SL / FeSTA)
+  train.tail      <- body output; -> gradient w.r.t. it         the tail's forward/backward
+  train.bwd       <- gradient w.r.t. the head features          the head's backward (SL / FeSTA)
+  query.params    -> head/tail weights                           for FedAvg within a task
+  train.params    <- averaged head/tail weights
+  train.local     <- full model; -> trained full model           FL baseline
+  evaluate.embed / evaluate.tail                                 the same exchange on the test split
+
+Client state (head, tail, Adam moments, permutation keys) lives in Flower's per-node
+`Context.state`, so it survives across messages whichever process serves them (Ray actors are
+pooled). The permutation keys are written there and nowhere else: no reply carries them.
+"""
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from functools import lru_cache
+from typing import Any
+
+import torch
+from flwr.app import ArrayRecord, ConfigRecord, Context, Message, MetricRecord, RecordDict
+from flwr.clientapp import ClientApp
+from torch import Tensor, nn
+
+from veil.defenses.permutation import PatchPermutation, permute, unpermute
+from veil.federated.multitask import TASK_DEFS, Task
+from veil.training.checkpoint import optimizer_tensors, restore_optimizer
+
+app = ClientApp()
+
+
+@dataclass
+class SplitWorld:
+    spec: Any  # veil.federated.split.SplitSpec
+    clients: list[tuple[str, dict[str, Tensor]]]
+    tests: dict[str, dict[str, Tensor]]
+    vit_state: dict[str, Tensor]
+
+
+@lru_cache(maxsize=4)
+def split_world(spec_text: str) -> SplitWorld:
+    from veil.federated.multitask import multitask_data
+    from veil.federated.split import build_vit, split_spec_from_text
+
+    spec = split_spec_from_text(spec_text)
+    clients, tests = multitask_data(spec.split.tasks, spec.split.clients_per_task, spec.cfg.train.seed, spec.cfg.data["name"])
+    return SplitWorld(spec, clients, tests, build_vit(spec).state_dict())
+
+
+def build_parts(world: SplitWorld, task: str) -> tuple[nn.Module, nn.Module]:
+    """A fresh head and the task's tail, initialised identically on every client of the task."""
+    from veil.federated.split import build_vit
+    from veil.federated.split_models import Head
+
+    vit = build_vit(world.spec)
+    vit.load_state_dict(world.vit_state)
+    torch.manual_seed(world.spec.cfg.train.seed + 17 * (1 + world.spec.split.tasks.index(task)))
+    tail = TASK_DEFS[task].make_tail(vit.width, vit.cfg.patch_size, vit.cfg.image_size)
+    return Head(vit), tail
+
+
+class ClientState:
+    """Head + tail (+ their Adam states) loaded from / saved to `Context.state`."""
+
+    def __init__(self, world: SplitWorld, ctx: Context) -> None:
+        self.world, self.ctx = world, ctx
+        self.pid = int(ctx.node_config["partition-id"])
+        self.task_name, self.data = world.clients[self.pid]
+        self.task: Task = TASK_DEFS[self.task_name]
+        self.head, self.tail = build_parts(world, self.task_name)
+        lr = world.spec.cfg.train.lr
+        self.opt_head = torch.optim.Adam(self.head.parameters(), lr=lr)
+        self.opt_tail = torch.optim.Adam(self.tail.parameters(), lr=lr)
+        st = ctx.state
+        for key, mod, opt in (("head", self.head, self.opt_head), ("tail", self.tail, self.opt_tail)):
+            if key in st.array_records:
+                mod.load_state_dict(st[key].to_torch_state_dict())
+            if f"opt-{key}" in st.array_records:
+                restore_optimizer(opt, st[f"opt-{key}"].to_torch_state_dict(), json.loads(str(st[f"opt-{key}-meta"]["json"])))
+
+    def save(self) -> None:
+        st = self.ctx.state
+        for key, mod, opt in (("head", self.head, self.opt_head), ("tail", self.tail, self.opt_tail)):
+            st[key] = ArrayRecord({k: v.detach().clone() for k, v in mod.state_dict().items()})
+            tensors, scalars = optimizer_tensors(opt)
+            if tensors:
+                st[f"opt-{key}"] = ArrayRecord(tensors)
+                st[f"opt-{key}-meta"] = ConfigRecord({"json": json.dumps(scalars)})
+
+    def batch(self, step: int) -> dict[str, Tensor]:
+        """This client's batch at global step `step`: seeded shuffle per epoch."""
+        bs = self.world.spec.cfg.train.batch_size
+        n = len(self.data["target"])
+        per = -(-n // bs)
+        epoch, pos = divmod(step, per)
+        g = torch.Generator().manual_seed(self.world.spec.cfg.train.seed * 7919 + self.pid * 104729 + epoch)
+        idx = torch.randperm(n, generator=g)[pos * bs:(pos + 1) * bs]
+        return {k: v[idx] for k, v in self.data.items()}
+
+    def keys(self, name: str) -> Tensor:
+        return self.ctx.state[name].to_torch_state_dict()["keys"]
+
+
+def _reply(msg: Message, **records: Any) -> Message:
+    return Message(RecordDict(records), reply_to=msg)
+
+
+def _tensor(msg: Message, key: str) -> Tensor:
+    return msg.content[key].to_torch_state_dict()["x"]
+
+
+def _arr(x: Tensor) -> ArrayRecord:
+    return ArrayRecord({"x": x.detach().contiguous()})
+
+
+def _state(msg: Message, ctx: Context) -> ClientState:
+    torch.set_num_threads(1)
+    return ClientState(split_world(str(msg.content["config"]["spec"])), ctx)
+
+
+@app.query("info")
+def info(msg: Message, ctx: Context) -> Message:
+    cs = _state(msg, ctx)
+    return _reply(msg, info=ConfigRecord({"task": cs.task_name, "partition-id": cs.pid, "num-examples": len(cs.data["target"])}))
+
+
+def _embed(cs: ClientState, pixels: Tensor, key_name: str) -> Tensor:
+    """Frozen head features, permuted per sample with fresh keys kept in Context.state."""
+    with torch.no_grad():
+        h = cs.head(pixels)
+    if not cs.world.spec.split.permute:
+        return h
+    state: dict[str, Any] = {"calls": int(cs.ctx.state["perm-calls"]["n"]) if "perm-calls" in cs.ctx.state.config_records else 0}
+    perm = PatchPermutation(True, seed=cs.world.spec.cfg.train.seed * 1009 + cs.pid)
+    out = perm.before_send(h, state)
+    cs.ctx.state[key_name] = ArrayRecord({"keys": state["keys"]})
+    cs.ctx.state["perm-calls"] = ConfigRecord({"n": state["calls"]})
+    return out
+
+
+@app.train("embed")
+def embed(msg: Message, ctx: Context) -> Message:
+    cs = _state(msg, ctx)
+    return _reply(msg, features=_arr(_embed(cs, cs.data["pixels"], "keys")))
+
+
+@app.evaluate("embed")
+def eval_embed(msg: Message, ctx: Context) -> Message:
+    cs = _state(msg, ctx)
+    pixels = cs.world.tests[cs.task_name]["pixels"]
+    if str(msg.content["config"]["protocol"]) == "pfesta":
+        return _reply(msg, features=_arr(_embed(cs, pixels, "test-keys")))
+    with torch.no_grad():
+        return _reply(msg, features=_arr(cs.head(pixels)))
+
+
+@app.train("fwd")
+def fwd(msg: Message, ctx: Context) -> Message:
+    cs = _state(msg, ctx)
+    with torch.no_grad():
+        h = cs.head(cs.batch(int(msg.content["config"]["step"]))["pixels"])
+    return _reply(msg, features=_arr(h))
+
+
+def _unperm(b: Tensor, keys: Tensor | None, fn: Any) -> Tensor:
+    return b if keys is None or b.shape[1] == 1 else torch.cat([b[:, :1], fn(b[:, 1:], keys)], dim=1)
+
+
+@app.train("tail")
+def tail(msg: Message, ctx: Context) -> Message:
+    """Un-permute the body output, tail forward + loss + backward, Adam step, gradient back (re-permuted)."""
+    cs = _state(msg, ctx)
+    conf = msg.content["config"]
+    if "idx" in conf:  # p-FeSTA: the server picked cached samples by position
+        idx = torch.tensor(list(conf["idx"]), dtype=torch.long)
+        batch = {k: v[idx] for k, v in cs.data.items()}
+        keys = cs.keys("keys")[idx] if cs.world.spec.split.permute else None
+    else:
+        batch, keys = cs.batch(int(conf["step"])), None
+    b = _unperm(_tensor(msg, "body"), keys, unpermute).requires_grad_(True)
+    loss = cs.task.loss(cs.tail(b), batch["target"])
+    cs.opt_tail.zero_grad()
+    loss.backward()
+    cs.opt_tail.step()
+    cs.save()
+    grad = _unperm(b.grad, keys, permute)
+    return _reply(msg, grad=_arr(grad), metrics=MetricRecord({"loss": float(loss.detach())}))
+
+
+@app.train("bwd")
+def bwd(msg: Message, ctx: Context) -> Message:
+    cs = _state(msg, ctx)
+    h = cs.head(cs.batch(int(msg.content["config"]["step"]))["pixels"])
+    cs.opt_head.zero_grad()
+    h.backward(_tensor(msg, "grad"))
+    cs.opt_head.step()
+    cs.save()
+    return _reply(msg, metrics=MetricRecord({"ok": 1}))
+
+
+@app.query("params")
+def params(msg: Message, ctx: Context) -> Message:
+    cs = _state(msg, ctx)
+    parts = {f"tail.{k}": v for k, v in cs.tail.state_dict().items()}
+    if bool(msg.content["config"]["head"]):
+        parts.update({f"head.{k}": v for k, v in cs.head.state_dict().items()})
+    return _reply(msg, params=ArrayRecord({k: v.detach() for k, v in parts.items()}),
+                  metrics=MetricRecord({"num-examples": len(cs.data["target"])}))
+
+
+@app.train("params")
+def set_params(msg: Message, ctx: Context) -> Message:
+    cs = _state(msg, ctx)
+    sd = msg.content["params"].to_torch_state_dict()
+    cs.tail.load_state_dict({k[5:]: v for k, v in sd.items() if k.startswith("tail.")})
+    if any(k.startswith("head.") for k in sd):
+        cs.head.load_state_dict({k[5:]: v for k, v in sd.items() if k.startswith("head.")})
+    cs.save()
+    return _reply(msg, metrics=MetricRecord({"ok": 1}))
+
+
+@app.evaluate("tail")
+def eval_tail(msg: Message, ctx: Context) -> Message:
+    cs = _state(msg, ctx)
+    test = cs.world.tests[cs.task_name]
+    keys = cs.keys("test-keys") if str(msg.content["config"]["protocol"]) == "pfesta" and cs.world.spec.split.permute else None
+    with torch.no_grad():
+        out = cs.tail(_unperm(_tensor(msg, "body"), keys, unpermute))
+    return _reply(msg, metrics=MetricRecord({cs.task.metric_name: cs.task.metric(out, test["target"])}))
+
+
+@app.train("local")
+def local(msg: Message, ctx: Context) -> Message:
+    """FL baseline: the whole model (head, body, tail) trained locally for `steps` steps."""
+    from veil.federated.split import build_body
+
+    cs = _state(msg, ctx)
+    conf = msg.content["config"]
+    body = build_body(cs.world)
+    sd = msg.content["params"].to_torch_state_dict()
+    for prefix, mod in (("head.", cs.head), ("body.", body), ("tail.", cs.tail)):
+        mod.load_state_dict({k[len(prefix):]: v for k, v in sd.items() if k.startswith(prefix)})
+    mods = nn.ModuleDict({"head": cs.head, "body": body, "tail": cs.tail})
+    opt = torch.optim.Adam(mods.parameters(), lr=float(conf["lr"]))
+    start, steps = int(conf["step"]), int(conf["steps"])
+    for s in range(start, start + steps):
+        batch = cs.batch(s)
+        loss = cs.task.loss(cs.tail(body(cs.head(batch["pixels"]))), batch["target"])
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+    out = {f"{n}.{k}": v.detach().clone() for n, m in mods.items() for k, v in m.state_dict().items()}
+    return _reply(msg, params=ArrayRecord(out), metrics=MetricRecord({"num-examples": len(cs.data["target"]), "loss": float(loss.detach())}))

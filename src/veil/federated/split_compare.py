@@ -1,0 +1,38 @@
+"""Every split protocol on the same tasks and budget: central, FL, SL, FeSTA, p-FeSTA
+(multi-task) and single-task p-FeSTA per task -> RUN_DIR/compare.json (the paper's Table IV/V)."""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+from veil.federated.split import SplitSpec, split_spec_from_raw
+from veil.federated.split_run import run_split
+from veil.training.checkpoint import atomic_write_text
+
+
+def variant(spec: SplitSpec, **changes: Any) -> SplitSpec:
+    raw = {**spec.raw, "split": {**spec.raw["split"], **changes}}
+    return split_spec_from_raw(raw)
+
+
+def compare(spec: SplitSpec, run_dir: str | Path) -> dict[str, Any]:
+    run_dir = Path(run_dir)
+    runs: dict[str, dict[str, Any]] = {}
+    for proto in ("central", "fl", "sl", "festa", "pfesta"):
+        runs[proto] = run_split(variant(spec, protocol=proto), run_dir / proto, progress=True)
+    for t in spec.split.tasks:
+        runs[f"pfesta-single-{t}"] = run_split(variant(spec, protocol="pfesta", tasks=[t]), run_dir / f"pfesta-single-{t}", progress=True)
+    table = {
+        "tasks": list(spec.split.tasks),
+        "metric_names": runs["pfesta"]["metric_names"],
+        "metrics": {name: r["metrics"] for name, r in runs.items()},
+        "bytes_per_client": {name: r.get("bytes_per_client") for name, r in runs.items() if "bytes_per_client" in r},
+        "paper_bytes_per_client": runs["pfesta"]["paper_bytes_per_client"],
+        "seconds": {name: r["seconds"] for name, r in runs.items()},
+    }
+    b = table["bytes_per_client"]
+    table["pfesta_below_half_festa"] = b["pfesta"] < 0.5 * b["festa"]
+    table["pfesta_below_sl"] = b["pfesta"] < b["sl"]
+    atomic_write_text(run_dir / "compare.json", json.dumps(table, indent=2))
+    return table
