@@ -49,33 +49,39 @@ def select_blocks(batch: int, grid: tuple[int, int], gamma: float, g: torch.Gene
     Each image draws ``rounds`` rectangles (area ~ U[1, target], log-uniform aspect ratio in
     [min_aspect, 1/min_aspect], random position); the longest prefix whose union stays within the
     target is kept, and the remaining count is filled with random patches so every image gets
-    exactly its target.
+    exactly its target. All random numbers come from one draw (few ops: this runs every step).
     """
     H, W = grid
-    n = torch.full((batch,), float(H * W), device=device)
-    k = _counts(n, gamma, g)  # (B,)
-    R = rounds
-    area = 1 + torch.rand(batch, R, generator=g, device=device) * (k.clamp(min=1).float().unsqueeze(1) - 1)
-    log_a = math.log(min_aspect) + torch.rand(batch, R, generator=g, device=device) * (-2 * math.log(min_aspect))
-    ratio = log_a.exp()
-    h = (area * ratio).sqrt().round().clamp(1, H)
-    w = (area / ratio).sqrt().round().clamp(1, W)
-    top = (torch.rand(batch, R, generator=g, device=device) * (H - h + 1)).floor()
-    left = (torch.rand(batch, R, generator=g, device=device) * (W - w + 1)).floor()
-    rows = torch.arange(H, device=device).view(1, 1, H, 1)
-    cols = torch.arange(W, device=device).view(1, 1, 1, W)
-    inside = ((rows >= top[..., None, None]) & (rows < (top + h)[..., None, None])
-              & (cols >= left[..., None, None]) & (cols < (left + w)[..., None, None]))  # (B, R, H, W)
-    union = inside.flatten(2).cummax(dim=1).values  # union of the first r blocks, (B, R, N)
-    fits = union.sum(-1) <= k.unsqueeze(1)  # (B, R), monotone: a prefix of True
-    last = fits.sum(1) - 1  # index of the longest fitting prefix, -1 if none
-    chosen = union.gather(1, last.clamp(min=0).view(batch, 1, 1).expand(-1, 1, H * W)).squeeze(1)
-    chosen = chosen & (last >= 0).unsqueeze(1)
-    # top up to exactly k with random patches outside the blocks
-    missing = k - chosen.sum(-1)
-    keys = torch.rand(batch, H * W, generator=g, device=device).masked_fill(chosen, 2.0)
-    extra = (_rank(keys) < missing.unsqueeze(-1)) & ~chosen
-    return chosen | extra
+    N, R = H * W, rounds
+    u = torch.rand(batch, 1 + 4 * R + N, generator=g, device=device)
+    k = torch.floor(gamma * N + u[:, :1]).clamp_(max=N)  # (B, 1) target count
+    area, aspect, ty, tx = u[:, 1: 1 + 4 * R].view(batch, 4, R).unbind(1)
+    area = 1 + area * (k.clamp(min=1) - 1)
+    ratio = torch.exp(math.log(min_aspect) * (1 - 2 * aspect))
+    h = (area * ratio).sqrt_().round_().clamp_(1, H)
+    w = (area / ratio).sqrt_().round_().clamp_(1, W)
+    cy = (ty * (H - h + 1)).floor_() + (h - 1) / 2  # block centres
+    cx = (tx * (W - w + 1)).floor_() + (w - 1) / 2
+    rr, cc = _grid_coords(H, W, device)
+    inside = ((rr - cy.unsqueeze(-1)).abs_() <= (h.unsqueeze(-1) - 1) / 2) & ((cc - cx.unsqueeze(-1)).abs_() <= (w.unsqueeze(-1) - 1) / 2)
+    union = inside.cummax(dim=1).values  # union of the first r blocks, (B, R, N)
+    fits = union.sum(-1) <= k  # (B, R): a prefix of True
+    last = fits.sum(1, keepdim=True)  # length of the longest fitting prefix
+    chosen = union.gather(1, (last - 1).clamp_(min=0).unsqueeze(-1).expand(-1, 1, N)).squeeze(1) & (last > 0)
+    keys = u[:, 1 + 4 * R:].masked_fill(chosen, 2.0)  # top up to exactly k with random patches
+    return chosen | (_rank(keys) < k - chosen.sum(-1, keepdim=True))
+
+
+_COORDS: dict[tuple[int, int, str], tuple[Tensor, Tensor]] = {}
+
+
+def _grid_coords(H: int, W: int, device: torch.device | str) -> tuple[Tensor, Tensor]:
+    """Row and column of every patch, (N,) float each (cached)."""
+    key = (H, W, str(device))
+    if key not in _COORDS:
+        idx = torch.arange(H * W, device=device)
+        _COORDS[key] = ((idx // W).float(), (idx % W).float())
+    return _COORDS[key]
 
 
 def _windowed(x: Tensor, window: int, fill: bool | float) -> Tensor:

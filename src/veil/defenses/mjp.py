@@ -92,6 +92,7 @@ class MJP(Defense):
     """
 
     name = "mjp"
+    POOL = 2048  # image masks drawn per batch of draws (see `_from_pool`)
 
     def __init__(self, gamma: float | None = None, window: int | None = 32, selection: str = "block",
                  aux: str | None = None, aux_lambda: float = 0.01, variant: str = "mjp", seed: int | None = None,
@@ -115,6 +116,8 @@ class MJP(Defense):
         self.eval_unk = True
         self.last: JigsawState | None = None
         self._gen: torch.Generator | None = None
+        self._locs: dict[tuple[int, str], Tensor] = {}
+        self._pool: list[Any] | None = None
 
     # ---- lifecycle ------------------------------------------------------------------------
     def _attach(self, model: VeilModel) -> None:
@@ -138,6 +141,8 @@ class MJP(Defense):
         if hasattr(model, "mjp"):
             del model.mjp
         self.last = None
+        self._locs = {}
+        self._pool = None
 
     def set_eval_gamma(self, gamma: float | None, unk: bool = True) -> None:
         """Shuffle at ratio `gamma` in eval mode too (consistency evaluation); None turns it off.
@@ -161,14 +166,36 @@ class MJP(Defense):
             self._gen.manual_seed(self.seed)
         return self._gen
 
-    def select(self, movable: Tensor, gamma: float) -> Tensor:
-        """(B, N) bool: the slots to shuffle (and mask) for this batch."""
+    def select(self, movable: Tensor, gamma: float) -> tuple[Tensor, Tensor]:
+        """(B, N) bool slots to shuffle (and mask) for this batch, and the (B, N) index map."""
         g = self._generator(movable.device)
+        if self.grid is not None and bool(movable.all()):
+            return self._from_pool(movable.shape[0], gamma, movable.device)
         if self.grid is not None:
-            if self.selection == "block" and movable.all():
-                return select_blocks(movable.shape[0], self.grid, gamma, g, movable.device)
-            return select_random(movable, gamma, g)
-        return select_windows(movable, gamma, self.window, g)
+            mask = select_random(movable, gamma, g)
+            return mask, jigsaw(mask, None, g)
+        mask = select_windows(movable, gamma, self.window, g)
+        return mask, jigsaw(mask, self.window, g)
+
+    def _from_pool(self, batch: int, gamma: float, device: torch.device) -> tuple[Tensor, Tensor]:
+        """Image masks and permutations are drawn POOL rows at a time and consumed in order.
+
+        Every row is used once, so the distribution is the same as drawing per step; batching the
+        draws removes most of the per-step cost on small ViTs.
+        """
+        key = (gamma, self.selection, str(device))
+        pool = self._pool
+        if pool is None or pool[0] != key or pool[3] + batch > pool[1].shape[0]:
+            g = self._generator(device)
+            size = max(self.POOL, batch)
+            if self.selection == "block":
+                mask = select_blocks(size, self.grid, gamma, g, device)
+            else:
+                mask = select_random(torch.ones(size, self.grid[0] * self.grid[1], dtype=torch.bool, device=device), gamma, g)
+            pool = self._pool = [key, mask, jigsaw(mask, None, g), 0]
+        i = pool[3]
+        pool[3] = i + batch
+        return pool[1][i: i + batch], pool[2][i: i + batch]
 
     def _transform(self, tok: Tensor, pos: Tensor, movable: Tensor) -> tuple[Tensor, Tensor]:
         model = self.model
@@ -179,17 +206,22 @@ class MJP(Defense):
         if not gamma:
             self.last.pos_out = pos_out
             return tok, pos_out
-        mask = self.select(movable, gamma)
-        perm = jigsaw(mask, self.window if self.grid is None else None, self._generator(movable.device))
+        mask, perm = self.select(movable, gamma)
         tok = apply_perm(tok, perm)
         if self.variant == "mjp" and (training or self.eval_unk):
-            pos_out = torch.where(mask.unsqueeze(-1), model.mjp.unk.to(pos.dtype), pos)
+            pos_out = torch.where(mask.unsqueeze(-1), model.mjp.unk, pos)
         self.last = JigsawState(pos, movable, mask, perm, pos_out)
         return tok, pos_out
 
     # ---- DAL / DRL (Eq. 4-5) ------------------------------------------------------------------
     def locations(self, n: int, device: torch.device) -> Tensor:
         """(n, c) normalised location of each slot: (row, col) / K on the grid, index / (rows - 1) for text."""
+        key = (n, str(device))
+        if key not in self._locs:
+            self._locs[key] = self._locations(n, device)
+        return self._locs[key]
+
+    def _locations(self, n: int, device: torch.device) -> Tensor:
         if self.grid is not None:
             H, W = self.grid
             idx = torch.arange(n, device=device)
@@ -202,20 +234,20 @@ class MJP(Defense):
             return None
         st = self.last
         keep = st.movable if st.mask is None else st.movable & ~st.mask
-        weight = keep.sum(0).to(st.pos.dtype)  # how many sequences left each slot unshuffled
-        if float(weight.sum()) == 0:
-            return None
+        weight = keep.sum(0, dtype=st.pos.dtype)  # how many sequences left each slot unshuffled
         table = st.pos[0]  # (N, D)
         loc = self.locations(table.shape[0], table.device).to(table.dtype)
         if self.aux == "dal":
             err = (model.mjp.loc(table) - loc).abs().sum(-1)
-            return self.aux_lambda * (weight * err).sum() / weight.sum()
+            return torch.dot(weight, err) * (self.aux_lambda / weight.sum().clamp(min=1))
         return self.aux_lambda * self.drl_loss(model, table, loc, weight)
 
     def drl_loss(self, model: VeilModel, table: Tensor, loc: Tensor, weight: Tensor) -> Tensor:
         """Mean L1 between predicted and true offsets loc_i - loc_j over sampled unshuffled pairs."""
         m = self.pairs_per_token * table.shape[0]
         g = self._generator(table.device)
-        ij = torch.multinomial(weight.float(), 2 * m, replacement=True, generator=g).view(2, m)
+        w = weight.float()
+        w = w + (w.sum() == 0).float()  # every slot shuffled everywhere: fall back to all slots
+        ij = torch.multinomial(w, 2 * m, replacement=True, generator=g).view(2, m)
         pred = model.mjp.loc(torch.cat([table[ij[0]], table[ij[1]]], dim=-1))
         return (pred - (loc[ij[0]] - loc[ij[1]])).abs().sum(-1).mean()
