@@ -45,7 +45,18 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--seed", type=int, default=0, help="seed of the sample draw and the attack")
     p.add_argument("--out", required=True, help="output folder")
     p.add_argument("--quiet", action="store_true", help="no progress bar or table")
+    p.__class__ = _KeyValueParser  # key=value may also follow the options
     p.set_defaults(run=run)
+
+
+class _KeyValueParser(argparse.ArgumentParser):
+    """Collects `key=value` words that argparse leaves over after the options into `overrides`."""
+
+    def parse_known_args(self, args=None, namespace=None):  # noqa: ANN001, ANN201 - argparse's signature
+        ns, extra = super().parse_known_args(args, namespace)
+        kv = [a for a in extra if "=" in a and not a.startswith("-")]
+        ns.overrides = list(getattr(ns, "overrides", None) or []) + kv
+        return ns, [a for a in extra if a not in kv]
 
 
 def run(args: argparse.Namespace) -> int:
