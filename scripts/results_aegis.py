@@ -1,0 +1,196 @@
+"""Regenerate the AEGIS section of docs/results.md (between `<!-- aegis:start -->` and
+`<!-- aegis:end -->`): per model and data set, every attack's success undefended, under AEGIS
+(as published, and with the MLP down-projection noised), against adaptive attackers and the
+baselines; accuracy / perplexity over seeds; step time.
+
+    python scripts/results_aegis.py --quick                  # small models, minutes on 2 cores
+    python scripts/results_aegis.py                          # + MiniLM / GPT-2, 3 seeds (hours)
+    python scripts/results_aegis.py --runs-dir runs/aegis    # reuse finished training runs
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import re
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT / "benchmarks"))
+
+DEFENSES: dict[str, list[dict[str, Any]]] = {
+    "none": [],
+    "aegis": [{"name": "aegis"}],
+    "aegis+down": [{"name": "aegis", "mlp_down_noise": 1.0}],
+    "dpsgd s=0.5": [{"name": "dpsgd", "clip": 1.0, "noise_multiplier": 0.5}],
+    "dpsgd s=2": [{"name": "dpsgd", "clip": 1.0, "noise_multiplier": 2.0}],
+    "prune 0.9": [{"name": "prune", "ratio": 0.9}],
+    "gaussian 0.01": [{"name": "gaussian", "sigma": 0.01}],
+}
+ATTACKS = ["presence", "span", "presence-adaptive", "presence-average", "span-unfrozen"]
+
+
+def attack_table(model_name: str, data_cfg: dict[str, Any], batch_size: int, rounds: int) -> list[dict[str, Any]]:
+    """Every attack against every defense on one batch of the data (fresh model per defense)."""
+    from veil.attacks import Knowledge, create_attack, observe
+    from veil.attacks.adaptive import observe_rounds, random_guess_f1
+    from veil.attacks.presence import special_ids, true_token_set
+    from veil.data import load_data
+    from veil.defenses import create_defense
+    from veil.errors import VeilError
+    from veil.metrics.text import presence, text_report
+    from veil.models import create_model
+
+    data = load_data(**data_cfg)
+    tok = data.meta["tokenizer"]
+    batch = {k: v[:batch_size] for k, v in data.train.items()}
+    rows = []
+    for dname, specs in DEFENSES.items():
+        torch.manual_seed(0)
+        model = create_model(model_name, vocab_size=tok.vocab_size, max_len=data_cfg["max_len"]) if model_name != "minilm" else create_model("minilm", dropout=0.0)
+        model.eval()
+        defs = [create_defense(s["name"], **{k: v for k, v in s.items() if k != "name"}).attach(model) for s in specs]
+        obs = observe(model, batch, defs)
+        truth = true_token_set(batch["input_ids"], batch["attention_mask"], special_ids(model, tok))
+        refs = [r[m.bool()].tolist() for r, m in zip(batch["input_ids"], batch["attention_mask"])]
+        V = model.token_embedding().weight.shape[0]
+        for aname in ATTACKS:
+            know = Knowledge(batch_size=batch_size, seq_len=int(batch["attention_mask"].sum(1).max()), tokenizer=tok,
+                             defense=defs[0].describe() if defs else {})
+            if aname == "presence-average":
+                know.aux_data = {"rounds": [o.grads for o in observe_rounds(model, batch, defs, rounds)[1:]]}
+            row: dict[str, Any] = {"model": model_name, "defense": dname, "attack": aname}
+            t0 = time.perf_counter()
+            try:
+                rec = create_attack(aname).reconstruct(obs, know)
+            except VeilError as e:
+                row.update(result="refused", reason=str(e), presence_f1=0.0, token_recovery=0.0)
+                rows.append(row)
+                continue
+            row["seconds"] = round(time.perf_counter() - t0, 1)
+            found = rec.token_set or set()
+            row["presence_f1"] = presence(truth, found)["presence_f1"]
+            row["random_f1"] = random_guess_f1(len(truth), len(found), V)
+            row["guesses"] = len(found)
+            if rec.token_ids:
+                row["token_recovery"] = float(text_report(refs, rec.token_ids, ignore={0, 101, 102}, match_by="token_accuracy")["token_recovery"])
+            rows.append(row)
+            print(json.dumps(row), flush=True)
+    return rows
+
+
+def utility(model_name: str, data_cfg: dict[str, Any], train_cfg: dict[str, Any], seeds: list[int], variants: list[str], runs: Path) -> list[dict[str, Any]]:
+    from veil.config import from_dict
+    from veil.training.loop import train
+
+    out = []
+    for v in variants:
+        for seed in seeds:
+            defs = [{**d, "seed": seed} if d["name"] in ("aegis", "dpsgd", "gaussian") else d for d in DEFENSES[v]]
+            cfg = from_dict({"model": {"name": model_name}, "data": data_cfg, "defense": defs, "train": {**train_cfg, "seed": seed}})
+            summary = train(cfg, runs / f"{model_name}-{data_cfg['name']}-{v.replace(' ', '_')}-s{seed}", progress=False)
+            out.append({"model": model_name, "defense": v, "seed": seed, **{k: summary[k] for k in summary if k.startswith("test_")},
+                        "train_seconds": summary["train_seconds"]})
+            print(json.dumps(out[-1]), flush=True)
+    return out
+
+
+def fmt_attacks(rows: list[dict[str, Any]]) -> list[str]:
+    lines = ["| model | defense | attack | presence F1 (random, same guesses) | token recovery | note |", "|---|---|---|---|---|---|"]
+    for r in rows:
+        if r.get("result") == "refused":
+            lines.append(f"| {r['model']} | {r['defense']} | {r['attack']} | 0 | 0 | refused: {r['reason'][:70]} |")
+            continue
+        tr = f"{r['token_recovery']:.3f}" if "token_recovery" in r else "-"
+        lines.append(f"| {r['model']} | {r['defense']} | {r['attack']} | {r['presence_f1']:.3f} ({r['random_f1']:.4f}) | {tr} | {r['guesses']} guesses |")
+    return lines
+
+
+def fmt_utility(rows: list[dict[str, Any]]) -> list[str]:
+    from statistics import mean, pstdev
+
+    lines = ["| model | defense | seeds | test accuracy | test perplexity | train s |", "|---|---|---|---|---|---|"]
+    groups: dict[tuple[str, str], list[dict[str, Any]]] = {}
+    for r in rows:
+        groups.setdefault((r["model"], r["defense"]), []).append(r)
+    for (m, d), rs in groups.items():
+        acc = [r["test_accuracy"] for r in rs]
+        ppl = [r["test_perplexity"] for r in rs if "test_perplexity" in r]
+        p = f"{mean(ppl):.1f} ± {pstdev(ppl):.1f}" if ppl else "-"
+        lines.append(f"| {m} | {d} | {len(rs)} | {100 * mean(acc):.2f} ± {100 * pstdev(acc):.2f} | {p} | {mean(r['train_seconds'] for r in rs):.0f} |")
+    return lines
+
+
+def fmt_bench(b: dict[str, Any]) -> list[str]:
+    lines = [f"Step time, {b['model']}, batch {b['batch']} x {b['len']} tokens, median of {b['repeats']} interleaved steps ({b['threads']} threads):", "",
+             "| variant | median step (s) | ratio to none |", "|---|---|---|"]
+    lines += [f"| {n} | {b['median_s'][n]:.3f} | {b['ratio_to_none'][n]:.2f} |" for n in b["median_s"]]
+    return lines
+
+
+def write_section(body: str, path: Path) -> None:
+    text = path.read_text() if path.is_file() else "# Results\n"
+    block = f"<!-- aegis:start -->\n{body}\n<!-- aegis:end -->"
+    if "<!-- aegis:start -->" in text:
+        text = re.sub(r"<!-- aegis:start -->.*?<!-- aegis:end -->", lambda _m: block, text, flags=re.S)
+    else:
+        text = text.rstrip() + "\n\n" + block + "\n"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(text)
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--quick", action="store_true", help="small models, one seed, few steps")
+    p.add_argument("--runs-dir", default=str(ROOT / "runs" / "aegis"))
+    p.add_argument("--results", default=str(ROOT / "docs" / "results.md"))
+    p.add_argument("--skip", default="", help="comma list of parts to skip: attacks,utility,bench")
+    a = p.parse_args()
+    skip = set(filter(None, a.skip.split(",")))
+    runs = Path(a.runs_dir)
+    runs.mkdir(parents=True, exist_ok=True)
+    quick = a.quick
+    text_models = [("transformer4", "sst2"), ("gpt-tiny", "agnews")] + ([] if quick else [("minilm", "sst2")])
+    seeds = [0] if quick else [0, 1, 2]
+    parts = ["## AEGIS (gradient isolation)", "",
+             f"Regenerated by `python scripts/results_aegis.py{' --quick' if quick else ''}`. Attacks see one client step of "
+             "batch 4 (WordPiece, 24 tokens); presence F1 excludes [CLS]/[SEP]/[PAD]; `presence-average` averages "
+             "10 exports of the same batch. A `refused` attack found no gradient to read (frozen).", ""]
+    cache = runs / "attacks.json"
+    if "attacks" not in skip:
+        rows = []
+        for m, d in text_models:
+            rows += attack_table(m, {"name": d, "tokenizer": "wordpiece", "max_len": 24, "train_size": 64, "test_size": 8}, 4, 10)
+        cache.write_text(json.dumps(rows, indent=1))
+    rows = json.loads(cache.read_text()) if cache.is_file() else []
+    parts += ["### Attacks", ""] + fmt_attacks(rows) + [""]
+    ucache = runs / "utility.json"
+    if "utility" not in skip:
+        urows = []
+        steps = 150 if quick else 0
+        for m, d in ([("transformer4", "sst2"), ("gpt-tiny", "agnews")] if quick else [("minilm", "sst2"), ("hf-gpt2", "agnews")]):
+            data_cfg = {"name": d, "tokenizer": "wordpiece", "max_len": 32 if quick else 48, "train_size": 2000, "test_size": 400}
+            lr = 5e-5 if m == "minilm" else 1e-3
+            tcfg = {"epochs": 1 if quick else 3, "batch_size": 16, "lr": lr, "max_steps": steps, "device": "cpu"}
+            urows += utility(m, data_cfg, tcfg, seeds, ["none", "aegis", "dpsgd s=0.5"], runs)
+        ucache.write_text(json.dumps(urows, indent=1))
+    urows = json.loads(ucache.read_text()) if ucache.is_file() else []
+    parts += ["### Utility", ""] + fmt_utility(urows) + [""]
+    bcache = runs / "bench.json"
+    if "bench" not in skip:
+        from aegis_overhead import bench
+
+        b = bench("transformer4" if quick else "minilm", 16, 48, 5 if quick else 10, ["none", "aegis", "aegis+down", "dpsgd"])
+        bcache.write_text(json.dumps(b, indent=1))
+    if bcache.is_file():
+        parts += ["### Step time", ""] + fmt_bench(json.loads(bcache.read_text())) + [""]
+    write_section("\n".join(parts), Path(a.results))
+    print(f"wrote the AEGIS section of {a.results}")
+
+
+if __name__ == "__main__":
+    main()
