@@ -80,12 +80,10 @@ def build_vit(spec: SplitSpec) -> Any:
     return vit
 
 
-def build_body(world: Any) -> nn.Module:
+def build_body(spec: SplitSpec) -> nn.Module:
     from veil.federated.split_models import Body
 
-    vit = build_vit(world.spec)
-    vit.load_state_dict(world.vit_state)
-    return Body(vit)
+    return Body(build_vit(spec))
 
 
 class Exchange:
@@ -125,14 +123,12 @@ def _arr(x: Tensor) -> ArrayRecord:
 
 class SplitServer:
     def __init__(self, grid: Grid, spec: SplitSpec) -> None:
-        from veil.federated.split_client import split_world
-
+        """The server builds its body from the public spec; it holds no client data or key."""
         self.spec, self.sc = spec, spec.split
-        self.world = split_world(spec.text())
-        self.body = build_body(self.world)
+        self.body = build_body(spec)
         self.opt = torch.optim.Adam(self.body.parameters(), lr=spec.cfg.train.lr)
         self.ex = Exchange(grid, spec)
-        nodes = wait_for_nodes(grid, len(self.world.clients))
+        nodes = wait_for_nodes(grid, len(self.sc.tasks) * self.sc.clients_per_task)
         infos = {n: self.ex(n, "query.info", phase="setup").content["info"] for n in nodes}
         self.pid = {n: int(i["partition-id"]) for n, i in infos.items()}
         self.nodes = sorted(nodes, key=self.pid.get)
@@ -204,7 +200,7 @@ class SplitServer:
     def train_fl(self) -> None:
         from veil.federated.split_client import build_parts
 
-        parts = {t: build_parts(self.world, t) for t in self.sc.tasks}
+        parts = {t: build_parts(self.spec, t) for t in self.sc.tasks}
         glob = {f"head.{k}": v for k, v in parts[self.sc.tasks[0]][0].state_dict().items()}
         glob.update({f"body.{k}": v for k, v in self.body.state_dict().items()})
         tails = {t: {f"tail.{k}": v for k, v in parts[t][1].state_dict().items()} for t in self.sc.tasks}

@@ -39,27 +39,25 @@ class SplitWorld:
     spec: Any  # veil.federated.split.SplitSpec
     clients: list[tuple[str, dict[str, Tensor]]]
     tests: dict[str, dict[str, Tensor]]
-    vit_state: dict[str, Tensor]
 
 
 @lru_cache(maxsize=4)
 def split_world(spec_text: str) -> SplitWorld:
     from veil.federated.multitask import multitask_data
-    from veil.federated.split import build_vit, split_spec_from_text
+    from veil.federated.split import split_spec_from_text
 
     spec = split_spec_from_text(spec_text)
     clients, tests = multitask_data(spec.split.tasks, spec.split.clients_per_task, spec.cfg.train.seed, spec.cfg.data["name"])
-    return SplitWorld(spec, clients, tests, build_vit(spec).state_dict())
+    return SplitWorld(spec, clients, tests)
 
 
-def build_parts(world: SplitWorld, task: str) -> tuple[nn.Module, nn.Module]:
-    """A fresh head and the task's tail, initialised identically on every client of the task."""
+def build_parts(spec: Any, task: str) -> tuple[nn.Module, nn.Module]:
+    """A fresh head and the task's tail, initialised identically (seeded) on every client of the task."""
     from veil.federated.split import build_vit
     from veil.federated.split_models import Head
 
-    vit = build_vit(world.spec)
-    vit.load_state_dict(world.vit_state)
-    torch.manual_seed(world.spec.cfg.train.seed + 17 * (1 + world.spec.split.tasks.index(task)))
+    vit = build_vit(spec)
+    torch.manual_seed(spec.cfg.train.seed + 17 * (1 + list(TASK_DEFS).index(task)))
     tail = TASK_DEFS[task].make_tail(vit.width, vit.cfg.patch_size, vit.cfg.image_size)
     return Head(vit), tail
 
@@ -72,7 +70,7 @@ class ClientState:
         self.pid = int(ctx.node_config["partition-id"])
         self.task_name, self.data = world.clients[self.pid]
         self.task: Task = TASK_DEFS[self.task_name]
-        self.head, self.tail = build_parts(world, self.task_name)
+        self.head, self.tail = build_parts(world.spec, self.task_name)
         lr = world.spec.cfg.train.lr
         self.opt_head = torch.optim.Adam(self.head.parameters(), lr=lr)
         self.opt_tail = torch.optim.Adam(self.tail.parameters(), lr=lr)
@@ -241,7 +239,7 @@ def local(msg: Message, ctx: Context) -> Message:
 
     cs = _state(msg, ctx)
     conf = msg.content["config"]
-    body = build_body(cs.world)
+    body = build_body(cs.world.spec)
     sd = msg.content["params"].to_torch_state_dict()
     for prefix, mod in (("head.", cs.head), ("body.", body), ("tail.", cs.tail)):
         mod.load_state_dict({k[len(prefix):]: v for k, v in sd.items() if k.startswith(prefix)})

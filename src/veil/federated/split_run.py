@@ -27,8 +27,9 @@ def paper_table(server: SplitServer) -> dict[str, Any]:
 
     from veil.federated.multitask import TASK_DEFS
 
-    head, tail = build_parts(server.world, server.sc.tasks[0])
-    x = server.world.clients[0][1]["pixels"][:1]
+    head, tail = build_parts(server.spec, server.sc.tasks[0])
+    side = head.patch * math.isqrt(head.pos.shape[0])  # image side = patch x grid
+    x = torch.zeros(1, head.proj.in_features // head.patch ** 2, side, side)
     with torch.no_grad():
         F = head(x).numel() * 4
         full = server.body(head(x)).numel() * 4
@@ -49,8 +50,8 @@ def central(spec: SplitSpec) -> dict[str, float]:
     world = split_world(spec.text())
     out: dict[str, float] = {}
     for t in spec.split.tasks:
-        head, tail = build_parts(world, t)
-        body = build_body(world)
+        head, tail = build_parts(spec, t)
+        body = build_body(spec)
         mods = nn.ModuleList([head, body, tail])
         opt = torch.optim.Adam(mods.parameters(), lr=spec.cfg.train.lr)
         data = [d for name, d in world.clients if name == t]

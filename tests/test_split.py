@@ -1,0 +1,172 @@
+"""Split learning (SL / FeSTA / p-FeSTA) over Flower messages: the permutation module's algebra,
+that no key, permutation or private sample reaches the server, byte accounting, protocols."""
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from veil.defenses.permutation import PatchPermutation, fresh_keys, permute, unpermute
+from veil.errors import VeilError
+from veil.federated.split import load_split_spec
+
+TINY = ["model.dim=16", "model.depth=1", "model.heads=2", "train.batch_size=64", "split.epochs=1",
+        "split.clients_per_task=1", "split.tasks=[classify, segment]"]
+
+
+def cfg(tmp: Path) -> Path:
+    p = tmp / "split.yaml"
+    p.write_text("model: {name: vit-digits}\ndata: {name: digits}\ntrain: {lr: 0.002, seed: 0}\nsplit: {protocol: pfesta}\n")
+    return p
+
+
+def test_permutation_is_inverted_and_body_is_equivariant() -> None:
+    from veil.federated.split_models import Body, Head
+    from veil.models import create_model
+
+    x = torch.randn(3, 16, 4)
+    keys = fresh_keys(3, 16, torch.Generator().manual_seed(0))
+    assert torch.equal(unpermute(permute(x, keys), keys), x)
+    assert len({tuple(k.tolist()) for k in keys}) == 3  # a fresh key per sample
+    vit = create_model("vit-digits").eval()
+    head, body = Head(vit), Body(vit)
+    px = torch.rand(2, 1, 8, 8)
+    h = head(px)
+    k = fresh_keys(2, h.shape[1], torch.Generator().manual_seed(1))
+    out, out_p = body(h), body(permute(h, k))
+    assert torch.allclose(out_p[:, 0], out[:, 0], atol=1e-5)  # [CLS] is invariant
+    assert torch.allclose(unpermute(out_p[:, 1:], k), out[:, 1:], atol=1e-5)  # patches equivariant
+    d = PatchPermutation(enabled=False)
+    assert d.before_send(h, {}) is h  # zero strength: identity
+
+
+def _spy_run(tmp: Path, monkeypatch: pytest.MonkeyPatch, *overrides: str) -> tuple[dict, list, list]:
+    """Run split learning on the in-process grid, recording every message that reaches the server
+    and every object the server holds."""
+    from veil.federated import grid as grid_mod
+    from veil.federated import split as split_mod
+    from veil.federated.split_run import run_split
+
+    up: list = []
+    real_deliver = grid_mod.LocalGrid._deliver
+
+    def deliver(self, msg, timeout):  # type: ignore[no-untyped-def]
+        reply = real_deliver(self, msg, timeout)
+        up.append(reply)
+        spy_contexts[:] = list(self.nodes.values())
+        return reply
+
+    servers: list = []
+    real_init = split_mod.SplitServer.__init__
+
+    def init(self, *a, **k):  # type: ignore[no-untyped-def]
+        real_init(self, *a, **k)
+        servers.append(self)
+
+    spy_contexts: list = []
+    monkeypatch.setattr(grid_mod.LocalGrid, "_deliver", deliver)
+    monkeypatch.setattr(split_mod.SplitServer, "__init__", init)
+    summary = run_split(load_split_spec(cfg(tmp), [*TINY, *overrides]), tmp / "run")
+    return summary, up, [servers[0], spy_contexts]
+
+
+def _tensors(obj: object, seen: set | None = None, depth: int = 0) -> list[torch.Tensor]:
+    """Every tensor reachable from a server-side object (attributes, dicts, lists, modules)."""
+    seen = seen if seen is not None else set()
+    if id(obj) in seen or depth > 6:
+        return []
+    seen.add(id(obj))
+    if isinstance(obj, torch.Tensor):
+        return [obj]
+    if isinstance(obj, torch.nn.Module):
+        return [t for t in obj.state_dict().values()]
+    items = obj.values() if isinstance(obj, dict) else obj if isinstance(obj, (list, tuple)) else getattr(obj, "__dict__", {}).values()
+    out: list[torch.Tensor] = []
+    for v in items:
+        if type(v).__module__.startswith(("veil", "torch", "builtins")) or isinstance(v, (dict, list, tuple)):
+            out += _tensors(v, seen, depth + 1)
+    return out
+
+
+def test_no_key_permutation_or_private_batch_reaches_the_server(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    summary, up, (server, contexts) = _spy_run(tmp_path, monkeypatch)
+    # the clients' secrets: their permutation keys (only in Context.state) and their raw data
+    keys = [c.state["keys"].to_torch_state_dict()["keys"] for c in contexts]
+    from veil.federated.split_client import split_world
+
+    world = split_world(server.spec.text())  # the clients' side (same process in simulation)
+    private = [d["pixels"] for _, d in world.clients] + [d["target"] for _, d in world.clients]
+    # 1. no reply to the server names or carries a key
+    arrays = []
+    for m in up:
+        assert not any("key" in name for name in m.content.keys())
+        for rec in m.content.array_records.values():
+            arrays += [v for v in rec.to_torch_state_dict().values()]
+    assert arrays
+    for a in arrays:
+        for k in keys:
+            assert not (a.shape == k.shape and torch.equal(a.long(), k)), "a permutation key left the client"
+        for p in private:  # no raw pixels/targets of any client (any batch of them) in a message
+            flat = p.reshape(len(p), -1).float()
+            if a.dim() >= 2 and a.reshape(len(a), -1).shape[1] == flat.shape[1]:
+                rows = a.reshape(len(a), -1).float()
+                assert not any(bool((r == flat).all(1).any()) for r in rows), "a private sample left the client"
+    # 2. the server holds no key and no private sample
+    held = _tensors(server)
+    assert held and not any(isinstance(v, type(world)) for v in vars(server).values())
+    for t in held:
+        for k in keys:
+            assert not (t.shape == k.shape and torch.equal(t, k))
+        for p in private:
+            assert not (t.shape == p.shape and torch.equal(t, p))
+    # 3. what the server cached is permuted: per sample a re-ordering of the head features, not them
+    from veil.federated.split_client import build_parts
+
+    head, _ = build_parts(world.spec, "classify")
+    emb = next(m for m in up if "features" in m.content and m.content["features"]["x"].shape[0] == len(world.clients[0][1]["target"]))
+    sent = emb.content["features"].to_torch_state_dict()["x"]
+    with torch.no_grad():
+        clean = head(world.clients[0][1]["pixels"])
+    assert not torch.allclose(sent, clean)
+    assert torch.allclose(unpermute(sent, keys[0]), clean, atol=1e-6)
+    assert set(summary["metrics"]) == {"classify", "segment"}
+
+
+def test_permutation_costs_no_utility(tmp_path: Path) -> None:
+    """Body equivariance: p-FeSTA with and without the permutation trains to the same metrics."""
+    from veil.federated.split_run import run_split
+
+    a = run_split(load_split_spec(cfg(tmp_path), [*TINY, "split.permute=true"]), tmp_path / "a")
+    b = run_split(load_split_spec(cfg(tmp_path), [*TINY, "split.permute=false"]), tmp_path / "b")
+    for t in a["metrics"]:
+        assert a["metrics"][t] == pytest.approx(b["metrics"][t], abs=0.02)
+
+
+def test_bytes_are_counted_per_message_and_pfesta_sends_less_than_sl(tmp_path: Path) -> None:
+    from veil.federated.split_run import run_split
+
+    pf = run_split(load_split_spec(cfg(tmp_path), TINY), tmp_path / "pf")
+    sl = run_split(load_split_spec(cfg(tmp_path), [*TINY, "split.protocol=sl"]), tmp_path / "sl")
+    assert pf["bytes"]["by_type"]["train.embed"]["messages"] == 2  # head features sent once per client
+    assert "train.fwd" not in pf["bytes"]["by_type"] and sl["bytes"]["by_type"]["train.fwd"]["messages"] > 0
+    assert pf["bytes_per_client"] < sl["bytes_per_client"]
+    steps = pf["steps"]
+    assert pf["bytes"]["by_type"]["train.tail"]["messages"] == 2 * steps
+
+
+def test_fl_and_central_references_run(tmp_path: Path) -> None:
+    from veil.federated.split_run import run_split
+
+    fl = run_split(load_split_spec(cfg(tmp_path), [*TINY, "split.protocol=fl"]), tmp_path / "fl")
+    ce = run_split(load_split_spec(cfg(tmp_path), [*TINY, "split.protocol=central"]), tmp_path / "ce")
+    assert "train.local" in fl["bytes"]["by_type"] and set(ce["metrics"]) == {"classify", "segment"}
+    assert 0 <= ce["metrics"]["segment"] <= 1
+
+
+def test_bad_split_settings_are_one_line_errors(tmp_path: Path) -> None:
+    with pytest.raises(VeilError, match="split.protocol must be one of"):
+        load_split_spec(cfg(tmp_path), ["split.protocol=xyz"])
+    with pytest.raises(VeilError, match="split.tasks must be"):
+        load_split_spec(cfg(tmp_path), ["split.tasks=[depth]"])
