@@ -9,11 +9,11 @@ so the label is argmin dL/db. Without a bias, dL/dW = c h^T is rank one with c =
 is the entry of c whose sign differs from the others (read off the top singular pair).
 
 Batch B (LLG-style, Wainakh et al. 2022): every class with a negative bias-gradient entry is in
-the batch; each occurrence of class c lowers dL/db_c by about (1 - p_c)/B, while an absent class
-sits at its mean probability s/B... We estimate the background s as the mean of the positive
-entries (the probability mass a class gets from samples of other classes), so the count of class
-c is about B (s - dL/db_c); the first pass gives one to each negative entry, the remaining B - k
-labels go greedily to the class with the largest remaining estimate (subtracting one unit per pick).
+the batch. Each occurrence of class c lowers dL/db_c by 1/B, on top of a background s (the
+probability mass class c receives from the batch, divided by B). We estimate s as the mean of the
+positive entries, so the count of class c is about B (s - dL/db_c); the first pass gives one to
+each negative entry, the remaining B - k labels go greedily to the class with the largest
+remaining estimate (subtracting one unit per pick).
 Works for image and text classifiers alike (anything with `classifier()`).
 """
 from __future__ import annotations
