@@ -1,0 +1,136 @@
+"""`veil audit`: a tiny scenario end to end, its report against summary.json, resume, bad scenarios."""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+from veil.errors import VeilError
+from veil.experiments.audit import run_audit
+from veil.experiments.scenario import load_scenario, parse_scenario
+
+TINY = {
+    "name": "tiny",
+    "seeds": [0],
+    "attacks": ["labels", "presence"],
+    "tasks": [
+        {
+            "name": "digits",
+            "run": {"model": {"name": "vit-digits", "depth": 1, "dim": 32, "heads": 2},
+                    "data": {"name": "digits", "train_size": 200, "test_size": 40},
+                    "train": {"epochs": 1, "batch_size": 64}},
+            "defenses": ["none", {"name": "mjp", "gamma": 0.1}],
+            "attacks": ["april"],
+            "knowledge": {"batch_size": 1},
+            "samples": 1,
+        },
+        {
+            "name": "text",
+            "run": {"model": {"name": "transformer4", "depth": 1},
+                    "data": {"name": "sst2", "tokenizer": "word", "max_len": 12, "train_size": 100, "test_size": 20},
+                    "train": {"epochs": 1, "batch_size": 32}},
+            "defenses": ["none", "aegis"],
+            "knowledge": {"labels": True, "batch_size": 2},
+            "samples": 1,
+        },
+    ],
+}
+
+
+@pytest.fixture(scope="module")
+def audit(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, dict]:
+    out = tmp_path_factory.mktemp("audit")
+    summary = run_audit(parse_scenario(TINY), out, progress=False)
+    return out, summary
+
+
+def test_report_matches_summary(audit: tuple[Path, dict]) -> None:
+    out, summary = audit
+    assert json.loads((out / "summary.json").read_text()) == json.loads(json.dumps(summary))
+    md = (out / "report.md").read_text()
+    html = (out / "report.html").read_text()
+    digits = summary["tasks"]["digits"]
+    for d, u in digits["utility"].items():
+        assert f"{u['test_accuracy_mean']:.4f} ± {u['test_accuracy_std']:.4f}" in md
+    psnr = digits["leakage"]["none"]["april"]["psnr"]
+    assert psnr > 40  # APRIL rebuilds the undefended image
+    assert f"{psnr:.3f}" in md or f"{psnr:.0f}" in md
+    assert digits["leakage"]["mjp(gamma=0.1)"]["april"]["psnr"] < psnr
+    text = summary["tasks"]["text"]
+    assert text["leakage"]["none"]["presence"]["presence_f1"] > 0.99
+    assert "presence" in text["leakage"]["aegis"]
+    assert "presence" in digits["skipped"]  # a scenario-wide attack that does not fit images is skipped, with its reason
+    assert "data:image/png;base64," in html and "<table>" in html
+    assert "torch" in summary["versions"]
+
+
+def test_rerun_recomputes_nothing(audit: tuple[Path, dict]) -> None:
+    out, summary = audit
+    stamps = {p: p.stat().st_mtime_ns for p in (out / "cells").rglob("*.json")}
+    stamps.update({p: p.stat().st_mtime_ns for p in (out / "runs").rglob("*.safetensors")})
+    again = run_audit(parse_scenario(TINY), out, progress=False)
+    assert again == json.loads(json.dumps(summary))
+    assert all(p.stat().st_mtime_ns == t for p, t in stamps.items())
+
+
+def test_killed_audit_resumes_with_identical_numbers(audit: tuple[Path, dict], tmp_path: Path) -> None:
+    out, summary = audit
+    env = {**os.environ, "FLWR_TELEMETRY_ENABLED": "0"}
+    scenario = tmp_path / "tiny.yaml"
+    scenario.write_text(yaml.safe_dump(TINY))
+    cmd = [sys.executable, "-m", "veil.cli", "audit", str(scenario), "--out", str(tmp_path / "a"), "--quiet"]
+    proc = subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    # kill it once the first run has finished training
+    import time
+
+    deadline = time.time() + 300
+    while time.time() < deadline and not list((tmp_path / "a").rglob("summary.json")):
+        time.sleep(0.5)
+    proc.kill()
+    proc.wait()
+    assert not (tmp_path / "a" / "report.html").exists()
+    done = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr
+    resumed = json.loads((tmp_path / "a" / "summary.json").read_text())
+    timing = {"seconds", "iterations_per_second"}
+
+    def leakage(s: dict) -> dict:  # every leakage number but wall-clock timings
+        return {t: {d: {a: {m: v for m, v in cell.items() if m not in timing} for a, cell in att.items()}
+                    for d, att in task["leakage"].items()} for t, task in s["tasks"].items()}
+
+    assert leakage(resumed) == leakage(json.loads(json.dumps(summary)))
+    for t in summary["tasks"]:
+        for d, u in summary["tasks"][t]["utility"].items():
+            assert resumed["tasks"][t]["utility"][d]["test_accuracy_values"] == u["test_accuracy_values"]
+
+
+@pytest.mark.parametrize(
+    "change, message",
+    [
+        (lambda s: s["tasks"][0].update(defenses=["none", "magic"]), "unknown defense 'magic'"),
+        (lambda s: s["tasks"][0].update(attacks=["span"]), "attack 'span' does not apply to task 'digits'"),
+        (lambda s: s["tasks"][0]["run"]["data"].update(name="image_folder", path="/nowhere/at/all"), "does not exist"),
+        (lambda s: s["tasks"][0].update(atacks=["april"]), "unknown key 'tasks[0].atacks'"),
+        (lambda s: s["tasks"][0]["run"]["train"].update(epocs=1), "unknown config key 'train.epocs'"),
+        (lambda s: s.update(seeds=[]), "scenario.seeds must be a non-empty list"),
+        (lambda s: s["tasks"][0].update(protocol="gossip"), "unknown protocol 'gossip'"),
+        (lambda s: s["tasks"][0].update(attacks=["aprill"]), "unknown attack 'aprill'"),
+    ],
+)
+def test_bad_scenario_fails_before_training(tmp_path: Path, change, message: str) -> None:
+    raw = json.loads(json.dumps(TINY))
+    change(raw)
+    with pytest.raises(VeilError) as e:
+        run_audit(parse_scenario(raw), tmp_path / "out", progress=False)
+    assert message in str(e.value) and "\n" not in str(e.value)
+    assert not (tmp_path / "out" / "runs").exists()
+
+
+def test_embedded_quickstart_parses() -> None:
+    s = load_scenario(None)
+    assert s.name == "quickstart" and {t.name for t in s.tasks} == {"digits-vit", "sst2-text"}
