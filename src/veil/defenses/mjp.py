@@ -87,8 +87,9 @@ class MJP(Defense):
     aux: ``dal``, ``drl`` or ``none`` (default: dal for images, none for text, as in the paper).
     aux_lambda: weight of the auxiliary loss (0.01). variant: ``mjp``, ``shuffle`` or ``nope``.
     seed: None (default) draws shuffles from torch's global RNG, which the training loop reseeds
-    per epoch from ``train.seed`` (reproducible and exactly resumable); an int gives MJP its own
-    generator.
+    per epoch from ``train.seed`` (reproducible); an int gives MJP its own generator. Image masks
+    are drawn 2048 at a time (`_from_pool`), so a run resumed from a checkpoint draws different
+    image masks than the uninterrupted run would have (text masks follow the loop's reseeding).
     """
 
     name = "mjp"
