@@ -71,6 +71,26 @@ class Block(nn.Module):
         return self.ln1 if self.prenorm else nn.Identity()
 
 
+class BlockHandles:
+    """The handles of a model built from veil `Block`s in ``self.blocks`` (a mixin)."""
+
+    blocks: nn.ModuleList
+
+    def attention_layers(self) -> list:
+        from veil.models.base import AttentionHandles
+
+        return [AttentionHandles(b.attn.q, b.attn.k, b.attn.v, b.attn.o) for b in self.blocks]
+
+    def mlp_up(self) -> list[nn.Module]:
+        return [b.mlp.fc1 for b in self.blocks]
+
+    def mlp_down(self) -> list[nn.Module]:
+        return [b.mlp.fc2 for b in self.blocks]
+
+    def layer_input_norms(self) -> list[nn.Module]:
+        return [b.input_norm() for b in self.blocks]
+
+
 class Table(nn.Module):
     """A learnable table in a leaf module (so Opacus computes its per-sample gradient cheaply)."""
 

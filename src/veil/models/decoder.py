@@ -11,8 +11,8 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor, nn
 
-from veil.models.base import AttentionHandles, Batch, VeilModel, padding_bias
-from veil.models.blocks import Block, Table
+from veil.models.base import Batch, VeilModel, padding_bias
+from veil.models.blocks import Block, BlockHandles, Table
 
 
 @dataclass
@@ -28,7 +28,7 @@ class DecoderConfig:
     pad_id: int = 0
 
 
-class Decoder(VeilModel):
+class Decoder(BlockHandles, VeilModel):
     modality = "text"
     task = "lm"
 
@@ -72,17 +72,5 @@ class Decoder(VeilModel):
     def position_table(self) -> nn.Parameter:
         return self.pos.weight
 
-    def attention_layers(self) -> list[AttentionHandles]:
-        return [AttentionHandles(b.attn.q, b.attn.k, b.attn.v, b.attn.o) for b in self.blocks]
-
-    def mlp_up(self) -> list[nn.Module]:
-        return [b.mlp.fc1 for b in self.blocks]
-
-    def mlp_down(self) -> list[nn.Module]:
-        return [b.mlp.fc2 for b in self.blocks]
-
     def classifier(self) -> nn.Module:
         return self.lm_head
-
-    def layer_input_norms(self) -> list[nn.Module]:
-        return [b.input_norm() for b in self.blocks]

@@ -11,8 +11,8 @@ from dataclasses import dataclass, field
 import torch
 from torch import Tensor, nn
 
-from veil.models.base import AttentionHandles, Batch, VeilModel, padding_bias, special_tokens_movable
-from veil.models.blocks import Block, Table
+from veil.models.base import Batch, VeilModel, padding_bias, special_tokens_movable
+from veil.models.blocks import Block, BlockHandles, Table
 
 
 @dataclass
@@ -29,7 +29,7 @@ class TextEncoderConfig:
     special_ids: list[int] = field(default_factory=lambda: [0, 101, 102])  # pad, cls, sep
 
 
-class TextEncoder(VeilModel):
+class TextEncoder(BlockHandles, VeilModel):
     modality = "text"
 
     def __init__(self, cfg: TextEncoderConfig) -> None:
@@ -71,20 +71,8 @@ class TextEncoder(VeilModel):
     def position_table(self) -> nn.Parameter:
         return self.pos.weight
 
-    def attention_layers(self) -> list[AttentionHandles]:
-        return [AttentionHandles(b.attn.q, b.attn.k, b.attn.v, b.attn.o) for b in self.blocks]
-
-    def mlp_up(self) -> list[nn.Module]:
-        return [b.mlp.fc1 for b in self.blocks]
-
-    def mlp_down(self) -> list[nn.Module]:
-        return [b.mlp.fc2 for b in self.blocks]
-
     def classifier(self) -> nn.Module:
         return self.head
-
-    def layer_input_norms(self) -> list[nn.Module]:
-        return [b.input_norm() for b in self.blocks]
 
     def embedding_norm(self) -> nn.Module:
         """The LayerNorm applied to token + position + segment before the first block."""

@@ -11,8 +11,8 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor, nn
 
-from veil.models.base import AttentionHandles, Batch, VeilModel
-from veil.models.blocks import Block, Table
+from veil.models.base import Batch, VeilModel
+from veil.models.blocks import Block, BlockHandles, Table
 
 
 @dataclass
@@ -43,7 +43,7 @@ def unpatchify(patches: Tensor, p: int, chans: int, size: int) -> Tensor:
     return x.reshape(B, chans, size, size)
 
 
-class ViT(VeilModel):
+class ViT(BlockHandles, VeilModel):
     modality = "image"
 
     def __init__(self, cfg: ViTConfig) -> None:
@@ -90,20 +90,8 @@ class ViT(VeilModel):
     def position_table(self) -> nn.Parameter:
         return self.pos.weight
 
-    def attention_layers(self) -> list[AttentionHandles]:
-        return [AttentionHandles(b.attn.q, b.attn.k, b.attn.v, b.attn.o) for b in self.blocks]
-
-    def mlp_up(self) -> list[nn.Module]:
-        return [b.mlp.fc1 for b in self.blocks]
-
-    def mlp_down(self) -> list[nn.Module]:
-        return [b.mlp.fc2 for b in self.blocks]
-
     def classifier(self) -> nn.Module:
         return self.head
-
-    def layer_input_norms(self) -> list[nn.Module]:
-        return [b.input_norm() for b in self.blocks]
 
     @property
     def grid_shape(self) -> tuple[int, int]:
