@@ -92,7 +92,7 @@ def run_audit(s: Scenario, out: str | Path, progress: bool = True) -> dict[str, 
     _attack_all(cells, out, progress)
     overhead = {t.name: _overhead(t, out, s.seeds[0]) for t in s.tasks}
     summary = build_summary(s, out, cells, utility, overhead, versions())
-    atomic_write_text(out / "summary.json", json.dumps(summary, indent=2, sort_keys=True))
+    atomic_write_text(out / "summary.json", json.dumps(summary, indent=2))
     write_reports(summary, out)
     return summary
 
