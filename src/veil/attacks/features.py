@@ -1,0 +1,141 @@
+"""Feature-space attacks on split learning: what a curious server rebuilds from the smashed data
+(the client's head features) it receives.
+
+1. Decoder-based feature inversion (model inversion on intermediate features; He et al., ACSAC
+   2019, "Model inversion attacks against collaborative inference", the learning-based variant):
+   the server queries the head H on its own auxiliary images x_a and fits a decoder G by
+       min_G  E_a || G(H(x_a)) - x_a ||^2,
+   then applies G to the intercepted features f = H(x): x^ = G(f).
+2. Feature-space hijacking (Pasquini et al., CCS 2021, "Unleashing the Tiger: Inference Attacks on
+   Split Learning", FSHA), passive form: without H, the server trains an encoder F^, a decoder G
+   and a discriminator D on its auxiliary data and the stream of intercepted features:
+       D:      min  softplus(-D(f)) + softplus(D(F^(x_a)))          (f real, F^(x_a) fake)
+       F^, G:  min  || G(F^(x_a)) - x_a ||^2 + lambda softplus(-D(F^(x_a)))
+   so F^ maps into the same feature space as H and G inverts it; x^ = G(f). (The active FSHA
+   also steers the client's head through the returned gradients; p-FeSTA's head is frozen and
+   takes no gradient, so only the passive form applies.)
+
+The decoder reads the N tokens in the order they arrive (a flattened-sequence MLP): it relies on
+slot i holding patch i, which is what p-FeSTA's permutation module takes away.
+"""
+from __future__ import annotations
+
+from typing import Any, Callable
+
+import torch
+from torch import Tensor, nn
+from torch.nn import functional as F
+
+from veil.attacks import ATTACKS
+from veil.attacks.base import Attack, Knowledge, Observation, Reconstruction
+from veil.errors import VeilError
+
+
+class Decoder(nn.Module):
+    """(B, N, D) tokens -> (B, C, H, W) image in [0, 1]."""
+
+    def __init__(self, tokens: int, dim: int, shape: tuple[int, int, int], hidden: int = 512) -> None:
+        super().__init__()
+        self.shape = shape
+        out = shape[0] * shape[1] * shape[2]
+        self.net = nn.Sequential(nn.Flatten(), nn.Linear(tokens * dim, hidden), nn.GELU(), nn.Linear(hidden, hidden), nn.GELU(), nn.Linear(hidden, out))
+
+    def forward(self, f: Tensor) -> Tensor:
+        return self.net(f).sigmoid().view(-1, *self.shape)
+
+
+def _aux(know: Knowledge) -> Tensor:
+    aux = know.aux_data
+    px = aux.get("pixels") if isinstance(aux, dict) else aux
+    if not isinstance(px, Tensor) or px.dim() != 4:
+        raise VeilError("feature attacks need Knowledge.aux_data = {'pixels': (M, C, H, W) auxiliary images}")
+    return px
+
+
+class _FeatureAttack(Attack):
+    """Feature attacks observe features, not a model: an Observation may carry `model=None`."""
+
+    modality = "image"
+    needs = "features"
+    defaults: dict[str, Any] = {}
+
+    def applies_to(self, model: Any) -> str | None:
+        return None if model is None else super().applies_to(model)
+
+    def _get(self, k: str) -> Any:
+        return self.settings.get(k, self.defaults[k])
+
+
+def _batches(n: int, bs: int, g: torch.Generator) -> Tensor:
+    return torch.randint(0, n, (bs,), generator=g)
+
+
+class FeatureInversion(_FeatureAttack):
+    """Decoder trained on (H(x_aux), x_aux); needs query access to the head: `aux_data["head"]`."""
+
+    name = "feature_inversion"
+    defaults = {"steps": 1500, "lr": 1e-3, "batch": 64, "hidden": 512}
+
+    def _reconstruct(self, obs: Observation, know: Knowledge) -> Reconstruction:
+        if obs.features is None:
+            raise VeilError("feature_inversion needs intercepted features (Observation.features)")
+        head: Callable[[Tensor], Tensor] | None = know.aux_data.get("head") if isinstance(know.aux_data, dict) else None
+        if head is None:
+            raise VeilError("feature_inversion needs query access to the head: Knowledge.aux_data['head']")
+        aux = _aux(know)
+        with torch.no_grad():
+            feats = head(aux)
+        f = obs.features.detach()
+        dec = Decoder(f.shape[1], f.shape[2], tuple(aux.shape[1:]), self._get("hidden"))
+        opt = torch.optim.Adam(dec.parameters(), lr=self._get("lr"))
+        g = torch.Generator().manual_seed(know.seed)
+        for _ in range(self._get("steps")):
+            i = _batches(len(aux), self._get("batch"), g)
+            loss = F.mse_loss(dec(feats[i]), aux[i])
+            opt.zero_grad()
+            loss.backward()
+            opt.step()
+        with torch.no_grad():
+            return Reconstruction(images=dec(f), stats={"train_mse": float(loss)})
+
+
+class FeatureHijack(_FeatureAttack):
+    """Passive feature-space hijacking: encoder F^ + decoder G + discriminator D (FSHA)."""
+
+    name = "fsha"
+    defaults = {"steps": 2000, "lr": 1e-3, "batch": 64, "hidden": 512, "adv": 0.05}
+
+    def _reconstruct(self, obs: Observation, know: Knowledge) -> Reconstruction:
+        if obs.features is None:
+            raise VeilError("fsha needs intercepted features (Observation.features)")
+        aux, f = _aux(know), obs.features.detach()
+        N, D = f.shape[1], f.shape[2]
+        P = aux.shape[1] * aux.shape[2] * aux.shape[3] // N
+        patch = int(round((P // aux.shape[1]) ** 0.5))
+        from veil.models.vit import patchify
+
+        enc_proj, enc_pos = nn.Linear(P, D), nn.Parameter(torch.randn(N, D) * 0.02)  # F^: same form as a patch embedder
+        enc = lambda x: enc_proj(patchify(x, patch)) + enc_pos  # noqa: E731
+        dec = Decoder(N, D, tuple(aux.shape[1:]), self._get("hidden"))
+        disc = nn.Sequential(nn.Flatten(), nn.Linear(N * D, 256), nn.LeakyReLU(0.2), nn.Linear(256, 1))
+        opt_g = torch.optim.Adam([*enc_proj.parameters(), enc_pos, *dec.parameters()], lr=self._get("lr"))
+        opt_d = torch.optim.Adam(disc.parameters(), lr=self._get("lr"))
+        g = torch.Generator().manual_seed(know.seed)
+        for _ in range(self._get("steps")):
+            xa = aux[_batches(len(aux), self._get("batch"), g)]
+            real = f[_batches(len(f), self._get("batch"), g)]
+            fake = enc(xa)
+            d_loss = F.softplus(-disc(real)).mean() + F.softplus(disc(fake.detach())).mean()
+            opt_d.zero_grad()
+            d_loss.backward()
+            opt_d.step()
+            g_loss = F.mse_loss(dec(fake), xa) + self._get("adv") * F.softplus(-disc(fake)).mean()
+            opt_g.zero_grad()
+            g_loss.backward()
+            opt_g.step()
+        with torch.no_grad():
+            return Reconstruction(images=dec(f), stats={"d_loss": float(d_loss), "g_loss": float(g_loss)})
+
+
+ATTACKS.register("feature_inversion", "split learning: decoder trained on the head's features of auxiliary data, applied to intercepted features")(FeatureInversion)
+ATTACKS.register("fsha", "split learning: feature-space hijacking (encoder + decoder + discriminator on auxiliary data), passive")(FeatureHijack)
