@@ -15,21 +15,17 @@ from __future__ import annotations
 
 import argparse
 import json
-from contextlib import contextmanager
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any
 
 import torch
 from torch import Tensor
 
-from veil.attacks import create_attack, observe
-from veil.attacks.base import Attack, Knowledge, Observation, Reconstruction
+from veil.attacks import create_attack
+from veil.attacks.harness import REFERENCES, attack_once, mean_metrics, private_batches, score, sequences
 from veil.config import RunConfig, load_config, parse_value
 from veil.errors import VeilError
 from veil.models.base import VeilModel
-
-REFERENCES = ("original", "shuffled")
-
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
     from veil.attacks import list_attacks
@@ -94,124 +90,6 @@ def load_target(source: str, overrides: list[str]) -> tuple[VeilModel, Any, list
         cfg = load_config(source, overrides)
         model, data, defenses = build_run(cfg)
     return model, data, defenses, cfg
-
-
-def private_batches(split: dict[str, Tensor], batch_size: int, samples: int, seed: int) -> list[dict[str, Tensor]]:
-    """`samples` disjoint batches drawn (seeded) from the split."""
-    n = len(next(iter(split.values())))
-    if batch_size < 1 or samples < 1:
-        raise VeilError(f"--batch-size and --samples must be at least 1, got {batch_size} and {samples}")
-    if batch_size * samples > n:
-        raise VeilError(f"{samples} samples of batch {batch_size} need {batch_size * samples} examples; the test split has {n}")
-    order = torch.randperm(n, generator=torch.Generator().manual_seed(seed))[: batch_size * samples]
-    return [{k: v[idx] for k, v in split.items()} for idx in order.reshape(samples, batch_size)]
-
-
-# ---- observing: the defended step, the shuffled reference, the attacker's view ------------------
-@contextmanager
-def recorded_order(model: VeilModel) -> Iterator[dict[str, Tensor]]:
-    """Wrap the model's embedding transform to learn where each token went (for setting (b))."""
-    record: dict[str, Tensor] = {}
-    inner = model._embedding_transform
-    if inner is None:
-        yield record
-        return
-
-    def spy(tok: Tensor, pos: Tensor, movable: Tensor) -> tuple[Tensor, Tensor]:
-        out_tok, out_pos = inner(tok, pos, movable)
-        d = torch.cdist(out_tok.detach().float(), tok.detach().float())  # (B, N_out, N_in)
-        record["order"] = d.argmin(-1)  # slot j holds input token order[b, j]
-        return out_tok, out_pos
-
-    model._embedding_transform = spy
-    try:
-        yield record
-    finally:
-        model._embedding_transform = inner
-
-
-@contextmanager
-def attacker_view(model: VeilModel) -> Iterator[None]:
-    """The server runs the plain model: the client's embedding transform is not replayed."""
-    inner = model._embedding_transform
-    model._embedding_transform = None
-    try:
-        yield
-    finally:
-        model._embedding_transform = inner
-
-
-def shuffled_reference(model: VeilModel, batch: dict[str, Tensor], order: Tensor | None) -> dict[str, Tensor]:
-    """The batch as the model saw it after the defense's shuffle."""
-    if order is None:
-        return batch
-    out = dict(batch)
-    if "pixels" in batch:
-        from veil.models.vit import patchify, unpatchify
-        from veil.attacks.analytic_vit import patch_geometry
-
-        p, chans, size = patch_geometry(model)
-        patches = patchify(batch["pixels"], p)
-        moved = torch.gather(patches, 1, order.unsqueeze(-1).expand(-1, -1, patches.shape[-1]))
-        out["pixels"] = unpatchify(moved, p, chans, size)
-    else:
-        out["input_ids"] = torch.gather(batch["input_ids"], 1, order)
-    return out
-
-
-def knowledge_for(batch: dict[str, Tensor], data: Any, defenses: list, seed: int) -> Knowledge:
-    B = len(next(iter(batch.values())))
-    shape = tuple(batch["pixels"].shape[1:]) if "pixels" in batch else (batch["input_ids"].shape[1],)
-    return Knowledge(batch_size=B, input_shape=shape, seq_len=shape[0] if "input_ids" in batch else None,
-                     tokenizer=data.meta.get("tokenizer"), defense={d.name: d.describe() for d in defenses}, seed=seed)
-
-
-def attack_once(attack: Attack, model: VeilModel, batch: dict[str, Tensor], defenses: list, data: Any,
-                reference: str, seed: int) -> tuple[Reconstruction, dict[str, Tensor], Observation]:
-    with recorded_order(model) as rec:
-        obs = observe(model, batch, defenses)
-    ref = shuffled_reference(model, batch, rec.get("order")) if reference == "shuffled" else batch
-    with attacker_view(model):
-        out = attack.reconstruct(obs, knowledge_for(batch, data, defenses, seed))
-    model.zero_grad(set_to_none=True)
-    return out, ref, obs
-
-
-# ---- scoring -------------------------------------------------------------------------------------
-def score(rec: Reconstruction, ref: dict[str, Tensor], data: Any) -> dict[str, float]:
-    """Every metric the reconstruction supports, against the reference batch."""
-    from veil.metrics import image_report, presence, text_report
-
-    out: dict[str, float] = {}
-    if rec.images is not None:
-        out.update({k: float(v) for k, v in image_report(ref["pixels"], rec.images).items() if k != "order"})
-    if rec.token_ids is not None:
-        out.update({k: float(v) for k, v in text_report(sequences(ref), rec.token_ids, ignore=special_ids(data)).items() if k != "order"})
-    if rec.token_set is not None:
-        true = {int(t) for t in ref["input_ids"][ref["attention_mask"].bool()].tolist()} - set(special_ids(data))
-        out.update({f"presence_{k}" if not k.startswith("presence") else k: float(v) for k, v in presence(true, rec.token_set).items()})
-    if rec.labels is not None and "labels" in ref:
-        from veil.attacks.labels import label_accuracy
-
-        out["label_accuracy"] = label_accuracy(ref["labels"], rec.labels)
-    out["seconds"] = float(rec.stats.get("seconds", 0.0))
-    if "iterations_per_second" in rec.stats:
-        out["iterations_per_second"] = float(rec.stats["iterations_per_second"])
-    return out
-
-
-def sequences(batch: dict[str, Tensor]) -> list[list[int]]:
-    mask = batch.get("attention_mask", torch.ones_like(batch["input_ids"]))
-    return [ids[m.bool()].tolist() for ids, m in zip(batch["input_ids"], mask)]
-
-
-def special_ids(data: Any) -> list[int]:
-    return list(data.meta.get("special_ids", [])) if data is not None else []
-
-
-def mean_metrics(rows: list[dict[str, float]]) -> dict[str, float]:
-    keys = sorted({k for r in rows for k in r})
-    return {k: sum(r[k] for r in rows if k in r) / sum(1 for r in rows if k in r) for k in keys}
 
 
 # ---- the whole audit -------------------------------------------------------------------------

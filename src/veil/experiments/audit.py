@@ -128,7 +128,8 @@ def _attack_all(cells: list[Cell], out: Path, progress: bool) -> None:
 def _overhead(task: Task, out: Path, seed: int) -> dict[str, float]:
     """Step time per defense relative to none, measured once per task and cached."""
     from veil.experiments.build import build_run
-    from veil.experiments.cells import pick_batch, step_overhead
+    from veil.attacks.harness import private_batches
+    from veil.experiments.cells import step_overhead
 
     path = out / "cells" / task.name / "overhead.json"
     if path.is_file():
@@ -139,7 +140,7 @@ def _overhead(task: Task, out: Path, seed: int) -> dict[str, float]:
         model, data, defenses = build_run(task.run_for(d, seed), data)
         models[label(d)] = (model, defenses)
     assert data is not None
-    batch = pick_batch(data.train, min(32, len(data.train["labels"])), seed, 0)
+    batch = private_batches(data.train, min(32, len(data.train["labels"])), 1, seed)[0]
     seconds = step_overhead(models, batch)
     base = seconds.get("none", min(seconds.values()))
     result = {"seconds": seconds, "ratio": {k: v / base for k, v in seconds.items()}, "batch_size": len(batch["labels"])}
