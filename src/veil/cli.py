@@ -34,7 +34,12 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     os.environ.setdefault("FLWR_TELEMETRY_ENABLED", "0")
     parser = build_parser()
-    args = parser.parse_args(argv)
+    args, extra = parser.parse_known_args(argv)
+    kv = [a for a in extra if "=" in a and not a.startswith("-")]
+    if extra != kv or (kv and not hasattr(args, "overrides")):
+        parser.error(f"unrecognized arguments: {' '.join(a for a in extra if a not in kv or not hasattr(args, 'overrides'))}")
+    if kv:  # key=value overrides may also follow the options
+        args.overrides = list(args.overrides or []) + kv
     if not getattr(args, "run", None):
         parser.print_help()
         return 0 if args.command is None else 2
