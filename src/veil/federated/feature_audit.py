@@ -21,12 +21,11 @@ from veil.metrics import image_report
 def feature_attacks(spec: SplitSpec, victims: int = 64, attacks: dict[str, dict[str, Any]] | None = None) -> dict[str, Any]:
     from veil.federated.split_client import build_parts, split_world
 
-    torch.set_num_threads(max(1, torch.get_num_threads()))
     world = split_world(spec.text())
     head, _ = build_parts(spec, spec.split.tasks[0])
     head.requires_grad_(False)
     private = world.clients[0][1]["pixels"][:victims]
-    aux = world.tests[spec.split.tasks[0]]["pixels"] if spec.split.tasks[0] != "segment" else world.tests["segment"]["pixels"]
+    aux = world.tests[spec.split.tasks[0]]["pixels"]
     with torch.no_grad():
         clean = head(private)
     permuted = PatchPermutation(True, seed=spec.cfg.train.seed + 4242).before_send(clean, {})
