@@ -43,7 +43,9 @@ def ensure(only_write: bool) -> None:
 
         feat.parent.mkdir(parents=True, exist_ok=True)
         spec = load_split_spec(ROOT / "configs" / "split_pfesta_digits.yaml")
-        res = feature_attacks(spec, attacks={"feature_inversion": {"steps": 600}, "fsha": {"steps": 1000}})
+        res = feature_attacks(spec, attacks={"feature_inversion": {"steps": 600},
+                                                "feature_inversion+unshuffle": {"steps": 600, "unshuffle": True},
+                                                "fsha": {"steps": 1000}})
         feat.write_text(json.dumps(res, indent=2))
 
 
@@ -123,11 +125,14 @@ def feature_section() -> list[str]:
     lines = ["", "### Feature-space attacks on p-FeSTA's head features", "",
              f"{f['victims']} private training images of one client; the server's auxiliary data: {f['aux']} digits test images.", "",
              "| attack | PSNR plain | PSNR permuted | drop (dB) | SSIM plain | SSIM permuted |", "|---|---|---|---|---|---|"]
-    for name in ("feature_inversion", "fsha"):
+    for name in ("feature_inversion", "feature_inversion+unshuffle", "fsha"):
         if name in f:
             r = f[name]
             lines.append(f"| {name} | {r['plain']['psnr']:.2f} | {r['permuted']['psnr']:.2f} | {r['psnr_drop_db']:.2f} | "
                          f"{r['plain']['ssim']:.3f} | {r['permuted']['ssim']:.3f} |")
+    if "feature_inversion+unshuffle" in f:
+        lines.append("\n`+unshuffle`: the same decoder after the adaptive un-shuffling of `veil.attacks.features.unshuffle` "
+                     "(the attacker queries the frozen head; each token is assigned to the slot whose affine subspace it lies in).")
     return lines
 
 

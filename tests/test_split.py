@@ -181,3 +181,19 @@ def test_feature_inversion_loses_the_image_under_permutation(tmp_path: Path) -> 
     res = feature_attacks(spec, victims=32, attacks={"feature_inversion": {"steps": 100, "hidden": 128, "lr": 3e-3}})
     fi = res["feature_inversion"]
     assert fi["plain"]["psnr"] > 15 and fi["psnr_drop_db"] > 3, fi
+
+
+def test_adaptive_unshuffle_undoes_the_permutation_given_head_queries(tmp_path: Path) -> None:
+    """Honest limit of the permutation module: an attacker who can query the frozen head puts
+    every token back in its slot (affine subspace per slot), exactly."""
+    from veil.attacks.features import unshuffle
+    from veil.federated.split_client import build_parts
+
+    spec = load_split_spec(cfg(tmp_path), [])
+    head, _ = build_parts(spec, "classify")
+    x = torch.rand(8, 1, 8, 8)
+    with torch.no_grad():
+        h = head(x)
+    hp = PatchPermutation(True, seed=5).before_send(h, {})
+    assert not torch.equal(hp, h)
+    assert torch.equal(unshuffle(hp, head, (1, 8, 8)), h)

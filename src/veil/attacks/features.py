@@ -17,6 +17,13 @@
 
 The decoder reads the N tokens in the order they arrive (a flattened-sequence MLP): it relies on
 slot i holding patch i, which is what p-FeSTA's permutation module takes away.
+
+3. Adaptive un-shuffling (`feature_inversion` with `unshuffle=True`; our addition, not in the
+   paper): a patch-embedding head is affine per slot, H(x)_i = W p_i + b + e_i. With query access
+   the attacker reads E = H(0) (rows b + e_i) and W (H of unit patches minus E). A received token
+   t = W p + b + e_j lies in the P-dimensional affine subspace E_j + span(W) only for its true slot
+   j (when P < D and the e_i differ), so the residual ||(I - W W^+)(t - E_i)|| is ~0 exactly at
+   i = j; a per-sample assignment (Hungarian) on these residuals restores the order before decoding.
 """
 from __future__ import annotations
 
@@ -74,7 +81,7 @@ class FeatureInversion(_FeatureAttack):
     """Decoder trained on (H(x_aux), x_aux); needs query access to the head: `aux_data["head"]`."""
 
     name = "feature_inversion"
-    defaults = {"steps": 1500, "lr": 1e-3, "batch": 64, "hidden": 512}
+    defaults = {"steps": 1500, "lr": 1e-3, "batch": 64, "hidden": 512, "unshuffle": False}
 
     def _reconstruct(self, obs: Observation, know: Knowledge) -> Reconstruction:
         if obs.features is None:
@@ -86,6 +93,8 @@ class FeatureInversion(_FeatureAttack):
         with torch.no_grad():
             feats = head(aux)
         f = obs.features.detach()
+        if self._get("unshuffle"):
+            f = unshuffle(f, head, tuple(aux.shape[1:]))
         dec = Decoder(f.shape[1], f.shape[2], tuple(aux.shape[1:]), self._get("hidden"))
         opt = torch.optim.Adam(dec.parameters(), lr=self._get("lr"))
         g = torch.Generator().manual_seed(know.seed)
@@ -97,6 +106,31 @@ class FeatureInversion(_FeatureAttack):
             opt.step()
         with torch.no_grad():
             return Reconstruction(images=dec(f), stats={"train_mse": float(loss)})
+
+
+@torch.no_grad()
+def unshuffle(f: Tensor, head: Callable[[Tensor], Tensor], shape: tuple[int, int, int]) -> Tensor:
+    """Put each sample's tokens back in slot order using the head's affine structure (see 3.)."""
+    from scipy.optimize import linear_sum_assignment
+
+    E = head(torch.zeros(1, *shape))[0].double()  # (N, D): b + e_i
+    N = E.shape[0]
+    P = shape[0] * shape[1] * shape[2] // N
+    p = int(round((P // shape[0]) ** 0.5))
+    from veil.models.vit import unpatchify
+
+    patches = torch.zeros(P, N, P)
+    patches[torch.arange(P), 0, torch.arange(P)] = 1.0  # unit patch k in slot 0
+    basis = unpatchify(patches, p, shape[0], shape[1])
+    W = (head(basis)[:, 0].double() - E[0]).t()  # (D, P)
+    proj = torch.eye(W.shape[0], dtype=torch.float64) - W @ torch.linalg.pinv(W)
+    r = f.double()[:, :, None, :] - E[None, None]  # (B, N_tokens, N_slots, D)
+    cost = (r @ proj).norm(dim=-1)  # residual off the slot's subspace
+    out = torch.empty_like(f)
+    for b in range(f.shape[0]):  # one small assignment per sample
+        tok, slot = linear_sum_assignment(cost[b].numpy())
+        out[b, torch.as_tensor(slot)] = f[b, torch.as_tensor(tok)]
+    return out
 
 
 class FeatureHijack(_FeatureAttack):

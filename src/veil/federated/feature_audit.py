@@ -29,10 +29,10 @@ def feature_attacks(spec: SplitSpec, victims: int = 64, attacks: dict[str, dict[
     with torch.no_grad():
         clean = head(private)
     permuted = PatchPermutation(True, seed=spec.cfg.train.seed + 4242).before_send(clean, {})
-    attacks = attacks or {"feature_inversion": {}, "fsha": {}}
+    attacks = attacks or {"feature_inversion": {}, "feature_inversion+unshuffle": {"unshuffle": True}, "fsha": {}}
     out: dict[str, Any] = {"victims": victims, "aux": len(aux)}
     for name, settings in attacks.items():
-        attack = create_attack(name, **settings)
+        attack = create_attack(name.split("+")[0], **settings)
         know = Knowledge(batch_size=victims, input_shape=tuple(private.shape[1:]), aux_data={"pixels": aux, "head": head}, seed=spec.cfg.train.seed)
         row = {}
         for label, feats in (("plain", clean), ("permuted", permuted)):
