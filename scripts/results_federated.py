@@ -114,7 +114,10 @@ def split_section() -> list[str]:
     i = p["inputs"]
     lines.append(f"\nFormula inputs: D = {i['D']:.0f} samples, R = {i['R']} epochs, n = {i['n']:.0f}, F = {i['F']} B, "
                  f"G = {i['G']:.0f} B, P_h = {i['P_h']} B, P_b = {i['P_b']} B, P_t = {i['P_t']} B. "
-                 f"p-FeSTA below half of FeSTA: {c['pfesta_below_half_festa']}; below SL: {c['pfesta_below_sl']}.")
+                 f"p-FeSTA below half of FeSTA: {c['pfesta_below_half_festa']}; below SL: {c['pfesta_below_sl']}. "
+                 "G is the body-output bytes per sample the tails read ([CLS] only for classify/zones, all tokens for "
+                 "segment), averaged over tasks. The paper's p-FeSTA term (F + G) D R assumes full-size features go "
+                 "down every step; veil sends only what the tail reads (2 G D R + F D), hence measured < formula there.")
     return lines
 
 
