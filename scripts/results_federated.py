@@ -5,7 +5,7 @@
 
 Runs (each skipped when its run folder already holds a summary):
   fedavg    configs/fedavg_digits.yaml          FedAvg, ViT on digits, 10 clients, Dirichlet 0.5 (Ray)
-  aegis     configs/fedavg_digits_aegis.yaml    the same with AEGIS on the clients
+  mjp       configs/fedavg_digits_mjp.yaml    the same with MJP on the clients
   fedsgd    configs/fedavg_fedsgd_audit.yaml    FedSGD at batch 1 with the live APRIL / IG auditor
   split     configs/split_pfesta_digits.yaml    --compare: central, FL, SL, FeSTA, p-FeSTA, single-task
   features  feature inversion / hijacking with and without the permutation module
@@ -31,7 +31,7 @@ def veil(*args: str) -> None:
 def ensure(only_write: bool) -> None:
     if only_write:
         return
-    for name, cfg in (("fedavg", "fedavg_digits.yaml"), ("aegis", "fedavg_digits_aegis.yaml"), ("fedsgd", "fedavg_fedsgd_audit.yaml")):
+    for name, cfg in (("fedavg", "fedavg_digits.yaml"), ("mjp", "fedavg_digits_mjp.yaml"), ("fedsgd", "fedavg_fedsgd_audit.yaml")):
         if not (OUT / name / "summary.json").is_file():
             veil("federate", f"configs/{cfg}", "--out", str(OUT / name), "--quiet")
     if not (OUT / "split" / "compare.json").is_file():
@@ -62,7 +62,7 @@ def fl_section() -> list[str]:
              "ViT (`vit-digits`) on scikit-learn digits, 10 clients, Dirichlet(0.5) label skew, 2 local epochs per round.", "",
              "| run | rounds | test accuracy | first round >= 0.90 | wall (train) s | bytes | last-round APRIL PSNR (dB) |",
              "|---|---|---|---|---|---|---|"]
-    for name in ("fedavg", "aegis"):
+    for name in ("fedavg", "mjp"):
         s = load(OUT / name / "summary.json")
         if not s:
             continue

@@ -11,7 +11,8 @@ scaled to scikit-learn digits so it runs on a laptop CPU):
 Why these: the three are derived from the same images like the paper's three CXR tasks, two are
 strongly related (class and zone ink both follow the digit's shape) and one is less so
 (pixel-level denoising segmentation), and all targets are exact, computed, offline.
-Each task's training data goes to its own clients (disjoint shards of the digits train split);
+Each task's training data goes to its own clients (disjoint shards of the digits train split, the
+same shard whether the task trains alone or with the others);
 every task is evaluated on the digits test split.
 """
 from __future__ import annotations
@@ -85,7 +86,11 @@ def multitask_data(tasks: list[str], clients_per_task: int, seed: int, dataset: 
     """[(task, train shard)] for every client (task-major order) and {task: test split}."""
     data = load_data(dataset, seed=seed)
     n = len(data.train["labels"])
-    shards = np.array_split(np.random.default_rng(seed).permutation(n), len(tasks) * clients_per_task)
-    clients = [(t, task_split(subset(data.train, shards[i * clients_per_task + j]), t, seed + i * 100 + j))
-               for i, t in enumerate(tasks) for j in range(clients_per_task)]
+    # shards are cut for all TASKS, so a task's clients hold the same data in single- and multi-task runs
+    shards = np.array_split(np.random.default_rng(seed).permutation(n), len(TASKS) * clients_per_task)
+    clients = []
+    for t in tasks:
+        i = TASKS.index(t)
+        clients += [(t, task_split(subset(data.train, shards[i * clients_per_task + j]), t, seed + i * 100 + j))
+                    for j in range(clients_per_task)]
     return clients, {t: task_split(data.test, t, seed + 999) for t in tasks}

@@ -16,13 +16,22 @@ def variant(spec: SplitSpec, **changes: Any) -> SplitSpec:
     return split_spec_from_raw(raw)
 
 
+def cached_run(spec: SplitSpec, out: Path) -> dict[str, Any]:
+    """Reuse a finished run folder with the same resolved config; run otherwise."""
+    if (out / "summary.json").is_file() and (out / "config.yaml").is_file() and (out / "config.yaml").read_text() == spec.text():
+        return json.loads((out / "summary.json").read_text())
+    return run_split(spec, out, progress=True)
+
+
 def compare(spec: SplitSpec, run_dir: str | Path) -> dict[str, Any]:
     run_dir = Path(run_dir)
     runs: dict[str, dict[str, Any]] = {}
     for proto in ("central", "fl", "sl", "festa", "pfesta"):
-        runs[proto] = run_split(variant(spec, protocol=proto), run_dir / proto, progress=True)
+        runs[proto] = cached_run(variant(spec, protocol=proto), run_dir / proto)
+    if spec.split.task_scale and len(spec.split.tasks) > 1:
+        runs["pfesta-equal-scale"] = cached_run(variant(spec, protocol="pfesta", task_scale={}), run_dir / "pfesta-equal-scale")
     for t in spec.split.tasks:
-        runs[f"pfesta-single-{t}"] = run_split(variant(spec, protocol="pfesta", tasks=[t]), run_dir / f"pfesta-single-{t}", progress=True)
+        runs[f"pfesta-single-{t}"] = cached_run(variant(spec, protocol="pfesta", tasks=[t]), run_dir / f"pfesta-single-{t}")
     table = {
         "tasks": list(spec.split.tasks),
         "metric_names": runs["pfesta"]["metric_names"],
