@@ -1,0 +1,132 @@
+"""Text rows of the attacks section of docs/results.md: token presence, the DAGER-style span attack,
+TAG and LAMP, and the span attack's speed on MiniLM. Called by `scripts/results_attacks.py`
+(`tables()` -> list of Markdown tables) or on its own:
+
+    python scripts/results_attacks_text.py [--quick] [--threads 1]
+
+Every number is measured here, on SST-2 test sentences (GLUE dev), one client step per private
+batch on the model at its seeded init, scored by `veil attack`'s scorer (`attack_run`). "dropout"
+is the client's dropout while computing the attacked gradient (the model in train mode with
+`model.dropout=p`); the attacker always runs the model without it.
+"""
+from __future__ import annotations
+
+import argparse
+import time
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from veil.commands.attack import attack_run
+from veil.config import load_config
+from veil.experiments.build import build_run
+
+
+@dataclass(frozen=True)
+class Cell:
+    """One model / batch-size setting of the span table (max_len keeps B*T under the width)."""
+
+    model: str
+    batch: int
+    max_len: int
+    goal: bool  # one of the issue's >= 0.95 token_recovery goals
+
+    def overrides(self, dropout: float) -> list[str]:
+        return [f"model={self.model}", f"model.dropout={dropout}", "data=sst2", "data.tokenizer=wordpiece",
+                f"data.max_len={self.max_len}", "data.train_size=64", "data.test_size=200"]
+
+
+SPAN_CELLS = (Cell("transformer4", 1, 32, True), Cell("transformer4", 4, 16, True),
+              Cell("minilm", 1, 32, True), Cell("minilm", 4, 32, True), Cell("gpt-tiny", 8, 14, True))
+DROPOUT = 0.1
+
+
+def fmt(v: float | None, digits: int = 2) -> str:
+    return "—" if v is None else f"{v:.{digits}f}"
+
+
+def measure(overrides: list[str], attack: str, settings: dict[str, Any], batch: int, samples: int) -> tuple[dict[str, float], int]:
+    """Mean metrics of `attack` over `samples` private test batches, and the model's width."""
+    model, data, defenses = build_run(load_config(None, overrides))
+    model.train()  # the client's mode: dropout (if any) is active in the attacked step
+    out = attack_run(model, data, defenses, attack, settings, batch_size=batch, samples=samples, seed=0)
+    return out["attacks"][attack], int(model.width)
+
+
+def span_table(samples: int, dropouts: tuple[float, ...], skip: tuple[tuple[str, int, float], ...] = ()) -> tuple[str, dict[str, float]]:
+    """Presence F1 and span recovery per cell; also returns the MiniLM batch-4 timing (no dropout)."""
+    lines = [f"### Token presence and span attack (DAGER-style), SST-2, weights at init, {samples} batches per cell", "",
+             "| model (width) | batch | max_len | client dropout | presence F1 | span token_recovery | ROUGE-1 | ROUGE-2 | exact | s/batch | goal |",
+             "|---|---|---|---|---|---|---|---|---|---|---|"]
+    speed: dict[str, float] = {}
+    for cell in SPAN_CELLS:
+        for p in dropouts:
+            if (cell.model, cell.batch, p) in skip:
+                lines.append(f"| {cell.model} | {cell.batch} | {cell.max_len} | {p:g} | full run only | | | | | | |")
+                continue
+            over = cell.overrides(p)
+            pres, width = measure(over, "presence", {}, cell.batch, samples)
+            span, _ = measure(over, "span", {}, cell.batch, samples)
+            goal = ("≥ 0.95 " + ("met" if span.get("token_recovery", 0) >= 0.95 else "**not met**")) if cell.goal and p == 0 else "reported"
+            lines.append(f"| {cell.model} ({width}) | {cell.batch} | {cell.max_len} | {p:g} | {fmt(pres.get('presence_f1'), 3)} | "
+                         f"{fmt(span.get('token_recovery'), 3)} | {fmt(span.get('rouge1'), 3)} | {fmt(span.get('rouge2'), 3)} | "
+                         f"{fmt(span.get('exact_recovery'), 2)} | {fmt(span.get('seconds'), 1)} | {goal} |")
+            if cell.model == "minilm" and cell.batch == 4 and p == 0:
+                speed = {"seconds": span["seconds"], "samples": samples}
+    notes = ("Presence F1 counts real non-special tokens ([CLS]/[SEP]/[PAD] dropped on both sides). token_recovery is "
+             "position-aware (the share of true tokens the Hungarian-matched reconstruction puts at their own position "
+             "in their own sentence); exact = share of sentences rebuilt token for token. With dropout the layer inputs are "
+             "`mask * x / (1 - p)`, no longer in the span of clean token vectors: the span attack runs with its default "
+             "tolerances there.")
+    return "\n".join(lines) + "\n\n" + notes, speed
+
+
+def opt_table(samples: int, iterations: int) -> str:
+    """TAG and LAMP on transformer4 at batch 1 (labels from the head's bias gradient)."""
+    over = [*SPAN_CELLS[0].overrides(0.0)]
+    lines = [f"### TAG and LAMP on transformer4 (width 96, 4 layers, init), SST-2, batch 1, {samples} sentences", "",
+             "| attack | iterations | ROUGE-1 | ROUGE-2 | token_recovery | it/s | s/sentence |", "|---|---|---|---|---|---|---|"]
+    for name in ("tag", "lamp"):
+        m, _ = measure(over, name, {"iterations": iterations}, 1, samples)
+        lines.append(f"| {name} | {iterations} | {fmt(m.get('rouge1'), 3)} | {fmt(m.get('rouge2'), 3)} | "
+                     f"{fmt(m.get('token_recovery'), 3)} | {fmt(m.get('iterations_per_second'), 1)} | {fmt(m.get('seconds'), 1)} |")
+    notes = ("TAG: L2 + 0.01 L1 gradient distance, decoding over the whole vocabulary (reserved tokens excluded). LAMP: cosine "
+             "distance + embedding-norm prior, discrete swap / span-move / re-projection steps every 50 iterations, decoding "
+             "restricted to the tokens present in the embedding gradient; LAMP's GPT-2 perplexity prior is not used (no "
+             "offline language model for these vocabularies). Both pin [CLS] at position 0 (and [SEP] at the end at batch 1) "
+             "and read the length from the position-embedding gradient.")
+    return "\n".join(lines) + "\n\n" + notes
+
+
+def speed_table(speed: dict[str, float]) -> str:
+    if not speed:
+        return ""
+    s = speed["seconds"]
+    return "\n".join([f"### Span attack speed (MiniLM, batch 4, CPU threads={torch.get_num_threads()})", "",
+                      "| batch | s/batch (mean of %d) | goal < 60 s |" % speed["samples"], "|---|---|---|",
+                      f"| 4 | {s:.1f} | {'met' if s < 60 else '**not met**'} |"])
+
+
+def tables(quick: bool = False) -> list[str]:
+    """Markdown tables of the text attacks; `quick` (~5 min) uses fewer samples and iterations."""
+    samples, opt_samples, iterations = (1, 1, 300) if quick else (8, 4, 500)
+    skip = (("minilm", 4, DROPOUT),) if quick else ()  # the slowest cell (minutes per batch today)
+    span, speed = span_table(samples, (0.0, DROPOUT), skip)
+    out = [span, speed_table(speed), opt_table(opt_samples, iterations)]
+    return [t for t in out if t]
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--quick", action="store_true", help="fewer samples and iterations (about 5 minutes)")
+    ap.add_argument("--threads", type=int, default=1, help="torch threads (tiny models run fastest on one)")
+    args = ap.parse_args()
+    torch.set_num_threads(args.threads)
+    t0 = time.time()
+    print("\n\n".join(tables(args.quick)))
+    print(f"\n({time.time() - t0:.0f} s)")
+
+
+if __name__ == "__main__":
+    main()
