@@ -35,6 +35,7 @@ class TrainConfig:
     clip: float = 1.0  # max gradient norm; 0 disables
     seed: int = 0
     device: str = "auto"  # auto | cpu | cuda
+    threads: int = 0  # CPU threads for torch; 0 keeps torch's default (small models often run faster on 1)
     eval_batch_size: int = 256
     max_steps: int = 0  # 0: epochs decide
     label_smoothing: float = 0.0

@@ -121,6 +121,8 @@ def train(cfg: RunConfig, out_dir: str | Path, model: VeilModel | None = None, d
     assert data is not None
     defenses = defenses or []
     device = pick_device(cfg.train.device)
+    if cfg.train.threads > 0:
+        torch.set_num_threads(cfg.train.threads)
     model.to(device)
     out.mkdir(parents=True, exist_ok=True)
     atomic_write_text(out / "config.yaml", dump_config(cfg))
