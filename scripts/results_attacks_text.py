@@ -12,6 +12,7 @@ is the client's dropout while computing the attacked gradient (the model in trai
 from __future__ import annotations
 
 import argparse
+import sys
 import time
 from dataclasses import dataclass
 from typing import Any
@@ -47,11 +48,17 @@ def fmt(v: float | None, digits: int = 2) -> str:
 
 
 def measure(overrides: list[str], attack: str, settings: dict[str, Any], batch: int, samples: int) -> tuple[dict[str, float], int]:
-    """Mean metrics of `attack` over `samples` private test batches, and the model's width."""
+    """Mean metrics of `attack` over `samples` private test batches, and the model's width. A crash
+    of the attack is recorded as `error` (shown in the table) rather than losing the other cells."""
     model, data, defenses = build_run(load_config(None, overrides))
     model.train()  # the client's mode: dropout (if any) is active in the attacked step
-    out = attack_run(model, data, defenses, attack, settings, batch_size=batch, samples=samples, seed=0)
-    return out["attacks"][attack], int(model.width)
+    t0 = time.time()
+    try:
+        out = attack_run(model, data, defenses, attack, settings, batch_size=batch, samples=samples, seed=0)["attacks"][attack]
+    except Exception as e:  # noqa: BLE001 - a results table shows the failure instead of dying
+        out = {"error": f"{type(e).__name__}: {str(e).splitlines()[0][:80]}"}
+    print(f"[{attack} {' '.join(overrides[:2])} B={batch}: {time.time() - t0:.0f}s]", file=sys.stderr, flush=True)
+    return out, int(model.width)
 
 
 def span_table(samples: int, dropouts: tuple[float, ...], skip: tuple[tuple[str, int, float], ...] = ()) -> tuple[str, dict[str, float]]:
@@ -68,6 +75,10 @@ def span_table(samples: int, dropouts: tuple[float, ...], skip: tuple[tuple[str,
             over = cell.overrides(p)
             pres, width = measure(over, "presence", {}, cell.batch, samples)
             span, _ = measure(over, "span", {}, cell.batch, samples)
+            if "error" in span:
+                lines.append(f"| {cell.model} ({width}) | {cell.batch} | {cell.max_len} | {p:g} | {fmt(pres.get('presence_f1'), 3)} | "
+                             f"span failed: `{span['error']}` | | | | | |")
+                continue
             goal = ("≥ 0.95 " + ("met" if span.get("token_recovery", 0) >= 0.95 else "**not met**")) if cell.goal and p == 0 else "reported"
             lines.append(f"| {cell.model} ({width}) | {cell.batch} | {cell.max_len} | {p:g} | {fmt(pres.get('presence_f1'), 3)} | "
                          f"{fmt(span.get('token_recovery'), 3)} | {fmt(span.get('rouge1'), 3)} | {fmt(span.get('rouge2'), 3)} | "
@@ -89,6 +100,9 @@ def opt_table(samples: int, iterations: int) -> str:
              "| attack | iterations | ROUGE-1 | ROUGE-2 | token_recovery | it/s | s/sentence |", "|---|---|---|---|---|---|---|"]
     for name in ("tag", "lamp"):
         m, _ = measure(over, name, {"iterations": iterations}, 1, samples)
+        if "error" in m:
+            lines.append(f"| {name} | {iterations} | failed: `{m['error']}` | | | | |")
+            continue
         lines.append(f"| {name} | {iterations} | {fmt(m.get('rouge1'), 3)} | {fmt(m.get('rouge2'), 3)} | "
                      f"{fmt(m.get('token_recovery'), 3)} | {fmt(m.get('iterations_per_second'), 1)} | {fmt(m.get('seconds'), 1)} |")
     notes = ("TAG: L2 + 0.01 L1 gradient distance, decoding over the whole vocabulary (reserved tokens excluded). LAMP: cosine "

@@ -255,7 +255,7 @@ class TextOptimisation(Attack):
 
     def nearest(self, s: _Setup, x: Tensor, k: int = 1) -> Tensor:
         """Indices into `s.allowed` of the k nearest allowed tokens (cosine) of every position: (..., T, k)."""
-        return (F.normalize(x, dim=-1) @ F.normalize(s.table, dim=-1).T).topk(k, dim=-1).indices
+        return (F.normalize(x, dim=-1) @ F.normalize(s.table, dim=-1).T).topk(min(k, len(s.allowed)), dim=-1).indices
 
     def tokens(self, s: _Setup, idx: Tensor) -> Tensor:
         """Embeddings of a sequence of allowed-token indices (..., T), pinned positions in place."""
