@@ -113,22 +113,29 @@ def layer_inputs(model: VeilModel, ids: Tensor, mask: Tensor | None = None, laye
 
 
 def position_candidates(model: VeilModel, span: Span, max_len: int, tol: float, chunk: int = 8192,
-                        max_per_position: int | None = None) -> tuple[list[Tensor], list[Tensor]]:
-    """Per position t < max_len: ids of vocabulary tokens with d(h0(v, t)) < tol, and their distances."""
-    vocab = model.token_embedding().weight.shape[0]
-    dists = torch.empty(max_len, vocab, dtype=torch.float32)
-    for t in range(max_len):  # positions x vocabulary chunks, each chunk one matrix product
-        for start in range(0, vocab, chunk):
-            ids = torch.arange(start, min(vocab, start + chunk))
-            dists[t, start:start + len(ids)] = span.distance(first_layer_inputs(model, ids, torch.tensor([t])))[0].float()
+                        max_per_position: int | None = None, vocab: Tensor | None = None) -> tuple[list[Tensor], list[Tensor]]:
+    """Per position t < max_len: ids of tokens (of `vocab`, default all) with d(h0(v, t)) < tol, and their distances.
+
+    Distances are computed in float64 (the true pairs sit at the float32 noise floor of the
+    gradient, ~1e-7..1e-4; wrong pairs at >= 1e-3), one matrix product per chunk of
+    (position, token) pairs."""
+    ids_all = torch.arange(model.token_embedding().weight.shape[0]) if vocab is None else vocab
+    per = max(1, chunk // max(1, len(ids_all)))  # positions per chunk
+    dists = torch.empty(max_len, len(ids_all), dtype=torch.float64)
+    for start in range(0, len(ids_all), chunk):
+        ids = ids_all[start:start + chunk]
+        for t0 in range(0, max_len, per):
+            pos = torch.arange(t0, min(max_len, t0 + per))
+            x = first_layer_inputs(model, ids, pos).double()
+            dists[pos, start:start + len(ids)] = span.distance(x)
     found, fd = [], []
     for t in range(max_len):
         idx = torch.nonzero(dists[t] < tol).flatten()
         idx = idx[dists[t, idx].argsort()]
         if max_per_position:
             idx = idx[:max_per_position]
-        found.append(idx)
-        fd.append(dists[t, idx])
+        found.append(ids_all[idx])
+        fd.append(dists[t, idx].float())
     return found, fd
 
 
@@ -167,23 +174,41 @@ class SpanAttack(Attack):
         model.eval()
         try:
             with torch.no_grad():
-                cands, cdist = position_candidates(model, span1, max_len, tol1, max_per_position=int(cap) if cap else None)
-                narrowed = None
+                vocab = _vocabulary(obs, know) if s.get("presence_filter", True) else None
+                cands, cdist = position_candidates(model, span1, max_len, tol1, vocab=vocab,
+                                                   max_per_position=int(cap) if cap else None)
+                pinned = None
                 if model.task != "lm" and s.get("layernorm_positions", True):
-                    narrowed = layernorm_positions(obs, cands, float(s.get("tol_ln", 1e-2)))
-                    cands = narrowed if narrowed is not None else cands
+                    pinned = pin_positions(obs, cands, float(s.get("tol_ln", 1e-4)))
+                    cands = pinned[0] if pinned is not None else cands
                 specials = _Specials.of(model, know)
                 opts: dict[str, Any] = {"tol2": tol2, "seed": int(s.get("seed", know.seed)), "batch_size": know.batch_size}
                 if model.task == "lm":
                     seqs, info = decoder_search(model, span2, cands, specials, beam=s.get("beam"), **opts)
                 else:
                     seqs, info = encoder_search(model, span2, cands, specials, restarts=int(s.get("restarts", 4)),
-                                                sweeps=int(s.get("sweeps", 12)), **opts)
+                                                sweeps=int(s.get("sweeps", 12)), budget_s=float(s.get("budget_s", 600)), pins=pinned[1] if pinned else None, **opts)
         finally:
             model.train(was)
-        stats = {"rank1": span1.rank, "rank2": span2.rank, "width": width, "full_rank": span1.rank >= width, "layernorm_positions": narrowed is not None,
+        stats = {"rank1": span1.rank, "rank2": span2.rank, "width": width, "full_rank": span1.rank >= width, "layernorm_pins": len(pinned[1]) if pinned else 0, "vocabulary": len(vocab) if vocab is not None else "all",
                  "candidates_per_position": [len(c) for c in cands if len(c)], **info}
         return Reconstruction(token_ids=seqs, token_set={int(v) for c in cands for v in c.tolist()}, stats=stats)
+
+
+def _vocabulary(obs: Observation, know: Knowledge) -> Tensor | None:
+    """The tokens worth testing: the batch's bag from the token-embedding gradient (`presence`) plus
+    the special tokens (a causal LM's final [SEP] gets no gradient); None (whole vocabulary) if that
+    gradient is not exported or the embedding is tied to the LM head."""
+    from veil.attacks.presence import embedding_row_norms, present_tokens
+
+    if not obs.has_grad(obs.model.token_embedding()):
+        return None
+    try:
+        norms = embedding_row_norms(obs)
+    except VeilError:
+        return None
+    extra = torch.tensor(special_ids(obs.model, know.tokenizer), dtype=torch.long)
+    return torch.unique(torch.cat([present_tokens(norms, 1e-7), extra]))
 
 
 @dataclass
@@ -202,54 +227,41 @@ class _Specials:
 
 
 # ----------------------------------------------------------------------------- encoder positions
-def _orth(g: Tensor, x: Tensor) -> Tensor:
-    """|cos| between gradients g (..., D) and the centred LayerNorm inputs x (..., D)."""
-    xc = x - x.mean(-1, keepdim=True)
-    return (xc * g).sum(-1).abs() / (xc.norm(dim=-1) * g.norm(dim=-1)).clamp_min(1e-30)
-
-
-def _clear_minimum(cos: Tensor, tol: float) -> Tensor:
-    """Per column: the smallest |cos| is below `tol` and 4x below the runner-up (LayerNorm eps makes it inexact)."""
-    if cos.shape[0] < 2:
-        return cos[0] < tol
-    two = cos.topk(2, dim=0, largest=False).values
-    return (two[0] < tol) & (two[0] < 0.25 * two[1])
-
-
-def layernorm_positions(obs: Observation, cands: list[Tensor], tol: float = 1e-3) -> list[Tensor] | None:
+def pin_positions(obs: Observation, cands: list[Tensor], floor: float = 1e-4) -> tuple[list[Tensor], dict[int, int]] | None:
     """Narrow an encoder's per-position candidates with the embedding LayerNorm's Jacobian.
 
-    For ``h = LN(x)``, ``x = E[v] + P[t] + s``, the backward pass gives ``dL/dx = J^T dL/dh`` with
-    ``J^T`` projecting out ``1`` and the centred ``x`` (LN is invariant to shifting and scaling x).
-    So ``dL/dE[v]`` is orthogonal to ``x(v, t) - mean`` when v occurs at one position t only (in any
-    number of sentences), which pins that token to t; for tokens at several positions, the
-    position gradient ``dL/dP[t]`` minus the pinned tokens' rows leaves their share at t, which is
-    orthogonal to ``x(v, t)`` if one of them is there. None if the model or gradients do not allow it.
+    For ``h = LN(x)``, ``x = E[v] + P[t] + s``, ``c = x - mean(x)``, the backward pass gives
+    ``<J^T g, c> = <gamma g, c> / s * eps / (var(x) + eps)``: the LayerNorm removes the direction of
+    its own centred input (up to its eps). So if token v occurs at ONE position t (in any number of
+    sentences), ``dL/dE[v] = J(v, t)^T g`` and ``|cos(dL/dE[v], c(v, t))| ~< eps / (var + eps)``,
+    while at any other position the cosine is generic (~1/sqrt(width)). Such a token is pinned to
+    t and removed from every other position's candidates; tokens with no orthogonal position
+    occur at several positions and keep their layer-1 candidates. Returns (candidates, pins) or
+    None if the model has no embedding LayerNorm or the gradients are not exported.
     """
     model = obs.model
     emb = model.token_embedding()
-    if not hasattr(model, "embedding_norm") or not obs.has_grad(emb) or not obs.has_grad(model.position_table()):
+    if not hasattr(model, "embedding_norm") or not obs.has_grad(emb):
         return None
     T = len(cands)
-    present = torch.unique(torch.cat([c for c in cands if len(c)])) if any(len(c) for c in cands) else None
-    if present is None:
+    if not any(len(c) for c in cands):
         return None
-    g_tok = obs.grad(emb)[present].float()
-    g_pos = obs.grad(model.position_table()).reshape(-1, g_tok.shape[-1])[:T].float()
-    x = emb.weight[present][None] + model.position_table().reshape(-1, g_tok.shape[-1])[:T, None] + model.segment_row()
-    cos = _orth(g_tok[None], x)  # (T, P)
-    single = _clear_minimum(cos, tol)  # tokens orthogonal at exactly one position
-    pinned = torch.zeros_like(cos, dtype=torch.bool)
-    pinned[cos.argmin(0)[single], torch.nonzero(single).flatten()] = True
-    rest = g_pos - pinned.float() @ g_tok  # each position's gradient not explained by pinned tokens
-    multi = present[~single]
-    out = []
-    for t in range(T):
-        allowed = set(cands[t].tolist())
-        mine = [int(v) for v in present[pinned[t]].tolist() if int(v) in allowed]
-        if len(multi) and rest[t].norm() > 1e-3 * g_pos[t].norm().clamp_min(1e-30):
-            c = _orth(rest[t][None], x[t, ~single])
-            extra = multi[c < tol] if bool((c < tol).any()) else multi
-            mine += [int(v) for v in extra.tolist() if int(v) in allowed]
-        out.append(torch.tensor(sorted(set(mine)), dtype=torch.long))
-    return out
+    toks = torch.unique(torch.cat([c for c in cands if len(c)]))
+    D = emb.weight.shape[1]
+    table = model.position_table().reshape(-1, D)[:T].double()
+    x = emb.weight[toks].double()[None] + table[:, None] + model.segment_row().double()
+    c = x - x.mean(-1, keepdim=True)
+    var = c.pow(2).mean(-1)
+    g = obs.grad(emb)[toks].double()
+    cos = (c * g).sum(-1).abs() / (c.norm(dim=-1) * g.norm(dim=-1)).clamp_min(1e-300)  # (T, V)
+    col = {int(v): j for j, v in enumerate(toks.tolist())}
+    allowed = torch.zeros(T, len(toks), dtype=torch.bool)
+    for t, ct in enumerate(cands):
+        allowed[t, [col[int(v)] for v in ct.tolist()]] = True
+    eps = float(getattr(model.embedding_norm(), "eps", 1e-5))
+    ok = allowed & (cos < eps / (var + eps) + floor) & (g.norm(dim=-1) > 0)
+    single = (ok.sum(0) == 1) | (allowed.sum(0) == 1)
+    where = torch.where(ok.sum(0) == 1, ok.double().argmax(0), allowed.double().argmax(0))
+    pins = {int(toks[j]): int(where[j]) for j in torch.nonzero(single).flatten().tolist()}
+    out = [torch.tensor([v for v in ct.tolist() if pins.get(int(v), t) == t], dtype=torch.long) for t, ct in enumerate(cands)]
+    return out, pins

@@ -88,28 +88,39 @@ class _Layout:
         return [b for b, (n, s) in enumerate(zip(self.lengths, self.sep_end)) if t < n and not (s and t == n - 1)]
 
 
-def length_layouts(sets: list[list[int]], sep: int | None, B: int, limit: int = 3) -> list[_Layout]:
-    """Plausible length multisets: every [SEP] position used at least once, ranked by how well the
-    number of sentences alive at each position covers that position's candidate count."""
+def length_layouts(sets: list[list[int]], sep: int | None, B: int, pins: dict[int, int] | None = None,
+                   limit: int = 6, reach: int = 3) -> list[_Layout]:
+    """Plausible sentence lengths, shortest first. The longest sentence ends at the last position
+    with candidates (later positions get no gradient). A token pinned to position t (see
+    `veil.attacks.span.pin_positions`) is content of a sentence longer than t + 1, so the k-th
+    longest sentence is at least ``max{t + 2 : k tokens pinned at t}`` long; each sentence ends
+    where [SEP] passes layer 1. Each of the other B - 1 lengths takes one of the first `reach`
+    [SEP] positions at or above its bound; combinations are ranked by total extension."""
     T = len(sets)
-    ends = [(t + 1, True) for t in range(T) if sep is not None and sep in sets[t]]
-    content = [[v for v in s if v != sep] for s in sets]
-    if content and content[-1]:
-        ends.append((T, False))  # sentences cut at the maximum length carry no [SEP]
+    if sep is None or B < 1:
+        return [_Layout([T] * max(B, 1), [False] * max(B, 1))]
+    need = np.zeros(T, dtype=np.int64)
+    for v, t in (pins or {}).items():
+        if v != sep and t < T:
+            need[t] += 1
+    bound = [max([t + 2 for t in range(T) if need[t] >= k] + [2]) for k in range(1, B + 1)]
+    ends = [t + 1 for t in range(T) if sep in sets[t]]
     if not ends:
         return [_Layout([T] * B, [False] * B)]
-    ends = ends[-B:] if len(ends) > B else ends
+    longest = T if T in ends else ends[-1]
+    options = [[e for e in ends if e >= bound[k]][:reach] or [longest] for k in range(1, B)]
     layouts = []
-    for extra in itertools.combinations_with_replacement(range(len(ends)), B - len(ends)):
-        chosen = [ends[i] for i in range(len(ends))] + [ends[i] for i in extra]
-        lay = _Layout([c[0] for c in chosen], [c[1] for c in chosen])
-        need = np.array([len(c) for c in content])
-        have = np.array([len(lay.continuing(t)) for t in range(T)])
-        layouts.append(((np.maximum(need - have, 0).sum(), (have - need).clip(min=0).sum()), lay))
-        if len(layouts) > 5000:
-            break
-    layouts.sort(key=lambda x: x[0])
-    return [lay for _, lay in layouts[:limit]]
+    for combo in itertools.product(*options) if options else [()]:
+        lengths = sorted([longest, *combo], reverse=True)
+        if lengths[0] != longest:
+            continue
+        layouts.append((sum(lengths), lengths))
+    seen, out = set(), []
+    for _, lengths in sorted(layouts):
+        if tuple(lengths) not in seen:
+            seen.add(tuple(lengths))
+            out.append(_Layout(lengths, [True] * B))
+    return out[:limit]
 
 
 def _initial(lay: _Layout, content: list[list[int]], sets: list[list[int]], sep: int | None, pad: int,
@@ -128,36 +139,40 @@ def _initial(lay: _Layout, content: list[list[int]], sets: list[list[int]], sep:
     return ids
 
 
-def _assign(cost: np.ndarray) -> np.ndarray:
-    """Column index per row: each of the m tokens used at least once when n >= m (covering)."""
+def _assign(cost: np.ndarray, required: np.ndarray) -> np.ndarray:
+    """Column index per row minimising the summed cost, every `required` column (a pinned token,
+    certainly at this position) used at least once; other columns are optional and may repeat."""
     n, m = cost.shape
-    if n >= m:
-        free = np.repeat(cost.min(axis=1, keepdims=True), n - m, axis=1)
-        rows, cols = linear_sum_assignment(np.concatenate([cost, free], axis=1))
+    req = np.flatnonzero(required)
+    if len(req) > n:  # more pinned tokens than sentences: keep the cheapest distinct ones
+        rows, cols = linear_sum_assignment(cost[:, req])
         out = np.empty(n, dtype=np.int64)
-        out[rows] = np.where(cols < m, cols, cost.argmin(axis=1)[rows])
+        out[rows] = req[cols]
         return out
-    rows, cols = linear_sum_assignment(cost)
+    free = np.repeat(cost.min(axis=1, keepdims=True), n - len(req), axis=1)
+    rows, cols = linear_sum_assignment(np.concatenate([cost[:, req], free], axis=1))
     out = np.empty(n, dtype=np.int64)
-    out[rows] = cols
+    best = cost.argmin(axis=1)
+    out[rows] = [req[c] if c < len(req) else best[r] for r, c in zip(rows.tolist(), cols.tolist())]
     return out
 
 
 def _sweep(model: VeilModel, span2: Span, ids: Tensor, mask: Tensor, lay: _Layout, content: list[list[int]],
-           rng: np.random.Generator) -> tuple[bool, int]:
-    """One pass over ambiguous positions; returns whether anything changed and sentences scored."""
+           rng: np.random.Generator, pinned: set[int], frozen: set[int]) -> tuple[bool, int]:
+    """One pass over ambiguous positions re-assigning the unsolved sentences' tokens; returns whether
+    anything changed and how many sentences were scored."""
     changed, scored = False, 0
-    positions = [t for t in range(ids.shape[1]) if len(content[t]) > 1 or (len(content[t]) == 1 and len(lay.continuing(t)) > 0)]
-    for t in rng.permutation(positions).tolist():
-        conts, toks = lay.continuing(t), content[t]
+    for t in rng.permutation(ids.shape[1]).tolist():
+        conts, toks = [b for b in lay.continuing(t) if b not in frozen], content[t]
         if not conts or not toks or (len(toks) == 1 and all(int(ids[b, t]) == toks[0] for b in conts)):
             continue
+        held = {int(ids[b, t]) for b in frozen if b in lay.continuing(t)}
         variants = ids[conts].repeat_interleave(len(toks), dim=0)
         variants[:, t] = torch.tensor(toks).repeat(len(conts))
         vmask = mask[conts].repeat_interleave(len(toks), dim=0)
         cost = sentence_costs(model, span2, variants, vmask).sum(1).view(len(conts), len(toks)).double().numpy()
         scored += len(variants)
-        pick = _assign(cost)
+        pick = _assign(cost, np.array([v in pinned and v not in held for v in toks]))
         for b, j in zip(conts, pick.tolist()):
             if int(ids[b, t]) != toks[j]:
                 ids[b, t] = toks[j]
@@ -165,38 +180,66 @@ def _sweep(model: VeilModel, span2: Span, ids: Tensor, mask: Tensor, lay: _Layou
     return changed, scored
 
 
+def _solved(model: VeilModel, span2: Span, ids: Tensor, mask: Tensor, tol2: float) -> set[int]:
+    """Sentences whose every position lies in the layer-2 span: exact (the rest of the batch cannot change them)."""
+    return set(torch.nonzero(sentence_costs(model, span2, ids, mask).amax(1) < tol2).flatten().tolist())
+
+
+def _carry(ids: Tensor, lay: _Layout, kept: list[list[int]]) -> set[int]:
+    """Copy already solved sentences into rows of the same length; returns those rows."""
+    rows: set[int] = set()
+    for sent in kept:
+        free = [b for b, n in enumerate(lay.lengths) if n == len(sent) and b not in rows]
+        if free:
+            ids[free[0], : len(sent)] = torch.tensor(sent)
+            rows.add(free[0])
+    return rows
+
+
 def encoder_search(model: VeilModel, span2: Span, cands: list[Tensor], specials: Any, *, tol2: float, seed: int,
-                   batch_size: int | None, restarts: int = 4, sweeps: int = 12) -> tuple[list[list[int]], dict[str, Any]]:
-    """Length hypotheses x random restarts x coordinate sweeps (see the module docstring)."""
+                   batch_size: int | None, restarts: int = 4, sweeps: int = 12, pins: dict[int, int] | None = None,
+                   budget_s: float = 600.0) -> tuple[list[list[int]], dict[str, Any]]:
+    """Length hypotheses x restarts x coordinate sweeps; solved sentences are frozen and carried
+    across restarts and layouts (see the module docstring)."""
+    import time
+
+    start = time.perf_counter()
     T = _last_position(cands)
     sets = [c.tolist() for c in cands[:T]]
     sep, pad = specials.sep, specials.pad if specials.pad is not None else 0
-    content = [[v for v in s if v != sep] for s in sets]
     B = batch_size or max([len(s) for s in sets] + [1])
     rng = np.random.default_rng(seed)
-    best: tuple[float, Tensor, Tensor] | None = None
+    pinned = set(pins or {})
+    content = [sorted((v for v in s if v != sep), key=lambda v: v not in pinned) for s in sets]  # pinned first
+    best: tuple[tuple[int, float], Tensor, Tensor] | None = None
+    kept: list[list[int]] = []
     scored = tries = 0
-    for lay in length_layouts(sets, sep, B):
+    for lay in length_layouts(sets, sep, B, pins):
         mask = (torch.arange(max(lay.lengths))[None] < torch.tensor(lay.lengths)[:, None]).long()
         for _ in range(max(1, restarts)):
             ids = _initial(lay, content, sets, sep, pad, rng)
+            frozen = _carry(ids, lay, kept)
             tries += 1
             for _ in range(sweeps):
-                changed, n = _sweep(model, span2, ids, mask, lay, content, rng)
+                changed, n = _sweep(model, span2, ids, mask, lay, content, rng, pinned, frozen)
                 scored += n
-                if not changed:
+                frozen |= _solved(model, span2, ids, mask, tol2)
+                if not changed or len(frozen) == B or time.perf_counter() - start > budget_s:
                     break
+            kept = [ids[b, : lay.lengths[b]].tolist() for b in sorted(frozen)]
             dist = sentence_costs(model, span2, ids, mask)
             score = float(dist.sum() / mask.sum())
-            if best is None or score < best[0]:
-                best = (score, ids.clone(), mask)
-            if float(dist.max()) < tol2:
+            key = (-int((dist.amax(1) < tol2).sum()), score)
+            if best is None or key < best[0]:
+                best = (key, ids.clone(), mask)
+            if len(frozen) == B or time.perf_counter() - start > budget_s:
                 break
-        if best is not None and float(sentence_costs(model, span2, best[1], best[2]).max()) < tol2:
+        if len(frozen) == B or time.perf_counter() - start > budget_s:
             break  # an exact solution: every position of every sentence lies in the layer-2 span
     if best is None:
         return [], {"sentences_scored": 0}
-    score, ids, mask = best
+    (_, score), ids, mask = best
     seqs = [ids[b, : int(mask[b].sum())].tolist() for b in range(ids.shape[0])]
     return seqs, {"sentences_scored": scored, "restarts_run": tries, "mean_layer2_distance": score,
-                  "exact": bool(float(sentence_costs(model, span2, ids, mask).max()) < tol2), "batch_size_used": B}
+                  "sentences_exact": len(_solved(model, span2, ids, mask, tol2)), "batch_size_used": B,
+                  "search_seconds": time.perf_counter() - start}
