@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import re
 import sys
 import time
 from pathlib import Path
@@ -20,6 +19,8 @@ from typing import Any
 import torch
 
 ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from resultsdoc import write_section  # noqa: E402
 sys.path.insert(0, str(ROOT / "benchmarks"))
 
 DEFENSES: dict[str, list[dict[str, Any]]] = {
@@ -132,17 +133,6 @@ def fmt_bench(b: dict[str, Any]) -> list[str]:
     return lines
 
 
-def write_section(body: str, path: Path) -> None:
-    text = path.read_text() if path.is_file() else "# Results\n"
-    block = f"<!-- aegis:start -->\n{body}\n<!-- aegis:end -->"
-    if "<!-- aegis:start -->" in text:
-        text = re.sub(r"<!-- aegis:start -->.*?<!-- aegis:end -->", lambda _m: block, text, flags=re.S)
-    else:
-        text = text.rstrip() + "\n\n" + block + "\n"
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(text)
-
-
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--quick", action="store_true", help="small models, one seed, few steps")
@@ -188,7 +178,7 @@ def main() -> None:
         bcache.write_text(json.dumps(b, indent=1))
     if bcache.is_file():
         parts += ["### Step time", ""] + fmt_bench(json.loads(bcache.read_text())) + [""]
-    write_section("\n".join(parts), Path(a.results))
+    write_section("aegis", "\n".join(parts), Path(a.results))
     print(f"wrote the AEGIS section of {a.results}")
 
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import importlib.util
+import sys
 import time
 from pathlib import Path
 from typing import Any, Callable
@@ -20,9 +21,11 @@ from veil.commands.attack import attack_run
 from veil.config import load_config
 from veil.experiments.build import build_run
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from resultsdoc import write_section  # noqa: E402
+
 ROOT = Path(__file__).resolve().parents[1]
 RESULTS = ROOT / "docs" / "results.md"
-START, END = "<!-- attacks:start -->", "<!-- attacks:end -->"
 
 
 def audit(overrides: list[str], attack: str, settings: dict[str, Any] | None = None, **kw: Any) -> dict[str, float]:
@@ -107,19 +110,6 @@ def text_tables() -> list[str]:
     return list(mod.tables())
 
 
-def write_section(body: str, path: Path = RESULTS) -> None:
-    """Replace the text between the markers (appending the section if absent)."""
-    block = f"{START}\n## Attacks\n\n{body}\n{END}"
-    text = path.read_text() if path.is_file() else "# veil results\n"
-    if START in text and END in text:
-        head, rest = text.split(START, 1)
-        text = head + block + rest.split(END, 1)[1]
-    else:
-        text = text.rstrip("\n") + "\n\n" + block + "\n"
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(text)
-
-
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__)
     ap.add_argument("--samples", type=int, default=8)
@@ -145,7 +135,7 @@ def main() -> None:
             print(f"[{time.time() - t0:.0f}s] {key} done", flush=True)
     note = (f"Measured on this machine (CPU, torch threads={args.threads}) by `scripts/results_attacks.py`; "
             "regenerate, never edit by hand. Clients trained without dropout (dropout=0 in these models).")
-    write_section(note + "\n\n" + "\n\n".join(parts) + "\n")
+    write_section("attacks", "## Attacks\n\n" + note + "\n\n" + "\n\n".join(parts) + "\n")
 
 
 if __name__ == "__main__":

@@ -12,8 +12,6 @@ size (Table VI); PCA explained variance of the position embeddings (Table XII).
 from __future__ import annotations
 
 import argparse
-import json
-import re
 import statistics
 import sys
 from pathlib import Path
@@ -22,6 +20,8 @@ from typing import Any
 import torch
 
 ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from resultsdoc import write_section  # noqa: E402
 SECTIONS = ("accuracy", "gamma", "consistency", "window", "pca")
 
 # (label, base overrides, full epochs, quick epochs, quick extra overrides)
@@ -174,18 +174,6 @@ def section_pca(r: Runner) -> list[str]:
     return lines + [""]
 
 
-def write_section(doc: Path, body: list[str]) -> None:
-    start, end = "<!-- mjp:start -->", "<!-- mjp:end -->"
-    text = doc.read_text() if doc.is_file() else "# Results\n\n"
-    block = f"{start}\n" + "\n".join(body).rstrip() + f"\n{end}"
-    if start in text and end in text:
-        text = re.sub(re.escape(start) + r".*?" + re.escape(end), lambda _: block, text, flags=re.S)
-    else:
-        text = text.rstrip() + "\n\n" + block + "\n"
-    doc.parent.mkdir(parents=True, exist_ok=True)
-    doc.write_text(text)
-
-
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--quick", action="store_true", help="small budgets and one seed (a smoke reproduction)")
@@ -212,7 +200,7 @@ def main(argv: list[str] | None = None) -> int:
             (cache / f"{name}.md").write_text("\n".join(makers[name]()) + "\n")
         if (cache / f"{name}.md").is_file():
             body += (cache / f"{name}.md").read_text().splitlines() + [""]
-    write_section(args.doc, body)
+    write_section("mjp", "\n".join(body), args.doc)
     print(f"wrote the MJP section of {args.doc}")
     return 0
 
