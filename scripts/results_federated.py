@@ -103,7 +103,7 @@ def split_section() -> list[str]:
         if run.startswith("pfesta-single"):
             continue
         b = c["bytes_per_client"].get(run)
-        lines.append(f"| {run} | " + " | ".join(fmt(m.get(t), 4) for t in tasks) + f" | {fmt(b / 1e6 if b else None, 2)} MB |")
+        lines.append(f"| {run} | " + " | ".join(fmt(m.get(t), 4) for t in tasks) + f" | {f'{b / 1e6:.2f} MB' if b else '—'} |")
     single = {t: c["metrics"].get(f"pfesta-single-{t}", {}).get(t) for t in tasks}
     lines.append("| p-FeSTA single-task | " + " | ".join(fmt(single[t], 4) for t in tasks) + " | — |")
     p = c["paper_bytes_per_client"]
