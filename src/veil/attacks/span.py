@@ -12,9 +12,13 @@ subspace and a vector x is a layer input iff its distance to the span is (numeri
 Layer 1 (this file): the input of the first attention block is a known function of one token and
 its position, ``h0(v, t) = N0(assemble(E_tok[v], E_pos[t]))`` (post-LN encoders: the embedding
 LayerNorm of token + position + segment; pre-LN decoders: ``ln_1`` of block 0 on token +
-position), so every vocabulary token is tested at every position in vectorised chunks:
-``S_t = {v : d(h0(v, t)) < tol1}``. The first layer alone admits every batch token at its
-position but does not say which sentence it belongs to; layer 2 (its input is the first block's
+position), so every candidate token is tested at every position in vectorised chunks:
+``S_t = {v : d(h0(v, t)) < tol1}``. The candidates are the batch's bag from the token-embedding
+gradient (`veil.attacks.presence`) when it is exported (~50 tokens instead of 30k), else the whole
+vocabulary. The first layer alone admits every batch token at its position, but also a token at
+any position linked to it through shared tokens (``h0(v, t2) ~ h0(v, t1) - h0(w, t1) + h0(w, t2)``
+up to the LayerNorm scale), and does not say which sentence a token belongs to. For encoders the
+embedding LayerNorm's Jacobian pins every token that occurs at one position (`pin_positions`); layer 2 (its input is the first block's
 output, which mixes the whole sentence) resolves that, in `veil.attacks.span_search`:
 greedy left-to-right extension for causal decoders (DAGER alg. 1; the layer-2 input at t depends
 only on tokens <= t) and an assignment search for bidirectional encoders.
@@ -144,8 +148,10 @@ def position_candidates(model: VeilModel, span: Span, max_len: int, tol: float, 
 class SpanAttack(Attack):
     """Settings: ``tol1`` (1e-3), ``tol2`` (1e-3) span-distance tolerances of layers 1 and 2 (raise
     them for dropout), ``rank_tol`` (1e-6), ``max_len`` (knowledge.seq_len, else the model's),
-    ``restarts`` (4) and ``sweeps`` (12) of the encoder search, ``beam`` (4*B) of the decoder
-    search, ``max_per_position`` (no cap), ``seed``."""
+    ``presence_filter`` (True: test only the tokens with embedding gradient), ``layernorm_positions``
+    (True) and ``tol_ln`` (1e-4) of the encoder pins, ``restarts`` (4), ``sweeps`` (12) and
+    ``budget_s`` (600) of the encoder search, ``beam`` (4*B) of the decoder search,
+    ``max_per_position`` (no cap), ``seed``."""
 
     name = "span"
     modality = "text"
@@ -259,7 +265,8 @@ def pin_positions(obs: Observation, cands: list[Tensor], floor: float = 1e-4) ->
     for t, ct in enumerate(cands):
         allowed[t, [col[int(v)] for v in ct.tolist()]] = True
     eps = float(getattr(model.embedding_norm(), "eps", 1e-5))
-    ok = allowed & (cos < eps / (var + eps) + floor) & (g.norm(dim=-1) > 0)
+    slack = eps / (var + eps)  # the LayerNorm's leak along its own input; trusted only where it is tiny
+    ok = allowed & (cos < torch.where(slack < 1e-3, slack, torch.zeros_like(slack)) + floor) & (g.norm(dim=-1) > 0)
     single = (ok.sum(0) == 1) | (allowed.sum(0) == 1)
     where = torch.where(ok.sum(0) == 1, ok.double().argmax(0), allowed.double().argmax(0))
     pins = {int(toks[j]): int(where[j]) for j in torch.nonzero(single).flatten().tolist()}

@@ -9,12 +9,14 @@ A prefix with no surviving extension has ended. A causal LM's last token ([SEP])
 scored, so it gets no gradient: the attacker appends the tokenizer's [SEP] to every ended prefix.
 
 Encoder (bidirectional): h1 at every position depends on the whole sentence, so prefixes cannot
-be checked exactly. Sentence lengths come from the positions where [SEP] passes layer 1 (a
-multiset hypothesis of B lengths, checked against the candidate counts); then an assignment
-search: each position's candidate tokens are distributed over the sentences alive there, and
-coordinate sweeps re-assign one position at a time by a covering assignment (Hungarian) that
-minimises the sentences' summed layer-2 distances, with random restarts. The true batch is the
-unique zero of that cost when B*T < width.
+be checked exactly. Sentence lengths: hypotheses of B lengths ending where [SEP] passes layer 1,
+bounded below by the tokens pinned to each position (shortest first). Then an assignment search:
+each position's candidate tokens are distributed over the sentences alive there, and coordinate
+sweeps re-assign one position at a time by an assignment (Hungarian) that minimises the
+sentences' summed layer-2 distances, every pinned token used at least once. A sentence whose
+every position lies in the layer-2 span is exact (its cost does not depend on the others): it is
+frozen and carried over to later restarts and length hypotheses, which run round robin. The
+true batch is the unique zero of that cost when B*T < width.
 """
 from __future__ import annotations
 
@@ -46,6 +48,8 @@ def decoder_search(model: VeilModel, span2: Span, cands: list[Tensor], specials:
                    batch_size: int | None, beam: int | None = None) -> tuple[list[list[int]], dict[str, Any]]:
     """Greedy left-to-right extension of prefixes (see the module docstring)."""
     T = _last_position(cands)
+    if T == 0:
+        return [], {"prefixes_tested": 0, "note": "no token passes layer 1 (dropout or noise? raise tol1)"}
     B = batch_size or max((len(c) for c in cands), default=1)
     beam = int(beam or 4 * B)
     active: list[list[int]] = [[]]
@@ -205,6 +209,8 @@ def encoder_search(model: VeilModel, span2: Span, cands: list[Tensor], specials:
 
     start = time.perf_counter()
     T = _last_position(cands)
+    if T == 0:
+        return [], {"sentences_scored": 0, "note": "no token passes layer 1 (dropout or noise? raise tol1)"}
     sets = [c.tolist() for c in cands[:T]]
     sep, pad = specials.sep, specials.pad if specials.pad is not None else 0
     B = batch_size or max([len(s) for s in sets] + [1])
@@ -214,26 +220,24 @@ def encoder_search(model: VeilModel, span2: Span, cands: list[Tensor], specials:
     best: tuple[tuple[int, float], Tensor, Tensor] | None = None
     kept: list[list[int]] = []
     scored = tries = 0
-    for lay in length_layouts(sets, sep, B, pins):
+    layouts = length_layouts(sets, sep, B, pins)
+    for lay in (lay for _ in range(max(1, restarts)) for lay in layouts):  # one restart per layout, round robin
         mask = (torch.arange(max(lay.lengths))[None] < torch.tensor(lay.lengths)[:, None]).long()
-        for _ in range(max(1, restarts)):
-            ids = _initial(lay, content, sets, sep, pad, rng)
-            frozen = _carry(ids, lay, kept)
-            tries += 1
-            for _ in range(sweeps):
-                changed, n = _sweep(model, span2, ids, mask, lay, content, rng, pinned, frozen)
-                scored += n
-                frozen |= _solved(model, span2, ids, mask, tol2)
-                if not changed or len(frozen) == B or time.perf_counter() - start > budget_s:
-                    break
-            kept = [ids[b, : lay.lengths[b]].tolist() for b in sorted(frozen)]
-            dist = sentence_costs(model, span2, ids, mask)
-            score = float(dist.sum() / mask.sum())
-            key = (-int((dist.amax(1) < tol2).sum()), score)
-            if best is None or key < best[0]:
-                best = (key, ids.clone(), mask)
-            if len(frozen) == B or time.perf_counter() - start > budget_s:
+        ids = _initial(lay, content, sets, sep, pad, rng)
+        frozen = _carry(ids, lay, kept)
+        tries += 1
+        for _ in range(sweeps):
+            changed, n = _sweep(model, span2, ids, mask, lay, content, rng, pinned, frozen)
+            scored += n
+            frozen |= _solved(model, span2, ids, mask, tol2)
+            if not changed or len(frozen) == B or time.perf_counter() - start > budget_s:
                 break
+        solved = [ids[b, : lay.lengths[b]].tolist() for b in sorted(frozen)]
+        kept += [x for x in solved if x not in kept]
+        dist = sentence_costs(model, span2, ids, mask)
+        key = (-len(frozen), float(dist.sum() / mask.sum()))
+        if best is None or key < best[0]:
+            best = (key, ids.clone(), mask)
         if len(frozen) == B or time.perf_counter() - start > budget_s:
             break  # an exact solution: every position of every sentence lies in the layer-2 span
     if best is None:
