@@ -97,14 +97,32 @@ def _sst2_batch(B: int, max_len: int, seed: int = 1) -> tuple[dict[str, torch.Te
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("name,B,max_len", [("transformer4", 1, 32), ("minilm", 1, 32), ("minilm", 4, 32), ("gpt-tiny", 8, 16)])
+@pytest.mark.parametrize("name,B,max_len", [
+    ("transformer4", 1, 32), ("minilm", 1, 32), ("minilm", 4, 32), ("gpt-tiny", 8, 16),
+    pytest.param("transformer4", 4, 32, marks=pytest.mark.xfail(
+        reason="open: untrained transformer4 (width 96) holds ~89 tokens at B=4: the layer-2 span has no clear gap "
+               "and its eps-1e-5 LayerNorm makes the position pins unreliable; measured 0.59-0.71", strict=False)),
+])
 def test_span_goal_cells(name, B, max_len):
     """The issue's goals (position-aware token_recovery >= 0.95, undefended, no dropout). The
-    decoder cell uses max_len 16 so that B*T < width 128 (DAGER's rank condition)."""
+    decoder cell uses max_len 16 so that B*T < width 128 (DAGER's rank condition; at max_len 32
+    the 8 sentences hold ~130 tokens and the span is full)."""
     batch, tok = _sst2_batch(B, max_len)
     torch.manual_seed(0)
     model = create_model(name, dropout=0.0) if name == "minilm" else create_model(name, dropout=0.0, max_len=32)
     model.eval()
-    rec = create_attack("span").reconstruct(observe(model, batch), Knowledge(batch_size=B, seq_len=max_len, tokenizer=tok))
+    rec = create_attack("span", budget_s=120).reconstruct(observe(model, batch), Knowledge(batch_size=B, seq_len=max_len, tokenizer=tok))
     rep = text_report(_refs(batch), rec.token_ids, ignore=SPECIAL)
     assert rep["token_recovery"] >= 0.95, (rep, rec.stats)
+
+
+@pytest.mark.slow
+def test_span_with_dropout_reports_nothing_rather_than_crashing():
+    """Dropout (p=0.1) moves the layer inputs off the clean vectors' span: no token passes layer 1
+    (measured on MiniLM / transformer4 / gpt-tiny); the attack returns empty sentences and says why."""
+    batch, tok = _sst2_batch(1, 32)
+    torch.manual_seed(0)
+    model = create_model("transformer4", dropout=0.1, max_len=32)
+    model.train()
+    rec = create_attack("span").reconstruct(observe(model, batch), Knowledge(batch_size=1, seq_len=32, tokenizer=tok))
+    assert rec.token_ids == [[]] and "dropout" in rec.stats["note"]

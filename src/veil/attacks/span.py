@@ -198,6 +198,8 @@ class SpanAttack(Attack):
             model.train(was)
         stats = {"rank1": span1.rank, "rank2": span2.rank, "width": width, "full_rank": span1.rank >= width, "layernorm_pins": len(pinned[1]) if pinned else 0, "vocabulary": len(vocab) if vocab is not None else "all",
                  "candidates_per_position": [len(c) for c in cands if len(c)], **info}
+        if not seqs:  # nothing passed: say so with empty sentences rather than an empty batch
+            seqs = [[] for _ in range(know.batch_size or 1)]
         return Reconstruction(token_ids=seqs, token_set={int(v) for c in cands for v in c.tolist()}, stats=stats)
 
 
