@@ -106,6 +106,10 @@ def split_section() -> list[str]:
         lines.append(f"| {run} | " + " | ".join(fmt(m.get(t), 4) for t in tasks) + f" | {f'{b / 1e6:.2f} MB' if b else '—'} |")
     single = {t: c["metrics"].get(f"pfesta-single-{t}", {}).get(t) for t in tasks}
     lines.append("| p-FeSTA single-task | " + " | ".join(fmt(single[t], 4) for t in tasks) + " | — |")
+    if "central-frozen-head" in c["metrics"]:
+        lines.append("\n`central-frozen-head`: central training with the patch-embedding head frozen at its random "
+                     "initialisation, as p-FeSTA's head is (the paper froze a *pretrained* embedder); the gap between "
+                     "`central` and this row is what the frozen random head costs, independent of splitting or permutation.")
     p = c["paper_bytes_per_client"]
     lines += ["", "Communication per client, measured (protobuf bytes of every training message) vs the paper's formulas (Table V):", "",
               "| protocol | measured | paper formula |", "|---|---|---|"]

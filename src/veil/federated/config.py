@@ -140,6 +140,7 @@ class SplitConfig:
       permute: true           # pfesta: the permutation module (false: same protocol, patches in order)
       backend: inline         # inline | ray
       eval_every: 0           # epochs between evaluations (0: only at the end)
+      freeze_head: false      # central only: keep the patch-embedding head at its initialisation, as p-FeSTA does
     """
 
     protocol: str = "pfesta"
@@ -152,6 +153,7 @@ class SplitConfig:
     backend: str = "inline"
     eval_every: int = 0
     num_cpus: float = 1.0
+    freeze_head: bool = False
 
 
 def split_config(raw: Any) -> SplitConfig:

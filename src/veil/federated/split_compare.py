@@ -28,6 +28,7 @@ def compare(spec: SplitSpec, run_dir: str | Path) -> dict[str, Any]:
     runs: dict[str, dict[str, Any]] = {}
     for proto in ("central", "fl", "sl", "festa", "pfesta"):
         runs[proto] = cached_run(variant(spec, protocol=proto), run_dir / proto)
+    runs["central-frozen-head"] = cached_run(variant(spec, protocol="central", freeze_head=True), run_dir / "central-frozen-head")
     if spec.split.task_scale and len(spec.split.tasks) > 1:
         runs["pfesta-equal-scale"] = cached_run(variant(spec, protocol="pfesta", task_scale={}), run_dir / "pfesta-equal-scale")
     for t in spec.split.tasks:

@@ -53,7 +53,8 @@ def central(spec: SplitSpec) -> dict[str, float]:
         head, tail = build_parts(spec, t)
         body = build_body(spec)
         mods = nn.ModuleList([head, body, tail])
-        opt = torch.optim.Adam(mods.parameters(), lr=spec.cfg.train.lr)
+        head.requires_grad_(not spec.split.freeze_head)
+        opt = torch.optim.Adam([p for p in mods.parameters() if p.requires_grad], lr=spec.cfg.train.lr)
         data = [d for name, d in world.clients if name == t]
         pooled = {k: torch.cat([d[k] for d in data]) for k in data[0]}
         g = torch.Generator().manual_seed(spec.cfg.train.seed)
@@ -84,7 +85,7 @@ def run_split(spec: SplitSpec, run_dir: str | Path, progress: bool = False) -> d
     atomic_write_text(run_dir / "config.yaml", spec.text())
     torch.set_num_threads(1)
     t0 = time.perf_counter()
-    summary: dict[str, Any] = {"protocol": spec.split.protocol, "tasks": list(spec.split.tasks), "permute": spec.split.permute,
+    summary: dict[str, Any] = {"protocol": spec.split.protocol, "freeze_head": spec.split.freeze_head, "tasks": list(spec.split.tasks), "permute": spec.split.permute,
                                "clients_per_task": spec.split.clients_per_task, "epochs": spec.split.epochs,
                                "metric_names": {t: TASK_DEFS[t].metric_name for t in spec.split.tasks}}
     if spec.split.protocol == "central":
