@@ -20,8 +20,10 @@ import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from resultsdoc import write_section  # noqa: E402
+
 OUT = ROOT / "runs" / "results"
-START, END = "<!-- federated:start -->", "<!-- federated:end -->"
 
 
 def veil(*args: str) -> None:
@@ -149,21 +151,10 @@ def render() -> str:
     return "\n".join(body)
 
 
-def write(text: str) -> None:
-    doc = ROOT / "docs" / "results.md"
-    old = doc.read_text() if doc.is_file() else "# Results\n"
-    block = f"{START}\n{text}\n{END}"
-    if START in old and END in old:
-        new = old[: old.index(START)] + block + old[old.index(END) + len(END):]
-    else:
-        new = old.rstrip("\n") + "\n\n" + block + "\n"
-    doc.write_text(new)
-
-
 if __name__ == "__main__":
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--only-write", action="store_true")
     args = ap.parse_args()
     ensure(args.only_write)
-    write(render())
+    write_section("federated", render())
     print(f"wrote the federated section of {ROOT / 'docs' / 'results.md'}")
