@@ -31,11 +31,12 @@ TINY = {
         },
         {
             "name": "text",
-            "run": {"model": {"name": "transformer4", "depth": 1},
+            "run": {"model": {"name": "transformer4", "depth": 2},
                     "data": {"name": "sst2", "tokenizer": "word", "max_len": 12, "train_size": 100, "test_size": 20},
                     "train": {"epochs": 1, "batch_size": 32}},
             "defenses": ["none", "aegis"],
-            "knowledge": {"labels": True, "batch_size": 2},
+            "attacks": ["span"],
+            "knowledge": {"labels": True, "batch_size": 1},
             "samples": 1,
         },
     ],
@@ -64,6 +65,9 @@ def test_report_matches_summary(audit: tuple[Path, dict]) -> None:
     text = summary["tasks"]["text"]
     assert text["leakage"]["none"]["presence"]["presence_f1"] > 0.99
     assert "presence" in text["leakage"]["aegis"]
+    assert text["leakage"]["none"]["span"]["token_recovery"] > 0.9  # the span attack reads the undefended update
+    assert "span" in text["blocked"]["aegis"]  # AEGIS froze the layer it reads: recorded, not a crash
+    assert "Blocked: `span`" in md
     assert "presence" in digits["skipped"]  # a scenario-wide attack that does not fit images is skipped, with its reason
     assert "data:image/png;base64," in html and "<table>" in html
     assert "torch" in summary["versions"]

@@ -119,7 +119,10 @@ def _attack_all(cells: list[Cell], out: Path, progress: bool) -> None:
         if key not in loaded:
             loaded = {key: load_run(run_dir(out, c.task, c.defense, c.seed))}  # keep one run in memory
         _, model, data, defenses = loaded[key]
-        result = run_cell(make_attack(c.attack), model, data, defenses, c.task.knowledge, c.task.samples, c.seed)
+        try:
+            result = run_cell(make_attack(c.attack), model, data, defenses, c.task.knowledge, c.task.samples, c.seed)
+        except VeilError as e:  # the defense took away what the attack needs: that channel is closed
+            result = {"metrics": {}, "blocked": str(e), "example": None}
         path = cell_path(out, c)
         path.parent.mkdir(parents=True, exist_ok=True)
         atomic_write_text(path, json.dumps(result))

@@ -59,6 +59,9 @@ def task_blocks(name: str, t: dict[str, Any], out: Path) -> list[Block]:
     metrics = [m for m in SHOWN if any(m in cell for att in t["leakage"].values() for cell in att.values())]
     rows = [[d, a, *[fmt(cell.get(m, "—")) for m in metrics]] for d, att in t["leakage"].items() for a, cell in att.items()]
     blocks.append(("table", ["defense", "attack", *metrics], rows))
+    for d, att in t["blocked"].items():
+        for a, why in att.items():
+            blocks.append(("p", f"Blocked: `{a}` could not run against `{d}` — {why}. The defense closed the channel this attack reads."))
     for a, why in t["skipped"].items():
         blocks.append(("p", f"Skipped `{a}`: {why}"))
     points, metric_of = [], {}

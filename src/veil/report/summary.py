@@ -3,7 +3,9 @@
 summary["tasks"][task]:
   utility[defense]          test_accuracy_mean / _std / values (+ test_perplexity_* for LMs)
   leakage[defense][attack]  every metric, mean over seeds (each cell already averages samples)
-  skipped[attack]           why an attack did not apply
+  skipped[attack]           why an attack did not apply (to the model: decided before training)
+  blocked[defense][attack]  why an attack could not run on a defended update (e.g. AEGIS froze
+                            the layer it reads): the defense closed that channel
   overhead[defense]         step time relative to no defense; step_seconds[defense] absolute
 """
 from __future__ import annotations
@@ -35,7 +37,7 @@ def build_summary(s: Scenario, out: Path, cells: list[Any], utility: dict[str, A
             "model": task.run.model["name"], "data": task.run.data["name"], "protocol": task.protocol,
             "dropout": float(task.run.model.get("dropout", 0.0) or 0.0),
             "knowledge": task.knowledge, "samples": task.samples,
-            "utility": {}, "leakage": {}, "skipped": {}, "overhead": {}, "step_seconds": {},
+            "utility": {}, "leakage": {}, "skipped": {}, "blocked": {}, "overhead": {}, "step_seconds": {},
         }
         for d, runs in utility[task.name].items():
             u: dict[str, Any] = {}
@@ -54,6 +56,9 @@ def build_summary(s: Scenario, out: Path, cells: list[Any], utility: dict[str, A
                 t["skipped"][label(c.attack)] = c.skipped
                 continue
             result = json.loads(cell_path(out, c).read_text())
+            if result.get("blocked"):
+                t["blocked"].setdefault(label(c.defense), {})[label(c.attack)] = result["blocked"]
+                continue
             by_cell.setdefault((label(c.defense), label(c.attack)), []).append(result["metrics"])
         for (d, a), rows in by_cell.items():
             keys = sorted(set().union(*rows))
