@@ -78,13 +78,14 @@ def section_accuracy(r: Runner, seeds: list[int]) -> list[str]:
              f"(lambda 0.01); text gamma {TEXT_GAMMA}, window 32, no auxiliary loss. Goal: MJP within 1 point of (or above) the "
              "undefended model.", "",
              "| setting | undefended | MJP | MJP - undefended | within 1 point |", "|---|---|---|---|---|"]
-    for s in ("digits", "lfw", "sst2"):
-        g = VISION_GAMMA if s in ("digits", "lfw") else TEXT_GAMMA
+    note = "MiniLM-L6 on SST-2 with and without MJP: see *Utility of MJP and AEGIS* (`scripts/results_utility.py`)."
+    for s in ("digits", "lfw"):  # MiniLM on SST-2: the utility section (runs shared with AEGIS)
+        g = VISION_GAMMA
         none = [r.run(s, seed)[1]["test_accuracy"] for seed in seeds]
         mjp = [r.run(s, seed, g)[1]["test_accuracy"] for seed in seeds]
         d = 100 * (statistics.mean(mjp) - statistics.mean(none))
         lines.append(f"| {SETTINGS[s][0]} | {mean_std(none)} | {mean_std(mjp)} | {d:+.2f} | {'yes' if d >= -1 else 'no'} |")
-    return lines
+    return lines + ["", note]
 
 
 def section_gamma(r: Runner) -> list[str]:
