@@ -140,3 +140,19 @@ def test_missing_gradients_say_so_in_one_line(sst2, name):
     with pytest.raises(VeilError) as err:
         create_attack(name).reconstruct(obs, Knowledge(batch_size=1, seq_len=12, tokenizer=sst2.meta["tokenizer"]))
     assert "\n" not in str(err.value) and "gradient" in str(err.value)
+
+
+def test_optimisation_attacks_run_against_a_model_with_defense_parameters() -> None:
+    """MJP adds its own parameters (E_unk, the DAL head) that the attacker's plain forward never
+    reaches; their exported gradients must not break TAG / LAMP."""
+    from veil.attacks.harness import attack_once, private_batches, score
+    from veil.config import load_config
+    from veil.experiments.build import build_run
+
+    cfg = load_config(None, ["model=transformer4", "model.depth=1", "data=sst2", "data.tokenizer=word", "data.max_len=12",
+                             "data.train_size=50", "defense=mjp", "gamma=0.5", "window=8"])
+    model, data, defenses = build_run(cfg)
+    batch = private_batches(data.test, 1, 1, 0)[0]
+    for name in ("tag", "lamp"):
+        rec, ref, _ = attack_once(create_attack(name, iterations=10), model, batch, defenses, data, "original", 0, {"labels": True})
+        assert "token_recovery" in score(rec, ref, data)

@@ -242,8 +242,11 @@ class TextOptimisation(Attack):
 
     def _objective(self, s: _Setup, x: Tensor, y: Tensor) -> Tensor:
         params = [s.params[n] for n in s.names]
-        g = torch.autograd.grad(s.loss(x, y), params, create_graph=True)
-        return grad_distance(self.kind, list(g), s.targets, float(self.opt("alpha"))) + self._prior(s, x)
+        # parameters the attacker's forward does not reach (e.g. a defense's own, such as MJP's E_unk)
+        # give zero dummy gradient, as torch.func's grad does in `_score`
+        g = torch.autograd.grad(s.loss(x, y), params, create_graph=True, allow_unused=True)
+        g = [gi if gi is not None else torch.zeros_like(p) for gi, p in zip(g, params)]
+        return grad_distance(self.kind, g, s.targets, float(self.opt("alpha"))) + self._prior(s, x)
 
     def _score(self, s: _Setup, xs: Tensor, y: Tensor) -> Tensor:
         """Gradient distance (no prior: it means nothing for real tokens) of each candidate xs[c]
