@@ -100,14 +100,14 @@ def labels_table(samples: int) -> str:
     return "\n".join(lines)
 
 
-def text_tables() -> list[str]:
+def text_tables(quick: bool) -> list[str]:
     path = Path(__file__).with_name("results_attacks_text.py")
     if not path.is_file():
         return []
     spec = importlib.util.spec_from_file_location("results_attacks_text", path)
     mod = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(mod)  # type: ignore[union-attr]
-    return list(mod.tables())
+    return list(mod.tables(quick=quick))
 
 
 def main() -> None:
@@ -118,6 +118,7 @@ def main() -> None:
     ap.add_argument("--train-epochs", type=int, default=10)
     ap.add_argument("--only", default="april,labels,inverting,text")
     ap.add_argument("--threads", type=int, default=1)
+    ap.add_argument("--quick-text", action="store_true", help="text rows in quick mode (one batch per cell)")
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
     only = set(args.only.split(","))
@@ -125,7 +126,7 @@ def main() -> None:
         ("april", lambda: april_table(args.samples)),
         ("labels", lambda: labels_table(args.samples)),
         ("inverting", lambda: inverting_table(min(args.samples, 4), args.ig_iterations, args.ig_restarts, args.train_epochs)),
-        ("text", text_tables),
+        ("text", lambda: text_tables(args.quick_text)),
     ]
     parts, t0 = [], time.time()
     for key, make in makers:
