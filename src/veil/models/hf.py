@@ -32,10 +32,13 @@ class HFBert(VeilModel):
 
     modality = "text"
 
-    def __init__(self, model: nn.Module, special_ids: list[int]) -> None:
+    def __init__(self, model: nn.Module, special_ids: list[int], pooling: str = "cls") -> None:
         super().__init__()
+        if pooling not in ("cls", "mean"):
+            raise VeilError(f"pooling must be cls or mean, got {pooling!r}")
         self.hf = model
         self.special_ids = special_ids
+        self.pooling = pooling
         bert = model.bert
         self._emb = bert.embeddings
         self._layers = bert.encoder.layer
@@ -57,7 +60,11 @@ class HFBert(VeilModel):
     def forward_from_embeddings(self, h: Tensor, batch: Batch) -> Tensor:
         bias = padding_bias(batch["attention_mask"], causal=False, dtype=h.dtype)
         seq = self.hf.bert.encoder(h, attention_mask=bias).last_hidden_state
-        pooled = self.hf.bert.pooler(seq) if self.hf.bert.pooler is not None else seq[:, 0]
+        if self.pooling == "mean":  # how sentence-transformers checkpoints (e.g. all-MiniLM-L6-v2) were trained
+            m = batch["attention_mask"].unsqueeze(-1).to(seq.dtype)
+            pooled = (seq * m).sum(1) / m.sum(1).clamp_min(1.0)
+        else:
+            pooled = self.hf.bert.pooler(seq) if self.hf.bert.pooler is not None else seq[:, 0]
         return self.hf.classifier(self.hf.dropout(pooled))
 
     def token_embedding(self) -> nn.Module:
@@ -211,8 +218,11 @@ class HFGPT2(VeilModel):
         return [b.ln_1 for b in self._t.h]
 
 
-def load_minilm(num_classes: int = 2, dropout: float = 0.1) -> HFBert:
-    """The real pretrained MiniLM-L6 encoder with a fresh classification head, fully offline."""
+def load_minilm(num_classes: int = 2, dropout: float = 0.1, pooling: str = "cls") -> HFBert:
+    """The real pretrained MiniLM-L6 encoder with a fresh classification head, fully offline.
+
+    `pooling=mean` feeds the head the masked mean of the last layer, as the sentence-transformers
+    checkpoint was trained; `cls` (default) uses BERT's pooler on [CLS]."""
     from transformers import BertForSequenceClassification
 
     path = minilm_dir()
@@ -220,7 +230,7 @@ def load_minilm(num_classes: int = 2, dropout: float = 0.1) -> HFBert:
         str(path), num_labels=num_classes, local_files_only=True, attn_implementation="eager",
         hidden_dropout_prob=dropout, attention_probs_dropout_prob=dropout,
     )
-    return HFBert(model, special_ids=[0, 101, 102])
+    return HFBert(model, special_ids=[0, 101, 102], pooling=pooling)
 
 
 def bert_from_config(num_classes: int = 2, vocab_size: int = 30522, dim: int = 256, depth: int = 4, heads: int = 4, max_len: int = 128, dropout: float = 0.1) -> HFBert:
