@@ -201,6 +201,9 @@ def main(argv: list[str] | None = None) -> int:
             (cache / f"{name}.md").write_text("\n".join(makers[name]()) + "\n")
         if (cache / f"{name}.md").is_file():
             body += (cache / f"{name}.md").read_text().splitlines() + [""]
+        elif not args.quick and (r.dir.parent / "quick" / "sections" / f"{name}.md").is_file():  # not yet run in full
+            lines = (r.dir.parent / "quick" / "sections" / f"{name}.md").read_text().splitlines()
+            body += lines[:1] + ["", "*From the quick run (reduced budgets, seed 0): not yet regenerated in full mode.*"] + lines[1:] + [""]
     write_section("mjp", "\n".join(body), args.doc)
     print(f"wrote the MJP section of {args.doc}")
     return 0
