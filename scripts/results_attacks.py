@@ -106,6 +106,7 @@ def text_tables(quick: bool) -> list[str]:
         return []
     spec = importlib.util.spec_from_file_location("results_attacks_text", path)
     mod = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = mod  # dataclasses in the module look themselves up there
     spec.loader.exec_module(mod)  # type: ignore[union-attr]
     return list(mod.tables(quick=quick))
 
