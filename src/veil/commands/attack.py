@@ -147,27 +147,12 @@ def write_outputs(out: Path, name: str, summary: dict[str, Any], shown: list, da
 
 
 def save_image_grid(path: Path, pairs: list[tuple[Tensor, Tensor]], title: str) -> None:
-    """Originals (top row) above reconstructions (bottom row), one column per image."""
-    import matplotlib
+    """Originals (top row) above reconstructions (bottom row), up to 16 images."""
+    from veil.report.figures import image_grid
 
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    orig = torch.cat([o for o, _ in pairs]).detach().cpu()
-    recs = torch.cat([r[: len(o)] for o, r in pairs]).detach().cpu()
-    n = min(len(orig), len(recs), 16)
-    fig, axes = plt.subplots(2, n, figsize=(1.3 * n + 0.6, 3), squeeze=False)
-    for row, (imgs, label) in enumerate(((orig, "original"), (recs, "reconstructed"))):
-        for j in range(n):
-            img = imgs[j].clamp(0, 1)
-            ax = axes[row][j]
-            ax.imshow(img[0] if img.shape[0] == 1 else img.permute(1, 2, 0), cmap="gray", vmin=0, vmax=1)
-            ax.set_xticks([]), ax.set_yticks([])
-        axes[row][0].set_ylabel(label, fontsize=8)
-    fig.suptitle(title, fontsize=9)
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
+    orig = torch.cat([o for o, _ in pairs]).detach().cpu()[:16]
+    recs = torch.cat([r[: len(o)] for o, r in pairs]).detach().cpu().clamp(0, 1)[:16]
+    image_grid(orig.numpy(), recs.numpy(), path, title)
 
 
 def save_text_alignment(path: Path, pairs: list[tuple[list[list[int]], list[list[int]]]], tokenizer: Any, title: str) -> None:

@@ -11,6 +11,14 @@ import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
 
 
+def _save(fig: plt.Figure, path: Path) -> Path:
+    fig.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=90)
+    plt.close(fig)
+    return path
+
+
 def image_grid(original: Any, reconstruction: Any, path: Path, title: str = "") -> Path:
     """Originals (top row) above reconstructions (bottom row)."""
     o, r = np.asarray(original), np.asarray(reconstruction)
@@ -27,11 +35,7 @@ def image_grid(original: Any, reconstruction: Any, path: Path, title: str = "") 
     axes[1][0].set_title("rebuilt", fontsize=8, loc="left")
     if title:
         fig.suptitle(title, fontsize=9)
-    fig.tight_layout()
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=90)
-    plt.close(fig)
-    return path
+    return _save(fig, path)
 
 
 def privacy_utility(points: list[tuple[str, str, float, float]], metric_of: dict[str, str], path: Path, title: str) -> Path:
@@ -50,8 +54,4 @@ def privacy_utility(points: list[tuple[str, str, float, float]], metric_of: dict
         ax.set_title(attack, fontsize=8)
         ax.tick_params(labelsize=7)
     fig.suptitle(title, fontsize=9)
-    fig.tight_layout()
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=90)
-    plt.close(fig)
-    return path
+    return _save(fig, path)
