@@ -22,6 +22,7 @@ import torch
 
 from veil.defenses.mjp import MJP
 from veil.models import create_model
+from veil.training.loop import make_optimizer
 from veil.training.step import client_step
 
 PRESETS = {
@@ -50,7 +51,7 @@ def bench(name: str, reps: int, batch: int, seq_len: int, aux: str | None) -> di
     base = create_model(name, **spec["kw"]).train()
     defended = copy.deepcopy(base)
     d = MJP(aux=aux).attach(defended)
-    runs = [(base, [], torch.optim.AdamW(base.parameters(), 1e-4)), (defended, [d], torch.optim.AdamW(defended.parameters(), 1e-4))]
+    runs = [(base, [], make_optimizer(base, 1e-4, 0.01)), (defended, [d], make_optimizer(defended, 1e-4, 0.01))]  # the training loop's optimiser
     b = make_batch(spec, batch, seq_len, torch.Generator().manual_seed(0))
     wall: list[list[float]] = [[], []]
     cpu: list[list[float]] = [[], []]

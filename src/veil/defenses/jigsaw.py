@@ -125,5 +125,11 @@ def jigsaw(selected: Tensor, window: int | None = None, g: torch.Generator | Non
 
 
 def apply_perm(tok: Tensor, perm: Tensor) -> Tensor:
-    """Reorder (B, N, D) tokens: ``out[:, j] = tok[:, perm[:, j]]``."""
-    return tok.gather(1, perm.unsqueeze(-1).expand(-1, -1, tok.shape[-1]))
+    """Reorder (B, N, D) tokens: ``out[:, j] = tok[:, perm[:, j]]``.
+
+    One row gather on the flattened batch: a `gather` with an index expanded over D costs ~25%
+    more forward and backward on CPU (measured on the vit-digits shapes, 32 x 16 x 64).
+    """
+    B, N, D = tok.shape
+    flat = (perm + torch.arange(0, B * N, N, device=perm.device).unsqueeze(1)).flatten()
+    return tok.reshape(B * N, D).index_select(0, flat).view(B, N, D)
