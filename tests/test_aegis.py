@@ -191,3 +191,15 @@ def test_span_unfrozen_finds_decoder_first_tokens_unless_mlp_down_is_noised() ->
     d.detach()
     d = create_defense("aegis", mlp_down_noise=1.0).attach(model)
     assert not (first & _attack("span-unfrozen", model, [d], know=dict(know)).token_set)
+
+
+def test_clipping_sees_the_clean_gradient_not_the_noise() -> None:
+    """The global clip acts before AEGIS: its noise must not shrink the parameters it leaves clean."""
+    m0, m1 = tiny(), tiny()
+    d = create_defense("aegis", freeze_attention=False, embed_noise=3.0, mlp_noise=0.0).attach(m1)
+    r0 = client_step(m0, batch(), [], clip=0.01)
+    r1 = client_step(m1, batch(), [d], clip=0.01)
+    emb = next(n for n, p in m1.named_parameters() if p is m1.token_embedding().weight)
+    clean = [n for n in r0.grads if n != emb]
+    assert clean and all(torch.equal(r0.grads[n], r1.grads[n]) for n in clean)
+    assert not torch.equal(r0.grads[emb], r1.grads[emb])

@@ -2,6 +2,13 @@
 
 The same masked gradient drives the local optimiser step and the exported update: defenses
 rewrite ``p.grad`` in place *before* both, so no clean gradient reaches either.
+
+Order: backward -> global norm clipping of the CLEAN gradient -> every defense's gradient
+transform -> export and optimiser step. Clipping after a defense would rescale its noise
+together with the signal: AEGIS's embedding noise alone has a norm ~10^3 times the clean
+gradient's on MiniLM, so a clip to 1.0 after it shrank the clean parameters' gradients below
+Adam's epsilon and stalled them. A defense that replaces the backward pass (DP-SGD) clips per
+sample itself; the global clip is not applied on top of its noise.
 """
 from __future__ import annotations
 
@@ -34,8 +41,10 @@ def compute_loss(model: VeilModel, batch: Batch, defenses: list[Defense]) -> tup
     return loss, logits
 
 
-def defended_backward(model: VeilModel, batch: Batch, defenses: list[Defense], step: int = 0) -> tuple[Tensor, Tensor]:
-    """Forward, backward and every defense's gradient transform; leaves the result in ``p.grad``."""
+def defended_backward(model: VeilModel, batch: Batch, defenses: list[Defense], step: int = 0,
+                      clip: float | None = None) -> tuple[Tensor, Tensor]:
+    """Forward, backward, clipping (clean gradient) and every defense's gradient transform;
+    leaves the result in ``p.grad``."""
     custom = [d for d in defenses if d.backward is not None]
     if len(custom) > 1:
         raise ValueError(f"two defenses replace the backward pass: {[d.name for d in custom]}")
@@ -44,6 +53,8 @@ def defended_backward(model: VeilModel, batch: Batch, defenses: list[Defense], s
     else:
         loss, logits = compute_loss(model, batch, defenses)
         loss.backward()
+        if clip:
+            torch.nn.utils.clip_grad_norm_([p for p in model.parameters() if p.grad is not None], clip)
     for d in defenses:
         d.transform_grads(model, step)
     return loss, logits
@@ -56,11 +67,9 @@ def exported_grads(model: VeilModel) -> dict[str, Tensor]:
 
 def client_step(model: VeilModel, batch: Batch, defenses: list[Defense], optimizer: torch.optim.Optimizer | None = None,
                 step: int = 0, clip: float | None = None, export: bool = True) -> StepResult:
-    """Zero grads, defended backward, optional clipping, export, optimiser step."""
+    """Zero grads, defended backward (clipping the clean gradient), export, optimiser step."""
     model.zero_grad(set_to_none=True)
-    loss, logits = defended_backward(model, batch, defenses, step)
-    if clip:
-        torch.nn.utils.clip_grad_norm_([p for p in model.parameters() if p.grad is not None], clip)
+    loss, logits = defended_backward(model, batch, defenses, step, clip)
     grads = exported_grads(model) if export else None
     if optimizer is not None:
         optimizer.step()
