@@ -26,7 +26,7 @@ from veil.training.loop import make_optimizer
 from veil.training.step import client_step
 
 PRESETS = {
-    "vit-digits": dict(kind="image", shape=(1, 8, 8), kw=dict(num_classes=10)),
+    "vit-digits": dict(kind="image", shape=(1, 8, 8), kw=dict(num_classes=10), batch=64),  # configs/vit_digits.yaml
     "vit-tiny": dict(kind="image", shape=(3, 32, 32), kw=dict(num_classes=10)),
     "transformer4": dict(kind="text", kw=dict(num_classes=2)),
     "minilm": dict(kind="text", kw=dict(num_classes=2)),
@@ -65,7 +65,7 @@ def bench(name: str, reps: int, batch: int, seq_len: int, aux: str | None) -> di
                 wall[j].append(time.perf_counter() - t0)
                 cpu[j].append(time.thread_time() - c0)
     med = [[statistics.median(x) * 1e3 for x in pair] for pair in (wall, cpu)]
-    return {"preset": name, "undefended_ms": round(med[0][0], 2), "mjp_ms": round(med[0][1], 2), "ratio": round(med[0][1] / med[0][0], 3),
+    return {"preset": name, "batch": batch, "undefended_ms": round(med[0][0], 2), "mjp_ms": round(med[0][1], 2), "ratio": round(med[0][1] / med[0][0], 3),
             "undefended_cpu_ms": round(med[1][0], 2), "mjp_cpu_ms": round(med[1][1], 2), "cpu_ratio": round(med[1][1] / med[1][0], 3),
             "mjp": d.describe()}
 
@@ -74,7 +74,7 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--presets", nargs="+", default=list(PRESETS), choices=list(PRESETS))
     ap.add_argument("--reps", type=int, default=30)
-    ap.add_argument("--batch", type=int, default=32)
+    ap.add_argument("--batch", type=int, default=None, help="default: the preset's training batch (vit-digits 64, as configs/vit_digits.yaml), else 32")
     ap.add_argument("--seq-len", type=int, default=64)
     ap.add_argument("--aux", default=None, choices=("dal", "drl", "none"))
     ap.add_argument("--threads", type=int, default=1,
@@ -86,9 +86,9 @@ def main() -> None:
         torch.set_num_threads(args.threads)
     rows = []
     for name in args.presets:
-        r = bench(name, args.reps, args.batch, args.seq_len, args.aux)
+        r = bench(name, args.reps, args.batch or PRESETS[name].get("batch", 32), args.seq_len, args.aux)
         rows.append(r)
-        print(f"{name:14s} wall: undefended {r['undefended_ms']:9.2f} ms  mjp {r['mjp_ms']:9.2f} ms  ratio {r['ratio']:.3f}   "
+        print(f"{name:14s} batch {r['batch']:3d} wall: undefended {r['undefended_ms']:9.2f} ms  mjp {r['mjp_ms']:9.2f} ms  ratio {r['ratio']:.3f}   "
               f"thread CPU: {r['undefended_cpu_ms']:9.2f} / {r['mjp_cpu_ms']:9.2f} ms  ratio {r['cpu_ratio']:.3f}", flush=True)
     if args.json:
         with open(args.json, "w") as f:

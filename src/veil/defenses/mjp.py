@@ -238,9 +238,9 @@ class MJP(Defense):
         weight = keep.sum(0, dtype=st.pos.dtype)  # how many sequences left each slot unshuffled
         table = st.pos[0]  # (N, D)
         loc = self.locations(table.shape[0], table.device).to(table.dtype)
-        if self.aux == "dal":
-            err = (model.mjp.loc(table) - loc).abs().sum(-1)
-            return torch.dot(weight, err) * (self.aux_lambda / weight.sum().clamp(min=1))
+        if self.aux == "dal":  # weights normalised outside the graph: one backward node fewer
+            w = weight * (self.aux_lambda / weight.sum().clamp(min=1))
+            return w @ (model.mjp.loc(table) - loc).abs().sum(-1)
         return self.aux_lambda * self.drl_loss(model, table, loc, weight)
 
     def drl_loss(self, model: VeilModel, table: Tensor, loc: Tensor, weight: Tensor) -> Tensor:
