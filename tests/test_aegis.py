@@ -203,3 +203,24 @@ def test_clipping_sees_the_clean_gradient_not_the_noise() -> None:
     clean = [n for n in r0.grads if n != emb]
     assert clean and all(torch.equal(r0.grads[n], r1.grads[n]) for n in clean)
     assert not torch.equal(r0.grads[emb], r1.grads[emb])
+
+
+def test_noised_lr_scales_only_the_noised_parameters() -> None:
+    """noised_lr=0: the noised tables export their noisy gradient but the local step leaves them."""
+    from veil.training.loop import make_optimizer
+
+    model = tiny()
+    d = create_defense("aegis", noised_lr=0.0).attach(model)
+    noised = d.noised_parameters(model)
+    ids = {id(p) for p in noised}
+    assert id(model.token_embedding().weight) in ids and all(id(m.weight) in ids for m in model.mlp_up())
+    opt = make_optimizer(model, 1e-2, 0.05, [d])
+    before = {n: p.detach().clone() for n, p in model.named_parameters() if p.requires_grad}
+    res = client_step(model, batch(), [d], opt)
+    for n, p in model.named_parameters():
+        if n in before:
+            assert torch.equal(before[n], p) == (id(p) in ids), n
+    emb = next(n for n, p in model.named_parameters() if p is model.token_embedding().weight)
+    assert res.grads[emb].abs().min() > 0  # every row exported with noise
+    with pytest.raises(VeilError, match="noised_lr"):
+        create_defense("aegis", noised_lr=-1)

@@ -138,3 +138,15 @@ def test_bad_scenario_fails_before_training(tmp_path: Path, change, message: str
 def test_embedded_quickstart_parses() -> None:
     s = load_scenario(None)
     assert s.name == "quickstart" and {t.name for t in s.tasks} == {"digits-vit", "sst2-text"}
+
+
+def test_parallel_training_gives_the_same_runs(audit: tuple[Path, dict], tmp_path: Path) -> None:
+    """--jobs 2 trains the runs in two processes; every run's numbers equal the sequential audit's."""
+    from veil.experiments.audit import _train_all
+
+    out, _ = audit
+    s = parse_scenario(TINY)
+    par = _train_all(s, tmp_path, progress=False, jobs=2)
+    seq = _train_all(s, out, progress=False, jobs=1)  # reuses the fixture's finished runs
+    acc = lambda u: {(t, d): [r["test_accuracy"] for r in rs] for t, ds in u.items() for d, rs in ds.items()}  # noqa: E731
+    assert acc(par) == acc(seq) and len(acc(par)) == 4

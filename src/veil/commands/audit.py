@@ -13,15 +13,19 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("scenario", nargs="?", default=None, help="scenario YAML (default: the embedded quickstart)")
     p.add_argument("--out", default="runs/audit", help="audit folder (default: runs/audit); an existing one is resumed")
     p.add_argument("--quiet", action="store_true", help="no progress bars")
+    p.add_argument("--jobs", type=int, default=1, help="training runs in parallel processes (default 1); set train.threads to cores / jobs")
     p.set_defaults(run=run)
 
 
 def run(args: argparse.Namespace) -> int:
+    from veil.errors import VeilError
     from veil.experiments.audit import run_audit
     from veil.experiments.scenario import load_scenario
 
+    if args.jobs < 1:
+        raise VeilError(f"--jobs must be an integer >= 1, got {args.jobs}")
     scenario = load_scenario(args.scenario)
-    summary = run_audit(scenario, args.out, progress=not args.quiet)
+    summary = run_audit(scenario, args.out, progress=not args.quiet, jobs=args.jobs)
     for name, t in summary["tasks"].items():
         print(f"{name}: " + ", ".join(f"{d} acc {u['test_accuracy_mean']:.3f}" for d, u in t["utility"].items()))
     print(f"report: {args.out}/report.html")

@@ -136,7 +136,7 @@ class Aegis(Defense):
     modalities = ("text",)
 
     def __init__(self, freeze_attention: bool = True, embed_noise: float = 3.0, mlp_noise: float = 1.0,
-                 head_noise: float | None = None, mlp_down_noise: float = 0.0, seed: int = 0) -> None:
+                 head_noise: float | None = None, mlp_down_noise: float = 0.0, noised_lr: float = 1.0, seed: int = 0) -> None:
         super().__init__()
         if not isinstance(freeze_attention, bool):
             raise VeilError(f"freeze_attention must be true or false, got {freeze_attention!r}")
@@ -147,6 +147,7 @@ class Aegis(Defense):
         self.mlp_noise = check_scale("mlp_noise", mlp_noise)
         self.head_noise = self.embed_noise if head_noise is None else check_scale("head_noise", head_noise)
         self.mlp_down_noise = check_scale("mlp_down_noise", mlp_down_noise)
+        self.noised_lr = check_scale("noised_lr", noised_lr)
         self.seed = seed
         self._frozen: list[tuple[nn.Parameter, bool]] = []
         self._calls = 0
@@ -165,6 +166,23 @@ class Aegis(Defense):
         for p, was in self._frozen:
             p.requires_grad_(was)
         self._frozen = []
+
+    def noised_parameters(self, model: VeilModel) -> list[nn.Parameter]:
+        """The parameters whose exported gradient carries AEGIS noise (at the current settings)."""
+        out: list[nn.Parameter] = []
+        if self.embed_noise > 0:
+            out.append(model.token_embedding().weight)
+        head = untied_lm_head(model)
+        if self.head_noise > 0 and head is not None:
+            out.append(head)
+        for scale, mods in ((self.mlp_noise, model.mlp_up()), (self.mlp_down_noise, model.mlp_down())):
+            if scale > 0:
+                out += [p for m in mods for p in (m.weight, getattr(m, "bias", None)) if p is not None]
+        return [p for p in dict.fromkeys(out) if p.requires_grad]
+
+    def lr_scales(self, model: VeilModel) -> list[tuple[nn.Parameter, float]]:
+        """``noised_lr`` for every noised parameter (see the module docstring, "Local step")."""
+        return [] if self.noised_lr == 1.0 else [(p, self.noised_lr) for p in self.noised_parameters(model)]
 
     def transform_grads(self, model: VeilModel, step: int) -> None:
         if self.embed_noise == 0 and self.mlp_noise == 0 and self.head_noise == 0 and self.mlp_down_noise == 0:
@@ -201,7 +219,7 @@ class Aegis(Defense):
     def describe(self) -> dict[str, Any]:
         """What an adaptive attacker is granted: the frozen set and the noise laws with their scales."""
         return {"name": self.name, "freeze_attention": self.freeze_attention, "embed_noise": self.embed_noise,
-                "mlp_noise": self.mlp_noise, "head_noise": self.head_noise, "mlp_down_noise": self.mlp_down_noise, "embed_law": "N(0, s^2), s = embed_noise * rho_max / (2D)^(1/4)",
+                "mlp_noise": self.mlp_noise, "head_noise": self.head_noise, "mlp_down_noise": self.mlp_down_noise, "noised_lr": self.noised_lr, "embed_law": "N(0, s^2), s = embed_noise * rho_max / (2D)^(1/4)",
                 "mlp_law": "N(0, s^2), s = mlp_noise * ||G||_F / (H D)^(1/4)", "last_std": dict(self.last_std)}
 
 

@@ -8,6 +8,8 @@ A defense may implement any of these hooks; the client step (`veil.training.step
   transform_grads(model, step)    rewrites `p.grad` in place after backward, before the optimiser
                                   step AND before export: one masked gradient serves both
   before_send / after_receive     split learning: features leaving / returning to the client
+  lr_scales(model)                per-parameter learning-rate factors for the local optimiser
+                                  (e.g. AEGIS: parameters whose gradient is mostly its noise)
 
 `attach` keeps the handles it installs, refuses to attach twice, and `detach` removes them.
 A defense with zero strength leaves training bit-identical to no defense.
@@ -69,6 +71,10 @@ class Defense:
 
     def after_receive(self, features: Tensor, state: dict[str, Any]) -> Tensor:
         return features
+
+    def lr_scales(self, model: VeilModel) -> list[tuple[torch.nn.Parameter, float]]:
+        """(parameter, factor) pairs: the local optimiser steps these at ``factor * lr``."""
+        return []
 
     def describe(self) -> dict[str, Any]:
         """The settings an adaptive attacker is granted (`Knowledge.defense`)."""

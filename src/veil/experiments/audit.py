@@ -77,7 +77,7 @@ def cell_path(out: Path, cell: Cell) -> Path:
     return out / "cells" / cell.task.name / label(cell.defense) / label(cell.attack) / f"seed{cell.seed}.json"
 
 
-def run_audit(s: Scenario, out: str | Path, progress: bool = True) -> dict[str, Any]:
+def run_audit(s: Scenario, out: str | Path, progress: bool = True, jobs: int = 1) -> dict[str, Any]:
     from veil.report.summary import build_summary
     from veil.report.render import write_reports
 
@@ -88,7 +88,7 @@ def run_audit(s: Scenario, out: str | Path, progress: bool = True) -> dict[str, 
         raise VeilError(f"audit folder '{out}' holds a different scenario; pick a new --out or remove it")
     out.mkdir(parents=True, exist_ok=True)
     atomic_write_text(marker, dump_scenario(s))
-    utility = _train_all(s, out, progress)
+    utility = _train_all(s, out, progress, jobs)
     _attack_all(cells, out, progress)
     overhead = {t.name: _overhead(t, out, s.seeds[0]) for t in s.tasks}
     summary = build_summary(s, out, cells, utility, overhead, versions())
@@ -97,13 +97,31 @@ def run_audit(s: Scenario, out: str | Path, progress: bool = True) -> dict[str, 
     return summary
 
 
-def _train_all(s: Scenario, out: Path, progress: bool) -> dict[str, dict[str, list[dict[str, Any]]]]:
+def _train_one(cfg: Any, path: Path, progress: bool) -> dict[str, Any]:
     from veil.training.loop import train
 
-    jobs = [(t, d, seed) for t in s.tasks for d in t.defenses for seed in s.seeds]
+    return train(cfg, path, progress=progress)
+
+
+def _train_all(s: Scenario, out: Path, progress: bool, jobs: int = 1) -> dict[str, dict[str, list[dict[str, Any]]]]:
+    """Every (task, defense, seed) run; with ``jobs`` > 1, that many in separate processes.
+
+    Each run owns its folder, so parallel runs never share a file; give each run
+    ``train.threads`` = cores / jobs (a run's own threads are not capped here).
+    """
+    todo = [(t, d, seed) for t in s.tasks for d in t.defenses for seed in s.seeds]
+    args = [(t.run_for(d, seed), run_dir(out, t, d, seed)) for t, d, seed in todo]
+    if jobs > 1:
+        import multiprocessing as mp
+        from concurrent.futures import ProcessPoolExecutor
+
+        with ProcessPoolExecutor(jobs, mp_context=mp.get_context("spawn")) as pool:
+            futures = [pool.submit(_train_one, cfg, path, False) for cfg, path in args]
+            summaries = [f.result() for f in tqdm(futures, desc="train", disable=not progress, unit="run")]
+    else:
+        summaries = [_train_one(cfg, path, progress) for cfg, path in tqdm(args, desc="train", disable=not progress, unit="run")]
     utility: dict[str, dict[str, list[dict[str, Any]]]] = {}
-    for t, d, seed in tqdm(jobs, desc="train", disable=not progress, unit="run"):
-        summary = train(t.run_for(d, seed), run_dir(out, t, d, seed), progress=progress)
+    for (t, d, _), summary in zip(todo, summaries):
         utility.setdefault(t.name, {}).setdefault(label(d), []).append(summary)
     return utility
 

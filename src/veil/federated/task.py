@@ -210,7 +210,7 @@ def train_round(world: ClientWorld, pid: int, rnd: int, lr: float, mu: float) ->
     if fed.mode == "fedsgd":
         res = client_step(model, batches[0], defenses, None, step=step_key(rnd, pid, 0), clip=cfg.train.clip or None)
         return LocalResult(len(batches[0]["labels"]), 1, res.loss, batch_digest(batches), res.grads)
-    opt = make_optimizer(model, lr, cfg.train.weight_decay)
+    opt = make_optimizer(model, lr, cfg.train.weight_decay, defenses)
     losses = [client_step(model, b, defenses, opt, step=step_key(rnd, pid, i), clip=cfg.train.clip or None, export=False).loss
               for i, b in enumerate(batches)]
     return LocalResult(int(sum(len(b["labels"]) for b in batches)), len(batches), float(np.mean(losses)), batch_digest(batches))

@@ -11,7 +11,7 @@ import math
 import time
 import warnings
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any, Iterator, Sequence
 
 import torch
 from torch import Tensor
@@ -36,7 +36,7 @@ def pick_device(name: str) -> torch.device:
     return torch.device(name)
 
 
-def make_optimizer(model: VeilModel, lr: float, weight_decay: float) -> torch.optim.AdamW:
+def make_optimizer(model: VeilModel, lr: float, weight_decay: float, defenses: Sequence[Defense] = ()) -> torch.optim.AdamW:
     """AdamW; no weight decay on biases, norms and embedding tables of rank < 2.
 
     Fused (one kernel for all parameters): the default for-loop AdamW issues ~60 small ops per
@@ -44,12 +44,13 @@ def make_optimizer(model: VeilModel, lr: float, weight_decay: float) -> torch.op
     vit-digits: 4,080 aten calls per step unfused) and makes every extra tensor a defense adds
     (MJP's E_unk and regressor) look expensive.
     """
-    decay, no_decay = [], []
+    scale = {id(p): f for d in defenses for p, f in d.lr_scales(model)}
+    groups: dict[tuple[bool, float], list[torch.nn.Parameter]] = {}
     for p in model.parameters():
         if p.requires_grad:
-            (decay if p.ndim >= 2 else no_decay).append(p)
-    groups = [{"params": decay, "weight_decay": weight_decay}, {"params": no_decay, "weight_decay": 0.0}]
-    params = [g for g in groups if g["params"]]
+            groups.setdefault((p.ndim >= 2, scale.get(id(p), 1.0)), []).append(p)
+    params = [{"params": ps, "weight_decay": weight_decay if decay else 0.0, "lr": lr * f}
+              for (decay, f), ps in sorted(groups.items(), key=lambda kv: (not kv[0][0], -kv[0][1]))]
     fused = all(p.is_floating_point() and p.device.type in ("cpu", "cuda") for g in params for p in g["params"])
     return torch.optim.AdamW(params, lr=lr, fused=fused or None)
 
@@ -137,7 +138,7 @@ def train(cfg: RunConfig, out_dir: str | Path, model: VeilModel | None = None, d
 
     steps_per_epoch = math.ceil(len(data.train["labels"]) / cfg.train.batch_size)
     total = cfg.train.max_steps or cfg.train.epochs * steps_per_epoch
-    opt = make_optimizer(model, cfg.train.lr, cfg.train.weight_decay)
+    opt = make_optimizer(model, cfg.train.lr, cfg.train.weight_decay, defenses)
     sched = torch.optim.lr_scheduler.LambdaLR(opt, warmup_cosine(total, cfg.train.warmup))
     loop = load_training_state(out / "checkpoints", model, opt) or {"epoch": 0, "step": 0, "seconds": 0.0}
     with warnings.catch_warnings():  # fast-forward the schedule to where the checkpoint left it
