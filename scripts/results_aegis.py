@@ -27,7 +27,9 @@ DEFENSES: dict[str, list[dict[str, Any]]] = {
     "none": [],
     "aegis": [{"name": "aegis"}],
     "aegis+down": [{"name": "aegis", "mlp_down_noise": 1.0}],
+    "dpsgd s=0.1": [{"name": "dpsgd", "clip": 1.0, "noise_multiplier": 0.1}],
     "dpsgd s=0.5": [{"name": "dpsgd", "clip": 1.0, "noise_multiplier": 0.5}],
+    "dpsgd s=1": [{"name": "dpsgd", "clip": 1.0, "noise_multiplier": 1.0}],
     "dpsgd s=2": [{"name": "dpsgd", "clip": 1.0, "noise_multiplier": 2.0}],
     "prune 0.9": [{"name": "prune", "ratio": 0.9}],
     "gaussian 0.01": [{"name": "gaussian", "sigma": 0.01}],
@@ -36,6 +38,23 @@ ATTACKS = ["presence", "span", "presence-adaptive", "presence-average", "span-un
 # against noise every vocabulary row looks present, so the span search runs over the full
 # vocabulary: cap its time (a budget the attacker chooses; what it found by then is scored)
 SETTINGS: dict[str, dict[str, Any]] = {"span": {"budget_s": 60}}
+# model kwargs for the attack table (HF GPT-2 from a config, as in the utility audit)
+MODEL_KW: dict[str, dict[str, Any]] = {"hf-gpt2": {"dim": 128, "depth": 2}, "minilm": {"dropout": 0.0}}
+SPAN_GOAL, PRESENCE_MARGIN = 0.05, 0.05
+
+
+def resists(rows: list[dict[str, Any]], model: str, defense: str) -> bool:
+    """AEGIS's goal for one defense: every attack's token recovery <= 5% and presence F1 within
+    0.05 of a random guess with the same number of guesses."""
+    mine = [r for r in rows if r["model"] == model and r["defense"] == defense]
+    return bool(mine) and all(r.get("token_recovery", 0.0) <= SPAN_GOAL and r["presence_f1"] - r.get("random_f1", 0.0) <= PRESENCE_MARGIN
+                              for r in mine)
+
+
+def matching_dpsgd(rows: list[dict[str, Any]], model: str) -> str | None:
+    """The smallest DP-SGD noise multiplier whose attack resistance matches AEGIS's goal."""
+    ladder = sorted((d for d in DEFENSES if d.startswith("dpsgd")), key=lambda d: float(d.split("=")[1]))
+    return next((d for d in ladder if resists(rows, model, d)), None)
 
 
 def attack_table(model_name: str, data_cfg: dict[str, Any], batch_size: int, rounds: int) -> list[dict[str, Any]]:
@@ -55,7 +74,8 @@ def attack_table(model_name: str, data_cfg: dict[str, Any], batch_size: int, rou
     rows = []
     for dname, specs in DEFENSES.items():
         torch.manual_seed(0)
-        model = create_model(model_name, vocab_size=tok.vocab_size, max_len=data_cfg["max_len"]) if model_name != "minilm" else create_model("minilm", dropout=0.0)
+        kw = MODEL_KW.get(model_name, {}) if model_name == "minilm" else {"vocab_size": tok.vocab_size, "max_len": data_cfg["max_len"], **MODEL_KW.get(model_name, {})}
+        model = create_model(model_name, **kw)
         model.eval()
         defs = [create_defense(s["name"], **{k: v for k, v in s.items() if k != "name"}).attach(model) for s in specs]
         obs = observe(model, batch, defs)
@@ -107,52 +127,76 @@ def fmt_attacks(rows: list[dict[str, Any]]) -> list[str]:
     lines = ["| model | defense | attack | presence F1 (random, same guesses) | token recovery | note |", "|---|---|---|---|---|---|"]
     for r in rows:
         if r.get("result") == "refused":
-            lines.append(f"| {r['model']} | {r['defense']} | {r['attack']} | 0 | 0 | refused: {r['reason'][:70]} |")
+            lines.append(f"| {r['model']} | {r['defense']} | {r['attack']} | 0 | 0 | blocked: {r['reason'][:80]} |")
             continue
         tr = f"{r['token_recovery']:.3f}" if "token_recovery" in r else "-"
-        lines.append(f"| {r['model']} | {r['defense']} | {r['attack']} | {r['presence_f1']:.3f} ({r['random_f1']:.4f}) | {tr} | {r['guesses']} guesses |")
+        lines.append(f"| {r['model']} | {r['defense']} | {r['attack']} | {r['presence_f1']:.3f} ({r['random_f1']:.4f}) | {tr} | "
+                     f"{r['guesses']} guesses, {r.get('seconds', 0):.1f} s |")
+    return lines
+
+
+def fmt_resistance(rows: list[dict[str, Any]]) -> list[str]:
+    """Per model and defense: the best attack's figures and whether AEGIS's goal holds."""
+    lines = ["| model | defense | best token recovery | best presence F1 minus random | goal met (<= 0.05, <= 0.05) |", "|---|---|---|---|---|"]
+    for m in dict.fromkeys(r["model"] for r in rows):
+        for d in DEFENSES:
+            mine = [r for r in rows if r["model"] == m and r["defense"] == d]
+            if not mine:
+                continue
+            tr = max(r.get("token_recovery", 0.0) for r in mine)
+            pf = max(r["presence_f1"] - r.get("random_f1", 0.0) for r in mine)
+            lines.append(f"| {m} | {d} | {tr:.3f} | {pf:+.3f} | {'yes' if resists(rows, m, d) else 'no'} |")
+        lines.append(f"| {m} | **DP-SGD matching AEGIS** | | | {matching_dpsgd(rows, m) or 'none of the ladder'} |")
     return lines
 
 
 def fmt_utility(rows: list[dict[str, Any]]) -> list[str]:
     from statistics import mean, pstdev
 
-    lines = ["| model | defense | seeds | test accuracy | test perplexity | train s |", "|---|---|---|---|---|---|"]
+    lines = ["| model | defense | seeds | test accuracy (%) | minus undefended (points) | test perplexity | train s |", "|---|---|---|---|---|---|---|"]
     groups: dict[tuple[str, str], list[dict[str, Any]]] = {}
     for r in rows:
         groups.setdefault((r["model"], r["defense"]), []).append(r)
     for (m, d), rs in groups.items():
         acc = [r["test_accuracy"] for r in rs]
+        base = groups.get((m, "none"))
+        delta = "—" if d == "none" or not base else f"{100 * (mean(acc) - mean(r['test_accuracy'] for r in base)):+.2f}"
         ppl = [r["test_perplexity"] for r in rs if "test_perplexity" in r]
-        p = f"{mean(ppl):.1f} ± {pstdev(ppl):.1f}" if ppl else "-"
-        lines.append(f"| {m} | {d} | {len(rs)} | {100 * mean(acc):.2f} ± {100 * pstdev(acc):.2f} | {p} | {mean(r['train_seconds'] for r in rs):.0f} |")
+        p = f"{mean(ppl):.1f} ± {pstdev(ppl):.1f}" if ppl else "—"
+        lines.append(f"| {m} | {d} | {len(rs)} | {100 * mean(acc):.2f} ± {100 * pstdev(acc):.2f} | {delta} | {p} | {mean(r['train_seconds'] for r in rs):.0f} |")
     return lines
 
 
 def fmt_bench(b: dict[str, Any]) -> list[str]:
-    lines = [f"Step time, {b['model']}, batch {b['batch']} x {b['len']} tokens, median of {b['repeats']} interleaved steps ({b['threads']} threads):", "",
+    lines = [f"{b['model']}, batch {b['batch']} x {b['len']} tokens, median of {b['repeats']} interleaved steps ({b['threads']} threads):", "",
              "| variant | median step (s) | ratio to none |", "|---|---|---|"]
     lines += [f"| {n} | {b['median_s'][n]:.3f} | {b['ratio_to_none'][n]:.2f} |" for n in b["median_s"]]
     return lines
 
 
+UTILITY_DATA = {"sst2": {"name": "sst2", "tokenizer": "wordpiece", "max_len": 32, "train_size": 2000, "test_size": 400},
+                "agnews": {"name": "agnews", "tokenizer": "wordpiece", "max_len": 32, "train_size": 2000, "test_size": 200}}
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--quick", action="store_true", help="small models, one seed, few steps")
+    p.add_argument("--quick", action="store_true", help="veil's models and a small HF GPT-2 only (no MiniLM attack rows)")
     p.add_argument("--runs-dir", default=str(ROOT / "runs" / "aegis"))
     p.add_argument("--results", default=str(ROOT / "docs" / "results.md"))
-    p.add_argument("--skip", default="", help="comma list of parts to skip: attacks,utility,bench")
+    p.add_argument("--skip", default="", help="comma list of parts to skip (their cached results are used): attacks,utility,bench")
     a = p.parse_args()
+    torch.set_num_threads(1)
     skip = set(filter(None, a.skip.split(",")))
     runs = Path(a.runs_dir)
     runs.mkdir(parents=True, exist_ok=True)
-    quick = a.quick
-    text_models = [("transformer4", "sst2"), ("gpt-tiny", "agnews")] + ([] if quick else [("minilm", "sst2")])
-    seeds = [0] if quick else [0, 1, 2]
+    text_models = [("transformer4", "sst2"), ("gpt-tiny", "agnews"), ("hf-gpt2", "agnews")] + ([] if a.quick else [("minilm", "sst2")])
+    seeds = [0, 1, 2]
     parts = ["## AEGIS (gradient isolation)", "",
-             f"Regenerated by `python scripts/results_aegis.py{' --quick' if quick else ''}`. Attacks see one client step of "
-             "batch 4 (WordPiece, 24 tokens); presence F1 excludes [CLS]/[SEP]/[PAD]; `presence-average` averages "
-             "10 exports of the same batch. A `refused` attack found no gradient to read (frozen).", ""]
+             f"Regenerated by `python scripts/results_aegis.py{' --quick' if a.quick else ''}`; never edit by hand. Attacks see one "
+             "client step of batch 4 (WordPiece, 24 tokens, weights at init, no dropout); presence F1 excludes [CLS]/[SEP]/[PAD] and "
+             "is shown beside the F1 of a random guess with as many guesses; `presence-average` averages 10 exports of the same "
+             "batch (fresh noise each); `span` has a 60 s budget; `blocked` = the attack found no gradient to read (frozen). "
+             "AEGIS defaults: frozen q/k/v/o, embed_noise 3, mlp_noise 1; `aegis+down` also noises the MLP down-projection.", ""]
     cache = runs / "attacks.json"
     if "attacks" not in skip:
         rows = []
@@ -160,27 +204,34 @@ def main() -> None:
             rows += attack_table(m, {"name": d, "tokenizer": "wordpiece", "max_len": 24, "train_size": 64, "test_size": 8}, 4, 10)
         cache.write_text(json.dumps(rows, indent=1))
     rows = json.loads(cache.read_text()) if cache.is_file() else []
-    parts += ["### Attacks", ""] + fmt_attacks(rows) + [""]
+    parts += ["### Attacks", ""] + fmt_attacks(rows) + ["", "### Resistance per defense (the AEGIS goal) and the DP-SGD level that matches it", ""]
+    parts += fmt_resistance(rows) + [""]
     ucache = runs / "utility.json"
     if "utility" not in skip:
         urows = []
-        steps = 150 if quick else 0
-        for m, d in ([("transformer4", "sst2"), ("gpt-tiny", "agnews")] if quick else [("minilm", "sst2"), ("hf-gpt2", "agnews")]):
-            data_cfg = {"name": d, "tokenizer": "wordpiece", "max_len": 32 if quick else 48, "train_size": 2000, "test_size": 400}
-            lr = 5e-5 if m == "minilm" else 1e-3
-            tcfg = {"epochs": 1 if quick else 3, "batch_size": 16, "lr": lr, "max_steps": steps, "device": "cpu"}
-            urows += utility(m, data_cfg, tcfg, seeds, ["none", "aegis", "dpsgd s=0.5"], runs)
+        for m, d in (("transformer4", "sst2"), ("gpt-tiny", "agnews")):
+            match = matching_dpsgd(rows, m)
+            variants = ["none", "aegis"] + ([match] if match else []) + (["dpsgd s=0.5"] if match != "dpsgd s=0.5" else [])
+            tcfg = {"epochs": 2, "batch_size": 16, "lr": 1e-3, "device": "cpu", "threads": 1}
+            urows += utility(m, UTILITY_DATA[d], tcfg, seeds, variants, runs)
         ucache.write_text(json.dumps(urows, indent=1))
     urows = json.loads(ucache.read_text()) if ucache.is_file() else []
-    parts += ["### Utility", ""] + fmt_utility(urows) + [""]
+    parts += ["### Utility (3 seeds)", "",
+              "veil's encoder (SST-2, 2,000 sentences, 2 epochs) and decoder (AG News causal LM, 2,000 texts, 2 epochs; accuracy = "
+              "next-token accuracy), trained from scratch, lr 1e-3. MiniLM and HF GPT-2: see *Utility of MJP and AEGIS* below.", ""]
+    parts += fmt_utility(urows) + [""]
     bcache = runs / "bench.json"
     if "bench" not in skip:
         from aegis_overhead import bench
 
-        b = bench("transformer4" if quick else "minilm", 16, 48, 5 if quick else 10, ["none", "aegis", "aegis+down", "dpsgd"])
+        b = [bench("transformer4", 16, 48, 10, ["none", "aegis", "aegis+down", "dpsgd"])]
+        if not a.quick:
+            b.append(bench("minilm", 16, 48, 5, ["none", "aegis", "aegis+down", "dpsgd"]))
         bcache.write_text(json.dumps(b, indent=1))
     if bcache.is_file():
-        parts += ["### Step time", ""] + fmt_bench(json.loads(bcache.read_text())) + [""]
+        parts += ["### Step time (goal: AEGIS <= 1.15 x none)", ""]
+        for b in json.loads(bcache.read_text()):
+            parts += fmt_bench(b) + [""]
     write_section("aegis", "\n".join(parts), Path(a.results))
     print(f"wrote the AEGIS section of {a.results}")
 

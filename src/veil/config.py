@@ -38,7 +38,6 @@ class TrainConfig:
     threads: int = 0  # CPU threads for torch; 0 keeps torch's default (small models often run faster on 1)
     eval_batch_size: int = 256
     max_steps: int = 0  # 0: epochs decide
-    label_smoothing: float = 0.0
 
 
 @dataclass
