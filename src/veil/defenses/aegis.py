@@ -58,6 +58,16 @@ numbers in docs/results.md): embed_noise=3.0 (a present row moves the norm stati
 0.11 absent-row std), mlp_noise=1.0 (the BBP bound); freeze_attention=True. With
 embed_noise=0, mlp_noise=0 and freeze_attention=False the defense is bit-identical to none.
 
+Local step. The noised gradient drives the client's own optimiser step too. Two measured
+consequences (MiniLM on 1,500 SST-2 sentences, seed 0, `veil train`): (1) global-norm clipping
+must see the CLEAN gradient (`veil.training.step` clips before any defense): the embedding noise
+has ~10^3 times the clean gradient's norm, and clipping after it pushed every clean gradient
+below Adam's epsilon; (2) what AEGIS costs in accuracy there is the frozen attention (-1.3
+points) and the MLP-up noise (-1.8 more: Adam sees almost no signal in that table), not the
+embedding noise (-0.1). ``noised_lr`` scales the local learning rate of the noised tables (1.0 =
+the same as the rest; 0.1 and 0 gave the same accuracy as 1.0 on that run), which keeps Adam's
+per-coordinate normalisation from turning pure-noise rows into full-size random steps.
+
 Noise is seeded and changes every call: one generator per call keyed on (seed, step, call
 count), so two runs with the same seed draw the same noise, and no two calls ever repeat it —
 repeated noise would cancel in the difference of two updates.
