@@ -50,14 +50,15 @@ def run_cell(attack: Attack, model: VeilModel, data: DataSplits, defenses: list[
     return {"metrics": out, "example": example}
 
 
-def step_overhead(models: dict[str, tuple[VeilModel, list[Defense]]], batch: dict[str, Tensor], repeats: int = 7) -> dict[str, float]:
+def step_overhead(models: dict[str, tuple[VeilModel, list[Defense]]], batch: dict[str, Tensor], repeats: int = 15) -> dict[str, float]:
     """Median seconds of one client step (forward, backward, defense, export) per defense,
-    interleaved in one run so the machine's noise hits all alike (ratios are what count)."""
+    interleaved in one run so the machine's noise hits all alike (ratios are what count); the
+    order alternates each round so no defense always runs right after another."""
     from veil.training.step import client_step
 
     times: dict[str, list[float]] = {k: [] for k in models}
     for r in range(repeats + 1):
-        for k, (m, ds) in models.items():
+        for k, (m, ds) in (list(models.items()) if r % 2 else list(models.items())[::-1]):
             m.train()
             t0 = time.perf_counter()
             client_step(m, batch, ds, None, step=r, clip=1.0, export=True)  # no optimiser: weights stay
