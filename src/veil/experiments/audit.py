@@ -109,7 +109,8 @@ def _train_all(s: Scenario, out: Path, progress: bool, jobs: int = 1) -> dict[st
     Each run owns its folder, so parallel runs never share a file; give each run
     ``train.threads`` = cores / jobs (a run's own threads are not capped here).
     """
-    todo = [(t, d, seed) for t in s.tasks for d in t.defenses for seed in s.seeds]
+    # seed-major: the first finished runs already cover every defense of every task
+    todo = [(t, d, seed) for seed in s.seeds for t in s.tasks for d in t.defenses]
     args = [(t.run_for(d, seed), run_dir(out, t, d, seed)) for t, d, seed in todo]
     if jobs > 1:
         import multiprocessing as mp
