@@ -62,3 +62,34 @@ def test_bad_overrides() -> None:
         load_config(None, ["epochs"])
     with pytest.raises(VeilError, match="unknown config key 'colour' \\(no section accepts it\\)"):
         load_config(None, ["colour=red"])
+
+
+def test_older_run_folder_config_still_matches(tmp_path) -> None:
+    """A config saved before a key existed (here: label_smoothing) means the same run."""
+    import yaml
+
+    from veil.config import dump_config, load_config, same_config
+
+    cfg = load_config(None, ["model=vit-digits"])
+    raw = yaml.safe_load(dump_config(cfg))
+    del raw["train"]["label_smoothing"]
+    assert same_config(yaml.safe_dump(raw, sort_keys=False), cfg)
+    assert not same_config(dump_config(load_config(None, ["model=vit-digits", "train.lr=0.5"])), cfg)
+    assert not same_config("not: [valid", cfg)
+
+
+def test_label_smoothing_changes_the_loss_and_is_checked() -> None:
+    import torch
+
+    from veil.experiments.build import build_run
+
+    losses = []
+    for ls in (0.0, 0.3):
+        model, data, _ = build_run(load_config(None, ["model=vit-digits", "data=digits", f"train.label_smoothing={ls}"]))
+        batch = {k: v[:8] for k, v in data.train.items()}
+        losses.append(float(model.loss(model(batch), batch)))
+        logits = model(batch)
+        assert torch.isclose(model.loss(logits, batch), torch.nn.functional.cross_entropy(logits, batch["labels"], label_smoothing=ls))
+    assert losses[0] != losses[1]
+    with pytest.raises(VeilError, match="label_smoothing"):
+        load_config(None, ["train.label_smoothing=1.5"])

@@ -38,6 +38,7 @@ class TrainConfig:
     threads: int = 0  # CPU threads for torch; 0 keeps torch's default (small models often run faster on 1)
     eval_batch_size: int = 256
     max_steps: int = 0  # 0: epochs decide
+    label_smoothing: float = 0.0  # classification cross-entropy smoothing, in [0, 1)
 
 
 @dataclass
@@ -123,6 +124,9 @@ def _coerce_train(raw: dict[str, Any]) -> TrainConfig:
         if not isinstance(val, want) or (want is int and isinstance(val, bool)):
             raise VeilError(f"config key 'train.{key}' must be {want.__name__}, got {val!r}")
         values[key] = val
+    ls = values.get("label_smoothing", 0.0)
+    if not 0.0 <= ls < 1.0:
+        raise VeilError(f"config key 'train.label_smoothing' must be in [0, 1), got {ls!r}")
     return TrainConfig(**values)
 
 
@@ -237,3 +241,12 @@ def load_config(path: str | Path | None = None, overrides: list[str] | None = No
 
 def dump_config(cfg: RunConfig) -> str:
     return yaml.safe_dump(cfg.to_dict(), sort_keys=False)
+
+
+def same_config(text: str, cfg: RunConfig) -> bool:
+    """Whether a run folder's saved config means `cfg` (keys added later with their defaults
+    compare equal, so older run folders stay reusable)."""
+    try:
+        return dump_config(from_dict(yaml.safe_load(text))) == dump_config(cfg)
+    except (VeilError, yaml.YAMLError):
+        return False

@@ -62,6 +62,7 @@ def build_run(cfg: RunConfig, data: DataSplits | None = None) -> tuple[VeilModel
     data = data if data is not None else build_data(cfg)
     torch.manual_seed(cfg.train.seed)
     model = build_model(cfg, data)
+    model.label_smoothing = cfg.train.label_smoothing
     defenses = build_defenses(cfg)
     for d in defenses:
         d.attach(model)

@@ -55,6 +55,7 @@ class VeilModel(nn.Module):
 
     modality: str = "image"  # "image" | "text"
     task: str = "classification"  # "classification" | "lm"
+    label_smoothing: float = 0.0  # of the classification loss (train.label_smoothing)
 
     def __init__(self) -> None:
         super().__init__()
@@ -124,7 +125,7 @@ class VeilModel(nn.Module):
     def loss(self, logits: Tensor, batch: Batch) -> Tensor:
         if self.task == "lm":
             return lm_loss(logits, batch["input_ids"], batch.get("attention_mask"))
-        return nn.functional.cross_entropy(logits, batch["labels"])
+        return nn.functional.cross_entropy(logits, batch["labels"], label_smoothing=self.label_smoothing)
 
     @property
     def width(self) -> int:

@@ -17,7 +17,7 @@ import torch
 from torch import Tensor
 from tqdm.auto import tqdm
 
-from veil.config import RunConfig, dump_config
+from veil.config import RunConfig, dump_config, same_config
 from veil.data import DataSplits, iterate_batches
 from veil.defenses.base import Defense
 from veil.errors import VeilError
@@ -121,7 +121,7 @@ def train(cfg: RunConfig, out_dir: str | Path, model: VeilModel | None = None, d
     from veil.experiments.build import build_run
 
     out = Path(out_dir)
-    if (out / "config.yaml").is_file() and (out / "config.yaml").read_text() != dump_config(cfg):
+    if (out / "config.yaml").is_file() and not same_config((out / "config.yaml").read_text(), cfg):
         raise VeilError(f"run folder '{out}' holds a different config; pick a new --out or remove it")
     if (out / "summary.json").is_file():
         return json.loads((out / "summary.json").read_text())
