@@ -284,3 +284,12 @@ def test_pca_explained_variance_matches_a_hand_value() -> None:
     x = np.array([[3.0, 0, 0], [-3, 0, 0], [0, 1, 0], [0, -1, 0]])  # variances 18 : 2 : 0
     _, ratios = pca(x)
     assert explained_variance(ratios, 3) == {1: 90.0, 2: 100.0, 3: 100.0}
+
+
+def test_unk_init_mean_starts_at_the_position_table_centroid() -> None:
+    model = create_model("transformer4", max_len=32)
+    MJP(gamma=0.5, unk_init="mean").attach(model)
+    torch.testing.assert_close(model.mjp.unk.detach()[0], model.position_table().detach().mean(0))
+    with pytest.raises(VeilError) as e:
+        MJP(unk_init="zeros")
+    assert "unk_init" in str(e.value) and "mean" in str(e.value) and "\n" not in str(e.value)

@@ -46,6 +46,7 @@ from veil.models.base import Batch, VeilModel
 VARIANTS = ("mjp", "shuffle", "nope")
 AUXES = ("dal", "drl", "none")
 SELECTIONS = ("block", "random")
+UNK_INITS = ("random", "mean")
 
 
 @dataclass
@@ -62,10 +63,11 @@ class JigsawState:
 class MJPModule(nn.Module):
     """The parameters MJP adds to a model: ``unk`` (E_unk) and the location regressor ``loc``."""
 
-    def __init__(self, dim: int, coords: int, unk: bool, aux: str) -> None:
+    def __init__(self, dim: int, coords: int, unk: bool, aux: str, unk_start: Tensor | None = None) -> None:
         super().__init__()
         if unk:
-            self.unk = nn.Parameter(torch.randn(1, dim) * 0.02)
+            start = torch.randn(1, dim) * 0.02 if unk_start is None else unk_start.detach().reshape(1, dim).clone()
+            self.unk = nn.Parameter(start)
         if aux != "none":
             inp = 2 * dim if aux == "drl" else dim
             self.loc = nn.Sequential(nn.Linear(inp, dim), nn.ReLU(), nn.Linear(dim, coords))
@@ -86,6 +88,11 @@ class MJP(Defense):
     selection: ``block`` (BEiT blocks, default) or ``random`` for images.
     aux: ``dal``, ``drl`` or ``none`` (default: dal for images, none for text, as in the paper).
     aux_lambda: weight of the auxiliary loss (0.01). variant: ``mjp``, ``shuffle`` or ``nope``.
+    unk_init: ``random`` (default: N(0, 0.02^2), like a fresh position table) or ``mean``: E_unk
+    starts at the mean row of the model's position table. For a pretrained model this matters:
+    MiniLM's position rows share a large common component (the mean row has norm 0.33 against
+    ~0.47 per row), which a random E_unk lacks, so a masked slot starts off the distribution the
+    pretrained LayerNorm and attention saw; ``mean`` starts it at "some position".
     seed: None (default) draws shuffles from torch's global RNG, which the training loop reseeds
     per epoch from ``train.seed`` (reproducible); an int gives MJP its own generator. Image masks
     are drawn 2048 at a time (`_from_pool`), so a run resumed from a checkpoint draws different
@@ -96,7 +103,7 @@ class MJP(Defense):
     POOL = 2048  # image masks drawn per batch of draws (see `_from_pool`)
 
     def __init__(self, gamma: float | None = None, window: int | None = 32, selection: str = "block",
-                 aux: str | None = None, aux_lambda: float = 0.01, variant: str = "mjp", seed: int | None = None,
+                 aux: str | None = None, aux_lambda: float = 0.01, variant: str = "mjp", seed: int | None = None, unk_init: str = "random",
                  pairs_per_token: int = 4) -> None:
         super().__init__()
         self.gamma = None if gamma is None else check_unit_interval("mjp gamma", gamma)
@@ -112,6 +119,7 @@ class MJP(Defense):
         if self.variant == "nope" and self.aux not in (None, "none"):
             raise VeilError(f"mjp aux {self.aux!r} regresses position embeddings, which variant 'nope' removes; use aux=none")
         self.seed = None if seed is None else int(seed)
+        self.unk_init = _check_choice("unk_init", str(unk_init), UNK_INITS)
         self.pairs_per_token = int(pairs_per_token)
         self.eval_gamma: float | None = None
         self.eval_unk = True
@@ -135,7 +143,8 @@ class MJP(Defense):
         dim = int(model.width)
         ref = model.position_table()
         model.set_embedding_transform(self._transform)  # refuses a second transform
-        model.mjp = MJPModule(dim, 2 if image else 1, unk=self.variant == "mjp", aux=self.aux).to(ref.device, ref.dtype)
+        start = ref.detach().reshape(-1, dim).mean(0) if self.unk_init == "mean" else None
+        model.mjp = MJPModule(dim, 2 if image else 1, unk=self.variant == "mjp", aux=self.aux, unk_start=start).to(ref.device, ref.dtype)
 
     def _detach(self, model: VeilModel) -> None:
         model.set_embedding_transform(None)
@@ -156,7 +165,7 @@ class MJP(Defense):
 
     def describe(self) -> dict[str, Any]:
         return {"name": self.name, "gamma": self.gamma, "window": self.window, "selection": self.selection, "aux": self.aux,
-                "aux_lambda": self.aux_lambda, "variant": self.variant, "seed": self.seed}
+                "aux_lambda": self.aux_lambda, "variant": self.variant, "seed": self.seed, "unk_init": self.unk_init}
 
     # ---- the embedding transform (Alg. 1 + Eq. 2-3) ------------------------------------------
     def _generator(self, device: torch.device) -> torch.Generator | None:
