@@ -109,7 +109,7 @@ def labels_table(samples: int) -> str:
     return "\n".join(lines)
 
 
-def text_tables(quick: bool) -> list[str]:
+def text_tables(quick: bool, parts: tuple[str, ...] = ("span", "opt"), span_samples: int | None = None) -> list[str]:
     path = Path(__file__).with_name("results_attacks_text.py")
     if not path.is_file():
         return []
@@ -117,7 +117,7 @@ def text_tables(quick: bool) -> list[str]:
     mod = importlib.util.module_from_spec(spec)
     sys.modules[spec.name] = mod  # dataclasses in the module look themselves up there
     spec.loader.exec_module(mod)  # type: ignore[union-attr]
-    return list(mod.tables(quick=quick))
+    return list(mod.tables(quick=quick, parts=parts, span_samples=span_samples))
 
 
 def old_tables(path: Path = RESULTS) -> list[str]:
@@ -150,6 +150,7 @@ def main() -> None:
     ap.add_argument("--only", default="april,labels,inverting,text")
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--quick-text", action="store_true", help="text rows in quick mode (one batch per cell)")
+    ap.add_argument("--span-samples", type=int, default=8, help="batches per span cell for --only span")
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
     only = set(args.only.split(","))
@@ -158,6 +159,7 @@ def main() -> None:
         ("labels", lambda: labels_table(args.samples)),
         ("inverting", lambda: inverting_table(min(args.samples, 4), args.ig_iterations, args.ig_restarts, args.train_epochs)),
         ("text", lambda: text_tables(args.quick_text)),
+        ("span", lambda: text_tables(False, ("span",), args.span_samples)),  # the span tables alone
     ]
     parts, t0 = [], time.time()
     for key, make in makers:
@@ -165,7 +167,7 @@ def main() -> None:
             out = make()
             parts.extend(out if isinstance(out, list) else [out])
             print(f"[{time.time() - t0:.0f}s] {key} done", flush=True)
-    if only != {key for key, _ in makers}:  # a partial run keeps the other tables of the section
+    if only != {key for key, _ in makers} - {"span"}:  # a partial run keeps the other tables of the section
         parts = splice(old_tables(), parts)
     note = (f"Measured on this machine (CPU, torch threads={args.threads}) by `scripts/results_attacks.py`; "
             "regenerate, never edit by hand. Clients trained without dropout (dropout=0 in these models).")

@@ -21,7 +21,10 @@ up to the LayerNorm scale), and does not say which sentence a token belongs to. 
 embedding LayerNorm's Jacobian pins every token that occurs at one position (`pin_positions`); layer 2 (its input is the first block's
 output, which mixes the whole sentence) resolves that, in `veil.attacks.span_search`:
 greedy left-to-right extension for causal decoders (DAGER alg. 1; the layer-2 input at t depends
-only on tokens <= t) and an assignment search for bidirectional encoders.
+only on tokens <= t) and an assignment search for bidirectional encoders. A [CLS]-pooled encoder
+given the batch size is searched one sentence at a time instead (`veil.attacks.span_peel`: an
+exact per-sentence test from the last block's Q gradient, and each found sentence's own gradient
+subtracted from the observation), which keeps working when B*T approaches the width.
 
 Dropout makes the layer inputs ``mask * x / (1 - p)``: no longer in the span of clean vectors.
 ``tol1``/``tol2`` are then the tolerance to raise (see the report for measured effects).
@@ -163,6 +166,7 @@ class SpanAttack(Attack):
         return reason
 
     def _reconstruct(self, obs: Observation, know: Knowledge) -> Reconstruction:
+        from veil.attacks.span_peel import Residual, peel_search
         from veil.attacks.span_search import decoder_search, encoder_search
 
         model = obs.model
@@ -176,24 +180,36 @@ class SpanAttack(Attack):
         if max_len > limit:
             raise VeilError(f"span: max_len {max_len} exceeds the model's {limit} positions")
         cap = s.get("max_per_position")
+        seed = int(s.get("seed", know.seed))
         was = model.training
         model.eval()
+        pinned = None
         try:
             with torch.no_grad():
                 vocab = _vocabulary(obs, know) if s.get("presence_filter", True) else None
-                cands, cdist = position_candidates(model, span1, max_len, tol1, vocab=vocab,
-                                                   max_per_position=int(cap) if cap else None)
-                pinned = None
-                if model.task != "lm" and s.get("layernorm_positions", True):
-                    pinned = pin_positions(obs, cands, float(s.get("tol_ln", 1e-4)))
-                    cands = pinned[0] if pinned is not None else cands
+
+                def candidates(span: Span) -> list[Tensor]:
+                    return position_candidates(model, span, max_len, tol1, vocab=vocab, max_per_position=int(cap) if cap else None)[0]
+
+                cands = candidates(span1)
                 specials = _Specials.of(model, know)
-                opts: dict[str, Any] = {"tol2": tol2, "seed": int(s.get("seed", know.seed)), "batch_size": know.batch_size}
-                if model.task == "lm":
-                    seqs, info = decoder_search(model, span2, cands, specials, beam=s.get("beam"), **opts)
+                found = None
+                if model.task != "lm" and s.get("peel", True) and know.batch_size:
+                    found = peel_search(obs, Residual(obs, know.batch_size), candidates, specials, seed=seed,
+                                        tol_cls=float(s.get("tol_cls", 1e-4)), rank_tol=rank_tol, budget_s=float(s.get("budget_s", 600)))
+                if found is not None:
+                    seqs, info = found
+                    info = {"search": "peel", **info}
+                elif model.task == "lm":
+                    seqs, info = decoder_search(model, span2, cands, specials, beam=s.get("beam"), tol2=tol2, seed=seed, batch_size=know.batch_size)
                 else:
+                    if s.get("layernorm_positions", True):
+                        pinned = pin_positions(obs, cands, float(s.get("tol_ln", 1e-4)))
+                        cands = pinned[0] if pinned is not None else cands
                     seqs, info = encoder_search(model, span2, cands, specials, restarts=int(s.get("restarts", 4)),
-                                                sweeps=int(s.get("sweeps", 12)), budget_s=float(s.get("budget_s", 600)), pins=pinned[1] if pinned else None, **opts)
+                                                sweeps=int(s.get("sweeps", 12)), budget_s=float(s.get("budget_s", 600)),
+                                                pins=pinned[1] if pinned else None, tol2=tol2, seed=seed, batch_size=know.batch_size)
+                    info = {"search": "assignment", **info}
         finally:
             model.train(was)
         stats = {"rank1": span1.rank, "rank2": span2.rank, "width": width, "full_rank": span1.rank >= width, "layernorm_pins": len(pinned[1]) if pinned else 0, "vocabulary": len(vocab) if vocab is not None else "all",

@@ -247,3 +247,4 @@ def encoder_search(model: VeilModel, span2: Span, cands: list[Tensor], specials:
     return seqs, {"sentences_scored": scored, "restarts_run": tries, "mean_layer2_distance": score,
                   "sentences_exact": len(_solved(model, span2, ids, mask, tol2)), "batch_size_used": B,
                   "search_seconds": time.perf_counter() - start}
+

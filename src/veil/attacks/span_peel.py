@@ -1,0 +1,420 @@
+"""Peeling search of the span attack for [CLS]-pooled encoders whose batch holds more tokens than
+the layer-1 span can separate (B*T close to or above the width; Petrov et al. 2024 stop there).
+
+Two exact tests the DAGER paper does not use, both from the attacker's own view (weights, loss,
+the exported gradients):
+
+* `CLSCheck`: a [CLS]-pooled classifier reads only the last block's [CLS] output, so the last
+  block's Q projection gradient has rank <= B and its row space is spanned by the B [CLS] inputs
+  of that block. A candidate sentence is in the batch iff its own [CLS] input lies in that span.
+* `Residual`: the client's loss is the batch mean, so once a sentence and its label are known,
+  its gradient (/ B) is subtracted from every exported gradient; the rest belongs to the other
+  sentences alone, with fewer tokens behind each span (which regains its gap).
+
+`peel_search` finds one sentence at a time by an iterated local search (`_Walker`) per length
+hypothesis on the layer-2 span distance plus the token-embedding-gradient match (`SentenceScore`),
+accepts the first sentence that passes `CLSCheck`, peels it off and repeats.
+"""
+from __future__ import annotations
+
+import time
+from typing import Any
+
+import numpy as np
+import torch
+from torch import Tensor, nn
+
+from veil.attacks.span import Span
+from veil.attacks.span_search import _last_position
+from veil.models.base import VeilModel
+
+
+class Residual:
+    """The observed gradients minus the gradients of the sentences already found ("peeling").
+
+    The client's loss is the batch mean of per-sentence losses, so the observed gradient is
+    ``(1/B) sum_b grad l(s_b, y_b)``: once a sentence s and its label y are known, the attacker (who
+    has the weights and the loss) computes ``grad l(s, y) / B`` and subtracts it. The rest is the
+    gradient of the other sentences alone: fewer tokens behind every layer's span, so the spans of
+    layers 1 and 2 regain a gap when B*T >= width and the layer-1 candidates shrink. The label is
+    the one whose subtraction drops the rank of the [CLS] gradient (`CLSCheck`) by one.
+    """
+
+    def __init__(self, obs: Any, batch_size: int) -> None:
+        self.model = obs.model
+        self.names = {id(p): n for n, p in self.model.named_parameters()}
+        self.grads = {n: g.detach().double().clone() for n, g in obs.grads.items()}
+        self.batch_size = batch_size
+        self.left = batch_size
+
+    def weight_grad(self, module: Any) -> Tensor:
+        from veil.models.base import linear_weight
+
+        return linear_weight(module, self.grads[self.names[id(module.weight)]])
+
+    def token_grad(self) -> Tensor | None:
+        """The residual token-embedding gradient (vocab, width), or None if it was not exported."""
+        name = self.names.get(id(getattr(self.model.token_embedding(), "weight", None)))
+        g = self.grads.get(name) if name is not None else None
+        return g if g is not None and g.dim() == 2 else None
+
+    def layer_span(self, layer: int, rank_tol: float) -> Span:
+        att = self.model.attention_layers()[layer]
+        mods = list({id(m): m for m in (att.q, att.k, att.v)}.values())
+        return _row_span(torch.cat([self.weight_grad(m) for m in mods]), tol=rank_tol)
+
+    def sentence_grads(self, ids: list[int], label: int) -> dict[str, Tensor]:
+        model = self.model
+        x = torch.tensor([ids])
+        batch = {"input_ids": x, "attention_mask": torch.ones_like(x), "labels": torch.tensor([label])}
+        params = {n: p for n, p in model.named_parameters() if n in self.grads}
+        with torch.enable_grad():
+            grads = torch.autograd.grad(model.loss(model(batch), batch), list(params.values()), allow_unused=True)
+        return {n: (g.double() / self.batch_size if g is not None else torch.zeros_like(self.grads[n]))
+                for n, g in zip(params, grads)}
+
+    def peel(self, ids: list[int], check: "CLSCheck") -> tuple[int, float]:
+        """Subtract sentence `ids` with the label that leaves the [CLS] gradient at rank left-1."""
+        name = self.names[id(check.module.weight)]
+        scale = float(torch.linalg.svdvals(self.grads[name])[0])
+        best: tuple[float, int, dict[str, Tensor]] | None = None
+        for y in range(int(getattr(self.model.classifier(), "out_features", 2))):
+            g = self.sentence_grads(ids, y)
+            sv = torch.linalg.svdvals(self.grads[name] - g[name])
+            r = float(sv[self.left - 1] / max(scale, 1e-300)) if self.left - 1 < len(sv) else 0.0
+            if best is None or r < best[0]:
+                best = (r, y, g)
+        assert best is not None
+        for n, g in best[2].items():
+            self.grads[n] -= g
+        self.left -= 1
+        return best[1], best[0]
+
+
+def _row_span(g: Tensor, k: int | None = None, tol: float = 1e-6, region: float = 1e-4, min_drop: float = 3.0) -> Span:
+    """Orthonormal basis of the row space of `g`: its top `k` right singular vectors, else those
+    above the largest drop (at least `min_drop` x) of the singular values below `region` x the
+    largest (the float32 noise floor of a gradient sits at ~1e-8, the weakest real direction
+    measured at ~1e-7, and a fixed cut at 1e-6 loses real directions), else those above `tol`."""
+    _, s, vh = torch.linalg.svd(g.double(), full_matrices=False)
+    if not s.numel() or s[0] <= 0:
+        keep = torch.zeros_like(s, dtype=torch.bool)
+    elif k is not None:
+        keep = torch.arange(len(s)) < k
+    else:
+        rel = (s / s[0]).clamp_min(1e-300)
+        drop = rel[:-1] / rel[1:]
+        drop[rel[1:] >= region] = 0  # only drops into the small region
+        j = int(drop.argmax()) if len(drop) else 0
+        keep = torch.arange(len(s)) <= j if len(drop) and drop[j] >= min_drop else rel > tol
+    return Span(basis=vh[keep].T.contiguous(), singular=s, width=g.shape[1])
+
+
+class CLSCheck:
+    """An exact per-sentence test from the last block (any B*T): a [CLS]-pooled classifier uses only
+    the last block's [CLS] output, so the last block's Q projection is fed only the B [CLS] rows
+    that matter: its weight gradient has rank <= B and its row space is ``span{z_b}``, z_b the
+    last block's input at [CLS] in sentence b. A candidate sentence s is in the batch iff z(s)
+    lies in that B-dimensional span (distance ~1e-7 vs >= 1e-2 for one wrong token, measured on
+    transformer4 and MiniLM). `usable` is False when the gradient does not have that rank (e.g.
+    mean pooling): the attack then falls back to the layer-2 assignment search."""
+
+    def __init__(self, res: Residual, rank_gap: float = 1e-5) -> None:
+        model = res.model
+        self.module = model.attention_layers()[-1].q
+        k = res.left
+        g = res.weight_grad(self.module)
+        s = torch.linalg.svdvals(g.double())
+        self.usable = k >= 1 and not (k < len(s) and s[k] > rank_gap * s[0])  # rank <= B: a [CLS]-only layer
+        self.span = _row_span(g, k=k)
+
+
+def _probe(model: VeilModel, mods: list[Any], stop: Any, ids: Tensor, mask: Tensor) -> dict[int, Tensor]:
+    """The inputs of `mods` for sentences `ids`, stopping the forward pass at `stop`'s input."""
+    from veil.attacks.span import _Stop
+
+    seen: dict[int, Tensor] = {}
+
+    def hook_for(m: Any) -> Any:
+        def hook(_m: Any, args: tuple[Tensor, ...]) -> None:
+            seen[id(m)] = args[0]
+            if m is stop:
+                raise _Stop
+        return hook
+
+    handles = [m.register_forward_pre_hook(hook_for(m)) for m in {id(m): m for m in mods}.values()]
+    try:
+        model({"input_ids": ids, "attention_mask": mask})
+    except _Stop:
+        pass
+    finally:
+        for h in handles:
+            h.remove()
+    return seen
+
+
+class SentenceScore:
+    """Scores of equal-length candidate sentences: a per-position cost (N, T) and the [CLS] distance (N,).
+
+    The per-position cost is the layer-2 span distance, plus, with ``tok_grad`` (the residual
+    token-embedding gradient), the embedding-gradient mismatch: a token v that occurs once in the
+    (remaining) batch has ``dL/dE[v] = (1/B) dl_b/dx_{b,t}``, the gradient of its own sentence's loss
+    at its one position, which the attacker recomputes for a candidate sentence (one backward pass
+    per label, the best label kept). With the rest of the sentence even half wrong, a right token
+    matches its row to ~5-10 % and a wrong one misses by >= 35 % (measured on transformer4 at
+    B*T > width): a per-position test that, unlike the spans, does not need B*T < width. Tokens
+    that occur several times get a capped cost (`cap`) wherever they are put.
+
+    ``with_cls=False`` stops the forward pass at layer 2 (the [CLS] distance is then +inf): the
+    search objective when the layer-2 span leaves room (codimension >= width / 8), where layer 2
+    alone pins every position; `cls` scores the candidates the search settles on."""
+
+    def __init__(self, model: VeilModel, span2: Span, check: CLSCheck, with_cls: bool = True, cls_weight: float = 10.0,
+                 tok_grad: Tensor | None = None, batch_size: int = 1, cap: float = 0.1) -> None:
+        self.model, self.span2, self.check, self.with_cls, self.cls_weight = model, span2, check, with_cls, cls_weight
+        self.q2 = model.attention_layers()[1].q
+        self.tok_grad = tok_grad.float() if tok_grad is not None and with_cls else None
+        self.batch_size, self.cap = batch_size, cap
+
+    def __call__(self, ids: Tensor) -> tuple[Tensor, Tensor]:
+        if self.tok_grad is not None:
+            return self._with_gradient(ids)
+        mods = [self.q2, self.check.module] if self.with_cls else [self.q2]
+        with torch.no_grad():
+            seen = _probe(self.model, mods, mods[-1], ids, torch.ones_like(ids))
+            d2 = self.span2.distance(seen[id(self.q2)].double()).float()
+            dc = self.check.span.distance(seen[id(self.check.module)][:, 0].double()).float() if self.with_cls \
+                else torch.full((len(ids),), float("inf"))
+        return d2, dc
+
+    def _with_gradient(self, ids: Tensor) -> tuple[Tensor, Tensor]:
+        model = self.model
+        mask = torch.ones_like(ids)
+        batch = {"input_ids": ids, "attention_mask": mask}
+        seen: dict[int, Tensor] = {}
+        mods = [self.q2, self.check.module]
+
+        def hook_for(m: Any) -> Any:
+            def hook(_m: Any, args: tuple[Tensor, ...]) -> None:
+                seen[id(m)] = args[0].detach()
+            return hook
+
+        handles = [m.register_forward_pre_hook(hook_for(m)) for m in {id(m): m for m in mods}.values()]
+        try:
+            with torch.enable_grad():
+                tok = model.token_embedding().weight.detach()[ids].requires_grad_(True)
+                logits = model.forward_from_embeddings(model.assemble(tok, model.position_embeddings(tok), batch), batch)
+                target = self.tok_grad[ids]  # (N, T, D)
+                tnorm = target.norm(dim=-1).clamp_min(1e-30)
+                best: Tensor | None = None
+                C = logits.shape[-1]
+                if C == 2:  # dl/dx = (p_1 - y) d(logit_1 - logit_0)/dx: one backward pass for both labels
+                    jac, = torch.autograd.grad((logits[:, 1] - logits[:, 0]).sum(), tok)
+                    p1 = logits.detach().softmax(-1)[:, 1]
+                    grads = [(p1 - y)[:, None, None] * jac for y in range(2)]
+                else:
+                    grads = [torch.autograd.grad(nn.functional.cross_entropy(logits, torch.full((len(ids),), y), reduction="sum"),
+                                                 tok, retain_graph=y < C - 1)[0] for y in range(C)]
+                for g in grads:
+                    e = ((g / self.batch_size - target).norm(dim=-1) / tnorm).clamp_max(self.cap).detach()
+                    best = e if best is None else torch.where((e.sum(1) < best.sum(1))[:, None], e, best)
+        finally:
+            for h in handles:
+                h.remove()
+        d2 = self.span2.distance(seen[id(self.q2)].double()).float()
+        dc = self.check.span.distance(seen[id(self.check.module)][:, 0].double()).float()
+        assert best is not None
+        return d2 + best, dc
+
+    def cls(self, ids: Tensor) -> float:
+        with torch.no_grad():
+            z = _probe(self.model, [self.check.module], self.check.module, ids, torch.ones_like(ids))[id(self.check.module)]
+        return float(self.check.span.distance(z[:, 0].double()).max())
+
+
+class _Walker:
+    """Iterated local search for one sentence of a fixed length on the summed per-position cost
+    plus ``cls_weight`` x the [CLS] distance: coordinate descent over each position's candidates
+    and swaps of two positions' tokens (the typical trap: two tokens that pass layer 1 at each
+    other's position, exchanged) until neither helps, then a random kick of `kick` positions
+    (drawn in proportion to their cost) from the best sentence found. `step` runs one sweep, so
+    the caller can interleave many walkers finely."""
+
+    def __init__(self, sets: list[Tensor], rng: np.random.Generator, kick: int = 3, chunk: int = 2048) -> None:
+        self.sets, self.rng, self.kick, self.chunk = sets, rng, kick, chunk
+        self.n = len(sets)
+        self.allowed = [set(s.tolist()) for s in sets]
+        self.free = [t for t, s in enumerate(sets) if len(s) > 1]
+        self.x = self.random()
+        self.cur: tuple[float, float] | None = None  # (objective, cls distance) of x; None: not scored yet
+        self.best: tuple[float, float, Tensor] | None = None  # the best local minimum: (objective, cls distance, ids)
+        self.steps = 0  # sentences scored
+        self.sweeps = 0
+        self.last: float | None = None  # seconds of the last sweep
+
+    def random(self) -> Tensor:
+        return torch.tensor([[int(s[self.rng.integers(len(s))]) for s in self.sets]])
+
+    def seed(self, prefix: list[int]) -> None:
+        """Start from `prefix` (content tokens from position 1 on, where allowed) instead of at random."""
+        for t, v in enumerate(prefix[: self.n - 2], start=1):
+            if v in self.allowed[t]:
+                self.x[0, t] = v
+
+    def _objective(self, score: "SentenceScore", x: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+        fs, dcs, pcs = [], [], []
+        for i in range(0, len(x), self.chunk):
+            pc, dc = score(x[i:i + self.chunk])
+            fs.append(pc.sum(1) + (score.cls_weight * dc if score.with_cls else 0))
+            dcs.append(dc)
+            pcs.append(pc)
+        self.steps += len(x)
+        return torch.cat(fs), torch.cat(dcs), torch.cat(pcs)
+
+    def _swaps(self) -> Tensor:
+        x = self.x[0].tolist()
+        pairs = [(i, j) for a, i in enumerate(self.free) for j in self.free[a + 1:]
+                 if x[i] != x[j] and x[j] in self.allowed[i] and x[i] in self.allowed[j]]
+        var = self.x.repeat(len(pairs), 1)
+        for r, (i, j) in enumerate(pairs):
+            var[r, i], var[r, j] = x[j], x[i]
+        return var
+
+    def step(self, score: "SentenceScore") -> tuple[float, float, Tensor]:
+        """One sweep (every position, then the swaps); at a local minimum the next step kicks.
+        Returns (objective, [CLS] distance, ids) of the current sentence (the [CLS] distance is
+        only computed at local minima when the objective does not include it)."""
+        if self.cur is None:
+            f, dc, self._pc = self._objective(score, self.x)
+            self.cur = (float(f[0]), float(dc[0]))
+        improved = False
+        for t in self.rng.permutation(self.free).tolist():
+            var = self.x.repeat(len(self.sets[t]), 1)
+            var[:, t] = self.sets[t]
+            f, dc, pc = self._objective(score, var)
+            j = int(f.argmin())
+            if float(f[j]) < self.cur[0] - 1e-12:
+                self.x, self.cur, self._pc, improved = var[j:j + 1].clone(), (float(f[j]), float(dc[j])), pc[j:j + 1], True
+        var = self._swaps()
+        if len(var):
+            f, dc, pc = self._objective(score, var)
+            j = int(f.argmin())
+            if float(f[j]) < self.cur[0] - 1e-12:
+                self.x, self.cur, self._pc, improved = var[j:j + 1].clone(), (float(f[j]), float(dc[j])), pc[j:j + 1], True
+        self.sweeps += 1
+        out = (self.cur[0], self.cur[1], self.x.clone())
+        if improved:
+            return out
+        if not score.with_cls:  # a local minimum: check it
+            out = (out[0], score.cls(self.x), out[2])
+        if self.best is None or out[0] < self.best[0]:
+            self.best = out
+            self._best_pc = self._pc
+        self.x = self.best[2].clone()  # kick from the best local minimum, where the per-position cost is high
+        if self.free:
+            w = self._best_pc[0, self.free].double().numpy() + 1e-12
+            for t in self.rng.choice(self.free, size=min(self.kick, len(self.free)), replace=False, p=w / w.sum()).tolist():
+                self.x[0, t] = self.sets[t][self.rng.integers(len(self.sets[t]))]
+        self.cur = None
+        return out
+
+
+def peel_search(obs: Any, res: Residual, cands_of: Any, specials: Any, *, seed: int, tol_cls: float = 1e-4,
+                rank_tol: float = 1e-6, budget_s: float = 600.0, min_len: int = 3) -> tuple[list[list[int]], dict[str, Any]] | None:
+    """Find the batch one sentence at a time (see `Residual`, `CLSCheck`): per length hypothesis
+    (where [SEP] passes layer 1) an iterated local search (`_Walker`), the hypothesis that has
+    used the least time stepped next (so short sentences, cheap to score, are tried most); the first sentence whose [CLS] distance is < `tol_cls` is exact:
+    it is subtracted from the gradient and the spans, candidates and hypotheses are recomputed.
+    `cands_of(span1)` gives the per-position candidates of a layer-1 span. Returns None if the
+    [CLS] check does not apply to this model."""
+    start = time.perf_counter()
+    model = obs.model
+    rng = np.random.default_rng(seed)
+    found: list[list[int]] = []
+    labels: list[int] = []
+    rounds = steps = 0
+    stage_info: list[dict[str, Any]] = []
+    best_guess: list[tuple[float, list[int]]] = []
+    note = None
+    while res.left > 0 and time.perf_counter() - start < budget_s:
+        check = CLSCheck(res)
+        if not check.usable:
+            if not found:
+                return None
+            break
+        span1, span2 = res.layer_span(0, rank_tol), res.layer_span(1, rank_tol)
+        cands = cands_of(span1)
+        crowded = span2.width - span2.rank < span2.width / 8  # layer 2 alone no longer pins positions
+        score = SentenceScore(model, span2, check, with_cls=crowded, tok_grad=res.token_grad(), batch_size=res.batch_size)
+        walkers = _walkers(cands, specials, rng, min_len)
+        stage_info.append({"left": res.left, "rank1": span1.rank, "rank2": span2.rank, "hypotheses": len(walkers)})
+        if not walkers:
+            if not found:
+                note = "no token passes layer 1 (dropout or noise? raise tol1)"
+            break
+        hit, t_stage, r0 = None, time.perf_counter(), rounds
+        # fair share of time: step the hypothesis whose time used after this step would be the least.
+        # A sweep's cost is estimated as ~ n * (candidates of its n positions) until measured, so short
+        # hypotheses, cheap to score, sweep several times before a long one starts; a walker's
+        # first sweep starts from the longest sentence another (shorter) walker has settled on
+        # (a short walker often settles on the prefix of a longer sentence).
+        used = [0.0] * len(walkers)
+        cost = [float(w.n * sum(len(x) for x in w.sets)) for w in walkers]
+        rate: float | None = None  # seconds per unit of estimated cost, from the sweeps so far
+        while hit is None and time.perf_counter() - start < budget_s:
+            est = [used[j] + (w.last if w.last is not None else cost[j] * (rate or 0.0)) for j, w in enumerate(walkers)]
+            i = min(range(len(walkers)), key=lambda j: (est[j], j))
+            w = walkers[i]
+            if w.sweeps == 0:
+                prior = [v for v in walkers if v.best is not None and v.n < w.n]
+                if prior:
+                    w.seed(prior[-1].best[2][0, 1:-1].tolist())
+            t0 = time.perf_counter()
+            obj, dc, ids = w.step(score)
+            spent = time.perf_counter() - t0
+            used[i] += spent
+            if w.last is None:
+                rate = max(rate or 0.0, spent / cost[i])
+            w.last = spent
+            rounds += 1
+            if dc < tol_cls:
+                hit = ids[0].tolist()
+        steps += sum(w.steps for w in walkers)
+        stage_info[-1].update(rounds=rounds - r0, seconds=round(time.perf_counter() - t_stage, 1), length=len(hit) if hit else None,
+                              lengths=[w.n for w in walkers])
+        if hit is None:
+            best_guess = sorted(((w.best[0] / w.n, w.best[2][0].tolist()) for w in walkers if w.best is not None), key=lambda x: x[0])
+            break
+        label, _ = res.peel(hit, check)
+        found.append(hit)
+        labels.append(label)
+    seqs = list(found)
+    for _, s in best_guess:  # unsolved sentences: the hypotheses with the lowest cost per position
+        if len(seqs) >= res.batch_size:
+            break
+        seqs.append(s)
+    info = {"sentences_exact": len(found), "walker_steps": rounds, "sentences_scored": steps, "stages": stage_info,
+            "labels_inferred": labels, "search_seconds": time.perf_counter() - start}
+    return seqs, ({"note": note, **info} if note else info)
+
+
+def _walkers(cands: list[Tensor], specials: Any, rng: np.random.Generator, min_len: int) -> list[_Walker]:
+    """One walker per length hypothesis n: [SEP] passes layer 1 at n - 1 (or n is the last position
+    with candidates), [CLS] at 0, every content position has a candidate."""
+    T = _last_position(cands)
+    if T == 0:
+        return []
+    sep, cls = specials.sep, specials.cls
+    special = {v for v in (sep, cls, specials.pad) if v is not None}
+    ends = sorted({t + 1 for t in range(T) if sep is not None and sep in set(cands[t].tolist())} | {T})
+    out = []
+    for n in ends:
+        if n < min_len:
+            continue
+        content = [torch.tensor([v for v in c.tolist() if v not in special], dtype=torch.long) for c in cands[1:n - 1]]
+        if any(len(c) == 0 for c in content):
+            continue
+        first = torch.tensor([cls if cls is not None else int(cands[0][0])])
+        last = torch.tensor([sep]) if sep is not None else cands[n - 1]
+        out.append(_Walker([first, *content, last], rng))
+    return out
