@@ -14,7 +14,8 @@ from __future__ import annotations
 import json
 import sys
 from pathlib import Path
-from statistics import mean, pstdev
+from math import sqrt
+from statistics import mean, pstdev, stdev
 
 import yaml
 
@@ -46,8 +47,8 @@ def fmt(xs: list[float], scale: float = 100.0, digits: int = 2) -> str:
 
 
 def rows(tasks: dict[str, dict]) -> list[str]:
-    out = ["| task | defense | seeds | test accuracy (%) | minus undefended (points) | within 1 point | test perplexity | step time vs none |",
-           "|---|---|---|---|---|---|---|---|"]
+    out = ["| task | defense | seeds | test accuracy (%) | minus undefended (points) | s.e. of that difference | within 1 point | test perplexity | step time vs none |",
+           "|---|---|---|---|---|---|---|---|---|"]
     for name, t in tasks.items():
         base = [r["test_accuracy"] for r in t["utility"].get("none", [])]
         for d, rs in t["utility"].items():
@@ -57,7 +58,8 @@ def rows(tasks: dict[str, dict]) -> list[str]:
             delta, within = ("—", "—") if d == "none" or not base else (f"{diff:+.2f}", "yes" if diff >= -1.0 else "no")
             within = "—" if ppl else within  # the 1-point goal is on classification accuracy
             ratio = t["overhead"].get(d)
-            out.append(f"| {name} ({t['model']}) | {d} | {len(rs)} | {fmt(acc)} | {delta} | {within} | "
+            se = "—" if delta == "—" or len(acc) < 2 or len(base) < 2 else f"{100 * sqrt(stdev(acc) ** 2 / len(acc) + stdev(base) ** 2 / len(base)):.2f}"
+            out.append(f"| {name} ({t['model']}) | {d} | {len(rs)} | {fmt(acc)} | {delta} | {se} | {within} | "
                        f"{fmt(ppl, 1.0, 1) if ppl else '—'} | {'—' if ratio is None else f'{ratio:.2f}'} |")
     return out
 
@@ -73,7 +75,10 @@ def main() -> None:
             "split. GPT-2: from a config (2 layers, width 128), AG News text, 3,000 texts, 2 epochs; accuracy = next-token "
             "accuracy. Goal (MJP and AEGIS issues): MiniLM with the defense within 1 point of undefended. Step-time ratios come "
             "from the audit's interleaved measurement (`veil.experiments.cells.step_overhead`, batch 32; noisy on a shared "
-            "machine; — = not measured yet).", "", *rows(tasks)]
+            "machine; — = not measured yet). The s.e. column is the standard error of the difference of two seed means "
+            "(sample std over seeds): a difference within about one s.e. of the -1 point line is a pass or a miss at the "
+            "noise level of 3 seeds, not a margin. `unk_init=mean` starts MJP's E_unk at the pretrained position table's "
+            "mean row instead of at random (see `veil.defenses.mjp`).", "", *rows(tasks)]
     write_section("utility", "\n".join(body))
     print("\n".join(body))
 
