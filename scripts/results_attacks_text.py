@@ -129,13 +129,11 @@ def speed_table(speed: dict[str, float]) -> str:
 def tables(quick: bool = False, parts: tuple[str, ...] = ("span", "opt"), span_samples: int | None = None) -> list[str]:
     """Markdown tables of the text attacks; `quick` (~5 min) uses fewer samples and iterations.
     `parts` picks the span tables and/or the TAG/LAMP table; `span_samples` overrides the batches
-    per span cell (the MiniLM batch-4 dropout cell, minutes per batch, is then skipped too)."""
+    per span cell."""
     samples, opt_samples, iterations = (1, 1, 300) if quick else (8, 4, 500)
     out = []
     if "span" in parts:
-        slow = quick or span_samples is not None
-        skip = (("minilm", 4, DROPOUT),) if slow else ()  # the slowest cell (minutes per batch today)
-        span, speed = span_table(span_samples or samples, (0.0, DROPOUT), skip)
+        span, speed = span_table(span_samples or samples, (0.0, DROPOUT))
         out += [span, speed_table(speed)]
     if "opt" in parts:
         out.append(opt_table(opt_samples, iterations))

@@ -140,6 +140,25 @@ def test_cls_check_and_peeling(sst2):
     assert SentenceScore(model, res.layer_span(1, 1e-6), after).cls(torch.tensor([sents[0]])) > 1e-2
 
 
+def test_position_prior_places_once_only_tokens(sst2):
+    """Token and position embeddings are summed first, so each position row of the position
+    gradient is the sum of the token rows of the once-only tokens there, plus parts of repeated
+    tokens' rows: the least-squares coefficient of a once-only token is large (>= 0.5) at its own
+    position and highest there for most of them (the repeated tokens' parts blur the rest)."""
+    from veil.attacks.span_peel import PositionPrior, Residual
+
+    model = _tiny("transformer4")
+    batch = _batch(sst2, 3, max_real=14)
+    prior = PositionPrior(Residual(observe(model, batch), 3), 24)
+    sents = _refs(batch)
+    counts = torch.bincount(torch.tensor([v for s in sents for v in s]))
+    once = [(t, v) for s in sents for t, v in enumerate(s) if counts[v] == 1]
+    placed = sum(bool(prior.cost[t, v] < 0.5) for t, v in once)
+    best = sum(int(prior.cost[:, v].argmin()) == t for t, v in once)
+    assert len(once) >= 15 and placed >= 0.8 * len(once) and best >= 0.8 * len(once), (placed, best, len(once))
+    assert float(prior(torch.tensor([sents[0]])).sum()) < float(prior(torch.tensor([sents[0][::-1]])).sum())
+
+
 def test_span_recovers_batch_beyond_the_width(sst2):
     """More tokens than the width (B*T > 96: four long sentences and a short one): layers 1 and 2
     lose their gap; the [CLS] check, the embedding-gradient match and peeling still rebuild the

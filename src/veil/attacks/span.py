@@ -196,7 +196,8 @@ class SpanAttack(Attack):
                 found = None
                 if model.task != "lm" and s.get("peel", True) and know.batch_size:
                     found = peel_search(obs, Residual(obs, know.batch_size), candidates, specials, seed=seed,
-                                        tol_cls=float(s.get("tol_cls", 1e-4)), rank_tol=rank_tol, budget_s=float(s.get("budget_s", 600)))
+                                        tol_cls=float(s.get("tol_cls", 1e-4)), rank_tol=rank_tol, budget_s=float(s.get("budget_s", 600)),
+                                        prior_weight=float(s.get("prior_weight", 0.2)))
                 if found is not None:
                     seqs, info = found
                     info = {"search": "peel", **info}
