@@ -31,6 +31,7 @@ Dropout makes the layer inputs ``mask * x / (1 - p)``: no longer in the span of 
 """
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass
 from typing import Any
 
@@ -193,11 +194,16 @@ class SpanAttack(Attack):
 
                 cands = candidates(span1)
                 specials = _Specials.of(model, know)
-                found = None
+                found, budget, t0 = None, float(s.get("budget_s", 600)), time.perf_counter()
                 if model.task != "lm" and s.get("peel", True) and know.batch_size:
                     found = peel_search(obs, Residual(obs, know.batch_size), candidates, specials, seed=seed,
-                                        tol_cls=float(s.get("tol_cls", 1e-4)), rank_tol=rank_tol, budget_s=float(s.get("budget_s", 600)),
+                                        tol_cls=float(s.get("tol_cls", 1e-4)), rank_tol=rank_tol, budget_s=budget,
                                         prior_weight=float(s.get("prior_weight", 0.2)))
+                    left = budget - (time.perf_counter() - t0)
+                    if found is not None and not found[1]["sentences_exact"] and left > 1.0:
+                        # no sentence passed the exact [CLS] check (e.g. the client shuffled its tokens):
+                        # the assignment search below still rebuilds what layer 2 supports, in the time left
+                        budget, found = left, None
                 if found is not None:
                     seqs, info = found
                     info = {"search": "peel", **info}
@@ -208,7 +214,7 @@ class SpanAttack(Attack):
                         pinned = pin_positions(obs, cands, float(s.get("tol_ln", 1e-4)))
                         cands = pinned[0] if pinned is not None else cands
                     seqs, info = encoder_search(model, span2, cands, specials, restarts=int(s.get("restarts", 4)),
-                                                sweeps=int(s.get("sweeps", 12)), budget_s=float(s.get("budget_s", 600)),
+                                                sweeps=int(s.get("sweeps", 12)), budget_s=budget,
                                                 pins=pinned[1] if pinned else None, tol2=tol2, seed=seed, batch_size=know.batch_size)
                     info = {"search": "assignment", **info}
         finally:
