@@ -109,7 +109,7 @@ def labels_table(samples: int) -> str:
     return "\n".join(lines)
 
 
-def text_tables(quick: bool, parts: tuple[str, ...] = ("span", "opt"), span_samples: int | None = None) -> list[str]:
+def text_tables(quick: bool, parts: tuple[str, ...] = ("span", "decoder", "opt"), span_samples: int | None = None) -> list[str]:
     path = Path(__file__).with_name("results_attacks_text.py")
     if not path.is_file():
         return []
@@ -160,6 +160,7 @@ def main() -> None:
         ("inverting", lambda: inverting_table(min(args.samples, 4), args.ig_iterations, args.ig_restarts, args.train_epochs)),
         ("text", lambda: text_tables(args.quick_text)),
         ("span", lambda: text_tables(False, ("span",), args.span_samples)),  # the span tables alone
+        ("span-decoder", lambda: text_tables(False, ("decoder",), args.span_samples)),
     ]
     parts, t0 = [], time.time()
     for key, make in makers:
@@ -167,7 +168,7 @@ def main() -> None:
             out = make()
             parts.extend(out if isinstance(out, list) else [out])
             print(f"[{time.time() - t0:.0f}s] {key} done", flush=True)
-    if only != {key for key, _ in makers} - {"span"}:  # a partial run keeps the other tables of the section
+    if only != {key for key, _ in makers} - {"span", "span-decoder"}:  # a partial run keeps the other tables of the section
         parts = splice(old_tables(), parts)
     note = (f"Measured on this machine (CPU, torch threads={args.threads}) by `scripts/results_attacks.py`; "
             "regenerate, never edit by hand. Clients trained without dropout (dropout=0 in these models).")

@@ -32,14 +32,18 @@ class Cell:
     batch: int
     max_len: int
     goal: bool  # one of the issue's >= 0.95 token_recovery goals
+    extra: tuple[str, ...] = ()  # more model overrides (e.g. a width)
 
     def overrides(self, dropout: float) -> list[str]:
         return [f"model={self.model}", f"model.dropout={dropout}", "data=sst2", "data.tokenizer=wordpiece",
-                f"data.max_len={self.max_len}", "data.train_size=64", "data.test_size=200"]
+                f"data.max_len={self.max_len}", "data.train_size=64", "data.test_size=200", *self.extra]
 
 
 SPAN_CELLS = (Cell("transformer4", 1, 32, True), Cell("transformer4", 4, 32, True),
               Cell("minilm", 1, 32, True), Cell("minilm", 4, 32, True), Cell("gpt-tiny", 8, 14, True))
+# gpt-tiny (width 128) holds 8 sentences only when they are cut to 14 tokens (B*T < width, DAGER's
+# rank condition); a GPT-2 of width 256 holds 8 full 32-token SST-2 sentences.
+WIDE_DECODER = (Cell("hf-gpt2", 8, 32, True, ("model.dim=256", "model.depth=2")),)
 DROPOUT = 0.1
 SPAN_SETTINGS = {"budget_s": 300}  # per batch; the attack's own default is 600 s
 
@@ -63,16 +67,17 @@ def measure(overrides: list[str], attack: str, settings: dict[str, Any], batch: 
 
 
 def span_table(samples: int, dropouts: tuple[float, ...], skip: tuple[tuple[str, int, float], ...] = (),
-               dropout_samples: int = 2) -> tuple[str, dict[str, float]]:
+               dropout_samples: int = 2, cells: tuple[Cell, ...] = SPAN_CELLS,
+               title: str = "Token presence and span attack (DAGER-style)") -> tuple[str, dict[str, float]]:
     """Presence F1 and span recovery per cell; also returns the MiniLM batch-4 timing (no dropout).
     Cells with client dropout use at most `dropout_samples` batches: nothing passes the exact
     checks there, so the search runs its whole budget on every batch."""
-    lines = [f"### Token presence and span attack (DAGER-style), SST-2, weights at init, {samples} batches per cell "
+    lines = [f"### {title}, SST-2, weights at init, {samples} batches per cell "
              f"(with dropout: {min(samples, dropout_samples)})", "",
              "| model (width) | batch | max_len | client dropout | presence F1 | span token_recovery | ROUGE-1 | ROUGE-2 | exact | s/batch | goal |",
              "|---|---|---|---|---|---|---|---|---|---|---|"]
     speed: dict[str, float] = {}
-    for cell in SPAN_CELLS:
+    for cell in cells:
         for p in dropouts:
             if (cell.model, cell.batch, p) in skip:
                 lines.append(f"| {cell.model} | {cell.batch} | {cell.max_len} | {p:g} | full run only | | | | | | |")
@@ -132,15 +137,19 @@ def speed_table(speed: dict[str, float]) -> str:
                       f"| 4 | {s:.1f} | {'met' if s < 60 else '**not met**'} |"])
 
 
-def tables(quick: bool = False, parts: tuple[str, ...] = ("span", "opt"), span_samples: int | None = None) -> list[str]:
+def tables(quick: bool = False, parts: tuple[str, ...] = ("span", "decoder", "opt"), span_samples: int | None = None) -> list[str]:
     """Markdown tables of the text attacks; `quick` (~5 min) uses fewer samples and iterations.
-    `parts` picks the span tables and/or the TAG/LAMP table; `span_samples` overrides the batches
+    `parts` picks the span tables, the wider-decoder span table and/or the TAG/LAMP table; `span_samples` overrides the batches
     per span cell."""
     samples, opt_samples, iterations = (1, 1, 300) if quick else (8, 4, 500)
     out = []
     if "span" in parts:
         span, speed = span_table(span_samples or samples, (0.0, DROPOUT))
         out += [span, speed_table(speed)]
+    if "decoder" in parts:
+        table, _ = span_table(span_samples or samples, (0.0, DROPOUT), cells=WIDE_DECODER,
+                              title="Span attack on a wider decoder (HF GPT-2, width 256, 2 layers) with full-length sentences")
+        out.append(table.split("\n\nPresence F1 counts")[0])
     if "opt" in parts:
         out.append(opt_table(opt_samples, iterations))
     return [t for t in out if t]

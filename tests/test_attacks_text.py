@@ -115,6 +115,19 @@ def test_span_goal_cells(name, B, max_len):
     assert rep["token_recovery"] >= 0.95, (rep, rec.stats)
 
 
+@pytest.mark.slow
+def test_span_goal_wider_decoder_full_sentences():
+    """The decoder goal with full 32-token SST-2 sentences: a GPT-2 of width 256 holds the 8
+    sentences' tokens below its width (DAGER's rank condition; gpt-tiny's 128 does not)."""
+    batch, tok = _sst2_batch(8, 32)
+    torch.manual_seed(0)
+    model = create_model("hf-gpt2", dim=256, depth=2, max_len=32, dropout=0.0)
+    model.eval()
+    rec = create_attack("span", budget_s=120).reconstruct(observe(model, batch), Knowledge(batch_size=8, seq_len=32, tokenizer=tok))
+    rep = text_report(_refs(batch), rec.token_ids, ignore=SPECIAL)
+    assert rep["token_recovery"] >= 0.95, (rep, rec.stats)
+
+
 def test_cls_check_and_peeling(sst2):
     """The last block's Q gradient of a [CLS]-pooled encoder has rank B: a batch sentence lies in its
     row space (a wrong token does not), and subtracting a sentence's own gradient with the
