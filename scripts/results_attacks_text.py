@@ -85,13 +85,15 @@ def span_table(samples: int, dropouts: tuple[float, ...], skip: tuple[tuple[str,
             over = cell.overrides(p)
             n = min(samples, dropout_samples) if p else samples
             pres, width = measure(over, "presence", {}, cell.batch, n)
+            if "error" in pres:  # e.g. a tied LM head: presence refuses to read the embedding gradient
+                pres = {"presence_f1": None, "why": "n/a (tied head)" if "tie" in pres["error"] else "failed"}
             span, _ = measure(over, "span", SPAN_SETTINGS, cell.batch, n)
             if "error" in span:
-                lines.append(f"| {cell.model} ({width}) | {cell.batch} | {cell.max_len} | {p:g} | {fmt(pres.get('presence_f1'), 3)} | "
+                lines.append(f"| {cell.model} ({width}) | {cell.batch} | {cell.max_len} | {p:g} | {pres.get('why') or fmt(pres.get('presence_f1'), 3)} | "
                              f"span failed: `{span['error']}` | | | | | |")
                 continue
             goal = ("≥ 0.95 " + ("met" if span.get("token_recovery", 0) >= 0.95 else "**not met**")) if cell.goal and p == 0 else "reported"
-            lines.append(f"| {cell.model} ({width}) | {cell.batch} | {cell.max_len} | {p:g} | {fmt(pres.get('presence_f1'), 3)} | "
+            lines.append(f"| {cell.model} ({width}) | {cell.batch} | {cell.max_len} | {p:g} | {pres.get('why') or fmt(pres.get('presence_f1'), 3)} | "
                          f"{fmt(span.get('token_recovery'), 3)} | {fmt(span.get('rouge1'), 3)} | {fmt(span.get('rouge2'), 3)} | "
                          f"{fmt(span.get('exact_recovery'), 2)} | {fmt(span.get('seconds'), 1)} | {goal} |")
             if cell.model == "minilm" and cell.batch == 4 and p == 0:
