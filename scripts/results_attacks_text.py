@@ -68,7 +68,7 @@ def measure(overrides: list[str], attack: str, settings: dict[str, Any], batch: 
 
 def span_table(samples: int, dropouts: tuple[float, ...], skip: tuple[tuple[str, int, float], ...] = (),
                dropout_samples: int = 2, cells: tuple[Cell, ...] = SPAN_CELLS,
-               title: str = "Token presence and span attack (DAGER-style)") -> tuple[str, dict[str, float]]:
+               title: str = "Token presence and span attack (DAGER-style)", notes: bool = True) -> tuple[str, dict[str, float]]:
     """Presence F1 and span recovery per cell; also returns the MiniLM batch-4 timing (no dropout).
     Cells with client dropout use at most `dropout_samples` batches: nothing passes the exact
     checks there, so the search runs its whole budget on every batch."""
@@ -98,7 +98,7 @@ def span_table(samples: int, dropouts: tuple[float, ...], skip: tuple[tuple[str,
                          f"{fmt(span.get('exact_recovery'), 2)} | {fmt(span.get('seconds'), 1)} | {goal} |")
             if cell.model == "minilm" and cell.batch == 4 and p == 0:
                 speed = {"seconds": span["seconds"], "samples": samples}
-    notes = ("Presence F1 counts real non-special tokens ([CLS]/[SEP]/[PAD] dropped on both sides). token_recovery is "
+    text = ("Presence F1 counts real non-special tokens ([CLS]/[SEP]/[PAD] dropped on both sides). token_recovery is "
              "position-aware (the share of true tokens the Hungarian-matched reconstruction puts at their own position "
              "in their own sentence); exact = share of sentences rebuilt token for token. With dropout the layer inputs are "
              "`mask * x / (1 - p)`, no longer in the span of clean token vectors: the span attack runs with its default "
@@ -107,7 +107,7 @@ def span_table(samples: int, dropouts: tuple[float, ...], skip: tuple[tuple[str,
              "sentence at a time with the last block's [CLS] check and subtracts it from the gradient (`veil.attacks.span_peel`); "
              "a batch whose first sentence is not found within the budget scores what the search holds then. With client "
              "dropout no sentence passes the exact checks and the search spends its whole budget on each batch.")
-    return "\n".join(lines) + "\n\n" + notes, speed
+    return "\n".join(lines) + ("\n\n" + text if notes else ""), speed
 
 
 def opt_table(samples: int, iterations: int) -> str:
@@ -149,9 +149,9 @@ def tables(quick: bool = False, parts: tuple[str, ...] = ("span", "decoder", "op
         span, speed = span_table(span_samples or samples, (0.0, DROPOUT))
         out += [span, speed_table(speed)]
     if "decoder" in parts:
-        table, _ = span_table(span_samples or samples, (0.0, DROPOUT), cells=WIDE_DECODER,
+        table, _ = span_table(span_samples or samples, (0.0, DROPOUT), cells=WIDE_DECODER, notes=False,
                               title="Span attack on a wider decoder (HF GPT-2, width 256, 2 layers) with full-length sentences")
-        out.append(table.split("\n\nPresence F1 counts")[0])
+        out.append(table)
     if "opt" in parts:
         out.append(opt_table(opt_samples, iterations))
     return [t for t in out if t]

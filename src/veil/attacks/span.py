@@ -32,6 +32,8 @@ Dropout makes the layer inputs ``mask * x / (1 - p)``: no longer in the span of 
 from __future__ import annotations
 
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
 
@@ -72,14 +74,18 @@ def layer_span(obs: Observation, layer: int, rank_tol: float = 1e-6) -> Span:
     if layer >= len(layers):
         raise VeilError(f"span needs attention layer {layer + 1}; this model has {len(layers)}")
     att = layers[layer]
-    mods = list({id(m): m for m in (att.q, att.k, att.v)}.values())  # GPT-2: one fused c_attn
-    grads = [linear_weight(m, obs.grads[_name(model, m.weight)]) for m in mods if obs.has_grad(m)]
+    grads = [linear_weight(m, obs.grads[_name(model, m.weight)]) for m in qkv_modules(att) if obs.has_grad(m)]
     if not grads:
         obs.grad(att.q)  # raises the one-line error naming the missing gradient
     g = torch.cat(grads, dim=0).double()
     _, s, vh = torch.linalg.svd(g, full_matrices=False)
     keep = s > rank_tol * s[0] if s.numel() and s[0] > 0 else torch.zeros_like(s, dtype=torch.bool)
     return Span(basis=vh[keep].T.contiguous(), singular=s, width=g.shape[1])
+
+
+def qkv_modules(att: Any) -> list[nn.Module]:
+    """The distinct Q, K, V projections of one attention layer (GPT-2: one fused c_attn)."""
+    return list({id(m): m for m in (att.q, att.k, att.v)}.values())
 
 
 def _name(model: nn.Module, p: nn.Parameter) -> str:
@@ -99,25 +105,38 @@ class _Stop(Exception):
     pass
 
 
+@contextmanager
+def recording_inputs(mods: list[nn.Module], stop: nn.Module | None = None) -> Iterator[dict[int, Tensor]]:
+    """Record (detached) the input each module of `mods` receives, keyed by ``id(module)``; with
+    `stop`, the forward pass ends (quietly) as soon as `stop` receives its input."""
+    seen: dict[int, Tensor] = {}
+
+    def hook_for(m: nn.Module) -> Any:
+        def hook(_m: nn.Module, args: tuple[Tensor, ...]) -> None:
+            seen[id(m)] = args[0].detach()
+            if m is stop:
+                raise _Stop
+        return hook
+
+    handles = [m.register_forward_pre_hook(hook_for(m)) for m in {id(m): m for m in mods}.values()]
+    try:
+        yield seen
+    except _Stop:
+        pass
+    finally:
+        for h in handles:
+            h.remove()
+
+
 def layer_inputs(model: VeilModel, ids: Tensor, mask: Tensor | None = None, layer: int = 1) -> Tensor:
     """The input that attention layer `layer`'s Q projection receives for sentences `ids` (N, T)."""
     mask = torch.ones_like(ids) if mask is None else mask
     batch = {"input_ids": ids, "attention_mask": mask}
-    seen: list[Tensor] = []
-
-    def grab(_m: nn.Module, args: tuple[Tensor, ...]) -> None:
-        seen.append(args[0])
-        raise _Stop
-
-    handle = model.attention_layers()[layer].q.register_forward_pre_hook(grab)
-    try:
-        h = model.assemble(model.embed_tokens(batch), model.position_embeddings(model.embed_tokens(batch)), batch)
-        model.forward_from_embeddings(h, batch)
-    except _Stop:
-        pass
-    finally:
-        handle.remove()
-    return seen[0]
+    q = model.attention_layers()[layer].q
+    with recording_inputs([q], stop=q) as seen:
+        tok = model.embed_tokens(batch)
+        model.forward_from_embeddings(model.assemble(tok, model.position_embeddings(tok), batch), batch)
+    return seen[id(q)]
 
 
 def position_candidates(model: VeilModel, span: Span, max_len: int, tol: float, chunk: int = 8192,

@@ -24,7 +24,7 @@ import numpy as np
 import torch
 from torch import Tensor, nn
 
-from veil.attacks.span import Span
+from veil.attacks.span import Span, qkv_modules, recording_inputs
 from veil.attacks.span_search import _last_position
 from veil.models.base import VeilModel
 
@@ -66,8 +66,7 @@ class Residual:
 
     def layer_span(self, layer: int, rank_tol: float) -> Span:
         att = self.model.attention_layers()[layer]
-        mods = list({id(m): m for m in (att.q, att.k, att.v)}.values())
-        return _row_span(torch.cat([self.weight_grad(m) for m in mods]), tol=rank_tol)
+        return _row_span(torch.cat([self.weight_grad(m) for m in qkv_modules(att)]), tol=rank_tol)
 
     def sentence_grads(self, ids: list[int], label: int) -> dict[str, Tensor]:
         model = self.model
@@ -137,25 +136,8 @@ class CLSCheck:
 
 def _probe(model: VeilModel, mods: list[Any], stop: Any, ids: Tensor, mask: Tensor) -> dict[int, Tensor]:
     """The inputs of `mods` for sentences `ids`, stopping the forward pass at `stop`'s input."""
-    from veil.attacks.span import _Stop
-
-    seen: dict[int, Tensor] = {}
-
-    def hook_for(m: Any) -> Any:
-        def hook(_m: Any, args: tuple[Tensor, ...]) -> None:
-            seen[id(m)] = args[0]
-            if m is stop:
-                raise _Stop
-        return hook
-
-    handles = [m.register_forward_pre_hook(hook_for(m)) for m in {id(m): m for m in mods}.values()]
-    try:
+    with recording_inputs(mods, stop=stop) as seen:
         model({"input_ids": ids, "attention_mask": mask})
-    except _Stop:
-        pass
-    finally:
-        for h in handles:
-            h.remove()
     return seen
 
 
@@ -202,16 +184,7 @@ class SentenceScore:
         model = self.model
         mask = torch.ones_like(ids)
         batch = {"input_ids": ids, "attention_mask": mask}
-        seen: dict[int, Tensor] = {}
-        mods = [self.q2, self.check.module]
-
-        def hook_for(m: Any) -> Any:
-            def hook(_m: Any, args: tuple[Tensor, ...]) -> None:
-                seen[id(m)] = args[0].detach()
-            return hook
-
-        handles = [m.register_forward_pre_hook(hook_for(m)) for m in {id(m): m for m in mods}.values()]
-        try:
+        with recording_inputs([self.q2, self.check.module]) as seen:
             with torch.enable_grad():
                 tok = model.token_embedding().weight.detach()[ids].requires_grad_(True)
                 logits = model.forward_from_embeddings(model.assemble(tok, model.position_embeddings(tok), batch), batch)
@@ -229,9 +202,6 @@ class SentenceScore:
                 for g in grads:
                     e = ((g / self.batch_size - target).norm(dim=-1) / tnorm).clamp_max(self.cap).detach()
                     best = e if best is None else torch.where((e.sum(1) < best.sum(1))[:, None], e, best)
-        finally:
-            for h in handles:
-                h.remove()
         d2 = self.span2.distance(seen[id(self.q2)].double()).float()
         dc = self.check.span.distance(seen[id(self.check.module)][:, 0].double()).float()
         assert best is not None
@@ -471,9 +441,9 @@ def peel_search(obs: Any, res: Residual, cands_of: Any, specials: Any, *, seed: 
                 hit = ids[0].tolist()
         steps += sum(w.steps for w in walkers)
         stage_info[-1].update(rounds=rounds - r0, seconds=round(time.perf_counter() - t_stage, 1), length=len(hit) if hit else None,
-                              lengths=[w.n for w in walkers],
-                              seconds_by_length={w.n: round(u, 1) for w, u in sorted(zip(walkers, used), key=lambda x: -x[1])[:6]},
-                              sweeps_by_length={w.n: w.sweeps for w, u in sorted(zip(walkers, used), key=lambda x: -x[1])[:6]})
+                              lengths=[w.n for w in walkers])
+        busiest = sorted(zip(walkers, used), key=lambda x: -x[1])[:6]
+        stage_info[-1].update(seconds_by_length={w.n: round(u, 1) for w, u in busiest}, sweeps_by_length={w.n: w.sweeps for w, _ in busiest})
         if hit is None:
             best_guess = sorted(((w.best[0] / w.n, w.best[2][0].tolist()) for w in walkers if w.best is not None), key=lambda x: x[0])
             break
