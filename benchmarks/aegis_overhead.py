@@ -23,7 +23,7 @@ from veil.training.step import client_step
 VARIANTS: dict[str, list[tuple[str, dict[str, Any]]]] = {
     "none": [],
     "aegis": [("aegis", {})],
-    "aegis+down": [("aegis", {"mlp_down_noise": 1.0})],
+    "aegis-published": [("aegis", {"mlp_down_noise": 0.0})],
     "dpsgd": [("dpsgd", {"clip": 1.0, "noise_multiplier": 1.0})],
 }
 
@@ -62,7 +62,7 @@ def main() -> None:
     p.add_argument("--batch", type=int, default=16)
     p.add_argument("--len", type=int, default=48)
     p.add_argument("--repeats", type=int, default=10)
-    p.add_argument("--variants", default="none,aegis,aegis+down,dpsgd")
+    p.add_argument("--variants", default="none,aegis,aegis-published,dpsgd")
     p.add_argument("--json", default=None)
     a = p.parse_args()
     res = bench(a.model, a.batch, a.len, a.repeats, a.variants.split(","))

@@ -54,9 +54,10 @@ def test_frozen_attention_gets_no_update_and_exports_nothing(name: str) -> None:
     assert all(p.requires_grad for p in frozen)  # detach restores
 
 
-def test_zero_strength_is_bit_identical() -> None:
-    m0, m1 = tiny(), tiny()
-    d = create_defense("aegis", freeze_attention=False, embed_noise=0.0, mlp_noise=0.0).attach(m1)
+@pytest.mark.parametrize("name", ["transformer4", "gpt-tiny"])
+def test_zero_strength_is_bit_identical(name: str) -> None:
+    m0, m1 = tiny(name), tiny(name)
+    d = create_defense("aegis", freeze_attention=False, embed_noise=0.0, mlp_noise=0.0, mlp_down_noise=0.0).attach(m1)
     o0, o1 = torch.optim.AdamW(m0.parameters(), 1e-2), torch.optim.AdamW(m1.parameters(), 1e-2)
     for step in range(2):
         r0 = client_step(m0, batch(step), [], o0, step=step)
@@ -184,13 +185,38 @@ def test_span_unfrozen_finds_decoder_first_tokens_unless_mlp_down_is_noised() ->
     from types import SimpleNamespace
 
     know = {"tokenizer": SimpleNamespace(cls_id=101, sep_id=102, pad_id=0)}
-    d = create_defense("aegis").attach(model)
+    d = create_defense("aegis", mlp_down_noise=0.0).attach(model)  # AEGIS as published
     rec = _attack("span-unfrozen", model, [d], know=dict(know))
     assert rec.stats["layers"]["mlp_up.0"]["passed"] == 0  # channel 3 closed
-    assert first <= rec.token_set  # the MLP down-projection still leaks (reported, not hidden)
+    assert first <= rec.token_set  # the MLP down-projection still leaks
     d.detach()
-    d = create_defense("aegis", mlp_down_noise=1.0).attach(model)
+    d = create_defense("aegis").attach(model)  # the default noises it on a causal model
+    assert d.describe()["mlp_down_noise"] == 1.0
     assert not (first & _attack("span-unfrozen", model, [d], know=dict(know)).token_set)
+
+
+@pytest.mark.parametrize("name, causal", [("transformer4", False), ("gpt-tiny", True), ("hf-gpt2", True)])
+def test_mlp_down_noise_defaults_by_attention_direction(name: str, causal: bool) -> None:
+    model = tiny(name)
+    d = create_defense("aegis").attach(model)
+    down = {id(p) for m in model.mlp_down() for p in m.parameters()}
+    assert model.causal is causal and d.mlp_down_noise == (1.0 if causal else 0.0)
+    assert bool(down & {id(p) for p in d.noised_parameters(model)}) is causal
+    d.detach()
+    assert create_defense("aegis", mlp_down_noise=0.5).attach(model).mlp_down_noise == 0.5
+
+
+def test_weights_only_freeze_leaves_the_attention_biases_training() -> None:
+    model = tiny()
+    d = create_defense("aegis", freeze_attention_bias=False).attach(model)
+    weights, every = attention_parameters(model, biases=False), attention_parameters(model)
+    biases = [p for p in every if all(p is not w for w in weights)]
+    assert weights and biases and all(not p.requires_grad for p in weights) and all(p.requires_grad for p in biases)
+    res = client_step(model, batch(), [d])
+    exported = {id(p) for n, p in model.named_parameters() if n in res.grads}
+    assert all(id(p) in exported for p in biases) and not any(id(p) in exported for p in weights)
+    with pytest.raises(VeilError, match="freeze_attention_bias must be true or false"):
+        create_defense("aegis", freeze_attention_bias="no")
 
 
 def test_clipping_sees_the_clean_gradient_not_the_noise() -> None:
@@ -224,3 +250,25 @@ def test_noised_lr_scales_only_the_noised_parameters() -> None:
     assert res.grads[emb].abs().min() > 0  # every row exported with noise
     with pytest.raises(VeilError, match="noised_lr"):
         create_defense("aegis", noised_lr=-1)
+
+
+def test_lr_scale_is_the_same_run_at_a_larger_learning_rate() -> None:
+    """lr_scale multiplies the local learning rate of everything that still trains (noised_lr on top)."""
+    from veil.training.loop import make_optimizer
+
+    runs = []
+    for lr, kw in ((3e-3, {}), (1e-3, {"lr_scale": 3.0})):
+        model = tiny()
+        d = create_defense("aegis", **kw).attach(model)
+        opt = make_optimizer(model, lr, 0.05, [d])
+        for step in range(2):
+            client_step(model, batch(step), [d], opt, step=step)
+        runs.append([p.detach().clone() for p in model.parameters()])
+    assert all(torch.allclose(a, b, rtol=1e-5, atol=1e-8) for a, b in zip(*runs))
+    assert not all(torch.equal(a, b) for a, b in zip(runs[0], [p.detach() for p in tiny().parameters()]))
+    model = tiny()
+    d = create_defense("aegis", lr_scale=3.0, noised_lr=0.5).attach(model)
+    factors = {id(p): f for p, f in d.lr_scales(model)}
+    assert factors[id(model.token_embedding().weight)] == 1.5 and factors[id(model.classifier().weight)] == 3.0
+    with pytest.raises(VeilError, match="lr_scale"):
+        create_defense("aegis", lr_scale=float("nan"))

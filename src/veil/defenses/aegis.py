@@ -48,15 +48,28 @@ models tie it (GPT-2), where the embedding noise covers it; for untied heads we 
 row noise, eq. (E), to the head rows (``head_noise``, default = embed_noise; 0 disables).
 
 The abstract names three channels; we measured a fourth it does not: the MLP down-projection
-(fc2 / c_proj) gradient is left clean, and in a causal decoder its input at position t depends
-only on tokens <= t, so DAGER's span check on it still recovers tokens (`span-unfrozen`: every
-sentence's first token on gpt-tiny under default AEGIS). ``mlp_down_noise`` applies eq. (M) to
-it too; it defaults to 0 to keep AEGIS as published, and the results table reports both.
+(fc2 / c_proj) gradient, left clean, leaks in a CAUSAL model. There the down-projection's input
+at position t depends only on tokens <= t, so DAGER's span check on it grows sentences token by
+token (`span-unfrozen` found every sentence's first token on gpt-tiny under AEGIS as published:
+presence F1 0.108 against 0.0002 for a random guess). In a bidirectional encoder the same input
+mixes the whole sentence: a span check needs whole-sentence hypotheses, whose candidates come
+from the bag of tokens that channel 2's noise destroys (measured: span-unfrozen finds nothing on
+transformer4, even undefended). ``mlp_down_noise`` applies eq. (M) to it; its default (None)
+resolves at attach time to 1.0 for causal models (`VeilModel.causal`) and 0 for encoders, so the
+encoder defense is AEGIS as published and the decoder defense closes the fourth channel too.
 
 Defaults (measured with `veil analyze channels` and the attacks in `veil.attacks.adaptive`,
 numbers in docs/results.md): embed_noise=3.0 (a present row moves the norm statistic by at most
-0.11 absent-row std), mlp_noise=1.0 (the BBP bound); freeze_attention=True. With
-embed_noise=0, mlp_noise=0 and freeze_attention=False the defense is bit-identical to none.
+0.11 absent-row std), mlp_noise=1.0 (the BBP bound); freeze_attention=True; mlp_down_noise by
+model (above). With embed_noise=0, mlp_noise=0, mlp_down_noise=0 and freeze_attention=False the
+defense is bit-identical to none (head_noise follows embed_noise unless set).
+
+``freeze_attention_bias=False`` freezes only the projection WEIGHTS. Channel 1 lives in the
+weight gradient sum_t delta_t x_t^T; a bias gradient is sum_t delta_t, which holds no input
+vector x_t, and with the weights frozen there is no exported weight gradient it could serve as
+a key for (a clean bias is dangerous beside a NOISED weight of the same layer: G^T db is a
+combination of the inputs — why the MLP-up bias stays noised). Off by default: the abstract
+freezes the projection "parameters".
 
 Local step. The noised gradient drives the client's own optimiser step too. Two measured
 consequences (MiniLM on 1,500 SST-2 sentences, seed 0, `veil train`): (1) global-norm clipping
@@ -67,6 +80,14 @@ points) and the MLP-up noise (-1.8 more: Adam sees almost no signal in that tabl
 embedding noise (-0.1). ``noised_lr`` scales the local learning rate of the noised tables (1.0 =
 the same as the rest; 0.1 and 0 gave the same accuracy as 1.0 on that run), which keeps Adam's
 per-coordinate normalisation from turning pure-noise rows into full-size random steps.
+``lr_scale`` multiplies the local learning rate of every parameter that still trains. With the
+attention frozen and the noised tables learning next to nothing, the rest of the model (MLP
+down-projections, norms, head) carries the fine-tuning and wants a larger step — as in other
+partial fine-tuning. Measured on a validation split of SST-2's training pool, never the test
+split (`scripts/screen_aegis_minilm.py`, MiniLM, 2,000 sentences, seeds 0 and 1): AEGIS at lr
+1e-4 -2.3 / -2.0 points below undefended, at 3e-4 (lr_scale 3) -0.8 / -1.0, at 6e-4 -1.0 /
+-1.5; undefended itself is best at 1e-4 (-0.3 / -0.7 at 3e-4). Default 1.0: the best scale
+depends on the model and its recipe; set it per task (configs/paper/minilm_utility.yaml: 3).
 
 Noise is seeded and changes every call: one generator per call keyed on (seed, step, call
 count), so two runs with the same seed draw the same noise, and no two calls ever repeat it —
@@ -105,13 +126,14 @@ def keyed_generator(seed: int, step: int, count: int, device: torch.device) -> t
     return g
 
 
-def attention_parameters(model: VeilModel) -> list[nn.Parameter]:
-    """Every weight and bias of the q, k, v, o projections (a fused c_attn counted once)."""
+def attention_parameters(model: VeilModel, biases: bool = True) -> list[nn.Parameter]:
+    """The q, k, v, o projection weights (and biases) — a fused c_attn counted once."""
     seen: dict[int, nn.Parameter] = {}
     for layer in model.attention_layers():
         for mod in (layer.q, layer.k, layer.v, layer.o):
-            for p in mod.parameters(recurse=False):
-                seen.setdefault(id(p), p)
+            for name, p in mod.named_parameters(recurse=False):
+                if biases or name != "bias":
+                    seen.setdefault(id(p), p)
     return list(seen.values())
 
 
@@ -145,19 +167,26 @@ class Aegis(Defense):
     name = "aegis"
     modalities = ("text",)
 
-    def __init__(self, freeze_attention: bool = True, embed_noise: float = 3.0, mlp_noise: float = 1.0,
-                 head_noise: float | None = None, mlp_down_noise: float = 0.0, noised_lr: float = 1.0, seed: int = 0) -> None:
+    def __init__(self, freeze_attention: bool = True, freeze_attention_bias: bool = True, embed_noise: float = 3.0, mlp_noise: float = 1.0,
+                 head_noise: float | None = None, mlp_down_noise: float | None = None, noised_lr: float = 1.0, lr_scale: float = 1.0,
+                 seed: int = 0) -> None:
         super().__init__()
         if not isinstance(freeze_attention, bool):
             raise VeilError(f"freeze_attention must be true or false, got {freeze_attention!r}")
+        if not isinstance(freeze_attention_bias, bool):
+            raise VeilError(f"freeze_attention_bias must be true or false, got {freeze_attention_bias!r}")
         if isinstance(seed, bool) or not isinstance(seed, int):
             raise VeilError(f"seed must be an integer, got {seed!r}")
         self.freeze_attention = freeze_attention
+        self.freeze_attention_bias = freeze_attention_bias
         self.embed_noise = check_scale("embed_noise", embed_noise)
         self.mlp_noise = check_scale("mlp_noise", mlp_noise)
         self.head_noise = self.embed_noise if head_noise is None else check_scale("head_noise", head_noise)
-        self.mlp_down_noise = check_scale("mlp_down_noise", mlp_down_noise)
+        #: None = by model: 1.0 for causal models, 0 for encoders (see the module docstring)
+        self.mlp_down_setting = None if mlp_down_noise is None else check_scale("mlp_down_noise", mlp_down_noise)
+        self.mlp_down_noise = self.mlp_down_setting or 0.0
         self.noised_lr = check_scale("noised_lr", noised_lr)
+        self.lr_scale = check_scale("lr_scale", lr_scale)
         self.seed = seed
         self._frozen: list[tuple[nn.Parameter, bool]] = []
         self._calls = 0
@@ -166,8 +195,10 @@ class Aegis(Defense):
 
     def _attach(self, model: VeilModel) -> None:
         self._calls = 0
+        if self.mlp_down_setting is None:
+            self.mlp_down_noise = 1.0 if model.causal else 0.0
         if self.freeze_attention:
-            self._frozen = [(p, p.requires_grad) for p in attention_parameters(model)]
+            self._frozen = [(p, p.requires_grad) for p in attention_parameters(model, self.freeze_attention_bias)]
             for p, _ in self._frozen:
                 p.requires_grad_(False)
                 p.grad = None
@@ -191,8 +222,12 @@ class Aegis(Defense):
         return [p for p in dict.fromkeys(out) if p.requires_grad]
 
     def lr_scales(self, model: VeilModel) -> list[tuple[nn.Parameter, float]]:
-        """``noised_lr`` for every noised parameter (see the module docstring, "Local step")."""
-        return [] if self.noised_lr == 1.0 else [(p, self.noised_lr) for p in self.noised_parameters(model)]
+        """``lr_scale`` for every parameter that still trains, times ``noised_lr`` for the noised
+        ones (see the module docstring, "Local step")."""
+        if self.noised_lr == 1.0 and self.lr_scale == 1.0:
+            return []
+        noised = {id(p) for p in self.noised_parameters(model)}
+        return [(p, self.lr_scale * (self.noised_lr if id(p) in noised else 1.0)) for p in model.parameters() if p.requires_grad]
 
     def transform_grads(self, model: VeilModel, step: int) -> None:
         if self.embed_noise == 0 and self.mlp_noise == 0 and self.head_noise == 0 and self.mlp_down_noise == 0:
@@ -228,8 +263,10 @@ class Aegis(Defense):
 
     def describe(self) -> dict[str, Any]:
         """What an adaptive attacker is granted: the frozen set and the noise laws with their scales."""
-        return {"name": self.name, "freeze_attention": self.freeze_attention, "embed_noise": self.embed_noise,
-                "mlp_noise": self.mlp_noise, "head_noise": self.head_noise, "mlp_down_noise": self.mlp_down_noise, "noised_lr": self.noised_lr, "embed_law": "N(0, s^2), s = embed_noise * rho_max / (2D)^(1/4)",
+        return {"name": self.name, "freeze_attention": self.freeze_attention,
+                "freeze_attention_bias": self.freeze_attention_bias, "embed_noise": self.embed_noise,
+                "mlp_noise": self.mlp_noise, "head_noise": self.head_noise, "mlp_down_noise": self.mlp_down_noise, "noised_lr": self.noised_lr,
+                "lr_scale": self.lr_scale, "embed_law": "N(0, s^2), s = embed_noise * rho_max / (2D)^(1/4)",
                 "mlp_law": "N(0, s^2), s = mlp_noise * ||G||_F / (H D)^(1/4)", "last_std": dict(self.last_std)}
 
 

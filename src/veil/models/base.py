@@ -55,6 +55,7 @@ class VeilModel(nn.Module):
 
     modality: str = "image"  # "image" | "text"
     task: str = "classification"  # "classification" | "lm"
+    causal: bool = False  # attention sees only earlier positions (decoders)
     label_smoothing: float = 0.0  # of the classification loss (train.label_smoothing)
 
     def __init__(self) -> None:

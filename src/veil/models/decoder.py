@@ -31,6 +31,7 @@ class DecoderConfig:
 class Decoder(BlockHandles, VeilModel):
     modality = "text"
     task = "lm"
+    causal = True
 
     def __init__(self, cfg: DecoderConfig) -> None:
         super().__init__()

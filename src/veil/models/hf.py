@@ -168,6 +168,7 @@ class HFGPT2(VeilModel):
 
     modality = "text"
     task = "lm"
+    causal = True
 
     def __init__(self, model: nn.Module, pad_id: int = 0) -> None:
         super().__init__()
