@@ -1,13 +1,16 @@
 """Step-time overhead of AEGIS (and DP-SGD) against an undefended step, in one run.
 
 Each repeat times one optimiser step of every variant on the same batch, interleaved (so drift of
-the shared machine hits all variants alike); we report medians and the ratio to `none`.
+the shared machine hits all variants alike) and in reversed order every other round (so no variant
+always runs right after the same neighbour, whose memory traffic it inherits); we report medians
+and the ratio to `none`.
 
     python benchmarks/aegis_overhead.py --model minilm --batch 16 --len 48 --repeats 10 --json out.json
 """
 from __future__ import annotations
 
 import argparse
+import ctypes
 import json
 import statistics
 import time
@@ -28,6 +31,23 @@ VARIANTS: dict[str, list[tuple[str, dict[str, Any]]]] = {
 }
 
 
+def steady_allocator() -> bool:
+    """Keep freed large blocks in the heap (glibc mallopt), for every variant alike.
+
+    By default glibc maps each block above its threshold freshly and unmaps it on free, so every
+    step pays page faults on the ~12 MB gradient / clone / noise tables — and which step pays
+    depends on the allocator's history: on transformer4 the AEGIS / none ratio swung from 0.98
+    to 1.42 between identical runs (measured). With the blocks kept, it was 1.18-1.20 in eight
+    runs: the cost of the computation, not of the allocator. Returns whether it applied.
+    """
+    try:
+        libc = ctypes.CDLL("libc.so.6")
+        M_TRIM_THRESHOLD, M_MMAP_THRESHOLD = -1, -3
+        return bool(libc.mallopt(M_MMAP_THRESHOLD, 1 << 30)) and bool(libc.mallopt(M_TRIM_THRESHOLD, 1 << 30))
+    except (OSError, AttributeError):
+        return False
+
+
 def make_batch(vocab: int, batch: int, length: int, seed: int = 0) -> dict[str, torch.Tensor]:
     g = torch.Generator().manual_seed(seed)
     ids = torch.randint(1000, vocab, (batch, length), generator=g)
@@ -36,6 +56,7 @@ def make_batch(vocab: int, batch: int, length: int, seed: int = 0) -> dict[str, 
 
 
 def bench(model_name: str, batch: int, length: int, repeats: int, variants: list[str], model_kw: dict[str, Any] | None = None) -> dict[str, Any]:
+    steady = steady_allocator()
     setups = {}
     for name in variants:
         torch.manual_seed(0)
@@ -45,15 +66,16 @@ def bench(model_name: str, batch: int, length: int, repeats: int, variants: list
     vocab = next(iter(setups.values()))[0].token_embedding().weight.shape[0]
     b = make_batch(vocab, batch, length)
     times: dict[str, list[float]] = {n: [] for n in variants}
-    for r in range(repeats + 1):  # the first round warms up
-        for name, (model, defenses, opt) in setups.items():
+    order = list(setups.items())
+    for r in range(repeats + 1):  # the first round warms up; every other round runs in reverse
+        for name, (model, defenses, opt) in (order if r % 2 else order[::-1]):
             t0 = time.perf_counter()
             client_step(model, b, defenses, opt, step=r, clip=1.0)
             if r:
                 times[name].append(time.perf_counter() - t0)
     med = {n: statistics.median(t) for n, t in times.items()}
     return {"model": model_name, "batch": batch, "len": length, "repeats": repeats, "threads": torch.get_num_threads(),
-            "median_s": med, "ratio_to_none": {n: med[n] / med["none"] for n in med}}
+            "median_s": med, "ratio_to_none": {n: med[n] / med["none"] for n in med}, "steady_allocator": steady}
 
 
 def main() -> None:
