@@ -272,3 +272,17 @@ def test_lr_scale_is_the_same_run_at_a_larger_learning_rate() -> None:
     assert factors[id(model.token_embedding().weight)] == 1.5 and factors[id(model.classifier().weight)] == 3.0
     with pytest.raises(VeilError, match="lr_scale"):
         create_defense("aegis", lr_scale=float("nan"))
+
+
+def test_noise_buffer_draws_exactly_what_a_fresh_tensor_would() -> None:
+    """The reused buffer changes no value: runs made before it stay reproducible."""
+    from veil.defenses.aegis import add_noise_
+
+    grad = torch.randn(50, 8)
+    a = grad.clone().add_(torch.randn(grad.shape, generator=torch.Generator().manual_seed(3)), alpha=0.4)
+    b, buf = grad.clone(), torch.full_like(grad, 7.0)
+    add_noise_(b, 0.4, torch.Generator().manual_seed(3), buf)
+    assert torch.equal(a, b)
+    c = grad.clone()
+    add_noise_(c, 0.0, torch.Generator().manual_seed(3), buf)
+    assert torch.equal(c, grad)
