@@ -3,7 +3,7 @@ the three gradient leakage channels AEGIS closes, per layer, for one client step
 model (trained weights when RUN_DIR has them) under its defenses.
 
 Prints the table and writes channels.json and channels.md into DIR (default
-RUN_DIR/analysis/channels, or ./channels next to a CONFIG file).
+RUN_DIR/analysis/channels, or runs/channels/<config name> for a CONFIG file).
 """
 from __future__ import annotations
 
@@ -42,7 +42,7 @@ def run(args: argparse.Namespace) -> int:
     else:
         cfg = load_config(src, args.overrides)
         model, data, defenses = build_run(cfg)
-        out = Path(args.out) if args.out else src.parent / "channels"
+        out = Path(args.out) if args.out else Path("runs") / "channels" / src.stem  # not beside the config: keep configs/ clean
     if data.modality != "text":
         raise VeilError("veil analyze channels measures text models (token embedding, attention, MLP); this run is " + data.modality)
     n = len(data.train["labels"])
