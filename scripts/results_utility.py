@@ -81,7 +81,8 @@ def main() -> None:
             "mean row instead of at random (see `veil.defenses.mjp`). `aegis(lr_scale=3.0)` trains what AEGIS leaves trainable "
             "at 3x the task's learning rate (3e-4), the scale chosen on a validation split of the training pool (next section), "
             "never on this test split. On GPT-2 (a causal model) `aegis` noises the MLP down-projection too (veil's default "
-            "there); `aegis(mlp_down_noise=0.0)` is AEGIS as published.", "", *rows(tasks)]
+            "there); `aegis(mlp_down_noise=0.0)` is AEGIS as published. DP-SGD runs at noise multiplier 0.1, the lowest level "
+            "that matched AEGIS's attack resistance on MiniLM (AEGIS section), per-sample clip 1.0, same recipe.", "", *rows(tasks)]
     write_section("utility", "\n".join(body))
     print("\n".join(body))
 
