@@ -45,7 +45,7 @@ VARIANTS: dict[str, tuple[list[dict[str, Any]], float]] = {
 
 def validation_data(train_size: int, val_size: int, seed: int) -> DataSplits:
     """train_size and val_size disjoint sentences of the shipped training pool (split seeded)."""
-    full = load_data("sst2", tokenizer="wordpiece", max_len=32)
+    full = load_data(**RECIPE["data"])
     perm = torch.randperm(len(full.train["labels"]), generator=torch.Generator().manual_seed(10_000 + seed))
     full.train, full.test = subset(full.train, perm[val_size:val_size + train_size]), subset(full.train, perm[:val_size])
     return full

@@ -161,11 +161,8 @@ def add_noise_(grad: Tensor, std: float, g: torch.Generator, buffer: Tensor | No
     the costliest part of an AEGIS step: reusing the buffer saves its allocation, ~25% of the
     noise time measured on transformer4). Bit-identical to ``grad.add_(torch.randn(...), alpha=std)``
     on the same generator, so runs made before the buffer stay reproducible."""
-    if std <= 0:
-        return
-    if buffer is None or buffer.shape != grad.shape or buffer.dtype != grad.dtype or buffer.device != grad.device:
-        buffer = torch.empty_like(grad)
-    grad.add_(buffer.normal_(generator=g), alpha=std)
+    if std > 0:
+        grad.add_((torch.empty_like(grad) if buffer is None else buffer).normal_(generator=g), alpha=std)
 
 
 class Aegis(Defense):
@@ -258,7 +255,7 @@ class Aegis(Defense):
         self._noise_blocks(model.mlp_down(), self.mlp_down_noise, "mlp_down", g)
 
     def _buffer(self, p: nn.Parameter) -> Tensor:
-        """A noise buffer kept per parameter across steps (it holds no data between calls)."""
+        """A noise buffer kept per parameter across steps, shaped like it (it holds no data between calls)."""
         buf = self._buffers.get(id(p))
         if buf is None or buf.shape != p.shape or buf.dtype != p.dtype or buf.device != p.device:
             buf = self._buffers[id(p)] = torch.empty_like(p, memory_format=torch.contiguous_format).detach()

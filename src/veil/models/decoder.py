@@ -62,7 +62,7 @@ class Decoder(BlockHandles, VeilModel):
         mask = batch.get("attention_mask")
         if mask is None:
             mask = torch.ones(h.shape[:2], dtype=torch.long, device=h.device)
-        bias = padding_bias(mask, causal=True, dtype=h.dtype)
+        bias = padding_bias(mask, causal=self.causal, dtype=h.dtype)
         for blk in self.blocks:
             h = blk(h, bias)
         return self.lm_head(self.norm(h))

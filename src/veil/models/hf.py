@@ -58,7 +58,7 @@ class HFBert(VeilModel):
         return self._emb.dropout(self._emb.LayerNorm(tok + pos + seg))
 
     def forward_from_embeddings(self, h: Tensor, batch: Batch) -> Tensor:
-        bias = padding_bias(batch["attention_mask"], causal=False, dtype=h.dtype)
+        bias = padding_bias(batch["attention_mask"], causal=self.causal, dtype=h.dtype)
         seq = self.hf.bert.encoder(h, attention_mask=bias).last_hidden_state
         if self.pooling == "mean":  # how sentence-transformers checkpoints (e.g. all-MiniLM-L6-v2) were trained
             m = batch["attention_mask"].unsqueeze(-1).to(seq.dtype)
@@ -192,7 +192,7 @@ class HFGPT2(VeilModel):
         mask = batch.get("attention_mask")
         if mask is None:
             mask = torch.ones(h.shape[:2], dtype=torch.long, device=h.device)
-        bias = padding_bias(mask, causal=True, dtype=h.dtype)
+        bias = padding_bias(mask, causal=self.causal, dtype=h.dtype)
         for block in self._t.h:
             h = block(h, None, bias)
         return self.hf.lm_head(self._t.ln_f(h))

@@ -60,7 +60,7 @@ class TextEncoder(BlockHandles, VeilModel):
         return self.drop(self.emb_norm(tok + pos + seg))
 
     def forward_from_embeddings(self, h: Tensor, batch: Batch) -> Tensor:
-        bias = padding_bias(batch["attention_mask"], causal=False, dtype=h.dtype)
+        bias = padding_bias(batch["attention_mask"], causal=self.causal, dtype=h.dtype)
         for blk in self.blocks:
             h = blk(h, bias)
         return self.head(h[:, 0])
