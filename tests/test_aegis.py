@@ -175,7 +175,12 @@ def test_presence_average_needs_rounds_and_averages_them() -> None:
     with pytest.raises(VeilError, match="rounds"):
         att.reconstruct(obs[0], Knowledge())
     rec = att.reconstruct(obs[0], Knowledge(aux_data={"rounds": [o.grads for o in obs[1:]]}, defense=d.describe()))
-    assert rec.stats["rounds"] == 8 and len(rec.token_set & _truth()) > 0.8 * len(_truth())
+    one = create_attack("presence-adaptive").reconstruct(obs[0], Knowledge(defense=d.describe()))
+    # 12 noise seeds: one round finds 0-2 of the 24 tokens, eight rounds 14-19 (precision >= 0.85)
+    truth = _truth()
+    assert len(one.token_set & truth) < 0.2 * len(truth)
+    assert rec.stats["rounds"] == 8 and len(rec.token_set & truth) > 0.55 * len(truth)
+    assert len(rec.token_set & truth) > 0.8 * len(rec.token_set)
 
 
 def test_span_unfrozen_finds_decoder_first_tokens_unless_mlp_down_is_noised() -> None:
@@ -274,15 +279,27 @@ def test_lr_scale_is_the_same_run_at_a_larger_learning_rate() -> None:
         create_defense("aegis", lr_scale=float("nan"))
 
 
-def test_noise_buffer_draws_exactly_what_a_fresh_tensor_would() -> None:
-    """The reused buffer changes no value: runs made before it stay reproducible."""
-    from veil.defenses.aegis import add_noise_
+def test_standard_normal_is_box_muller_on_seeded_sfc64_bits() -> None:
+    """The draw matches the documented transform computed by hand in float64, is N(0, 1), seeded, fresh per key."""
+    import numpy as np
+    from veil.defenses.noise import standard_normal
 
-    grad = torch.randn(50, 8)
-    a = grad.clone().add_(torch.randn(grad.shape, generator=torch.Generator().manual_seed(3)), alpha=0.4)
-    b, buf = grad.clone(), torch.full_like(grad, 7.0)
-    add_noise_(b, 0.4, torch.Generator().manual_seed(3), buf)
-    assert torch.equal(a, b)
-    c = grad.clone()
-    add_noise_(c, 0.0, torch.Generator().manual_seed(3), buf)
-    assert torch.equal(c, grad)
+    n, key = 2 * 4099 + 1, (3, 7, 1)  # odd: the last pair's cosine half is cut
+    z = standard_normal(n, key).double().numpy()
+    m = (n + 1) // 2
+    words = np.random.SFC64(np.random.SeedSequence(list(key))).random_raw(m).view(np.int32).astype(np.int64)
+    u1 = ((words[:m] >> 9) + 2 ** 22 + 0.5) / 2 ** 23
+    t = 2 * np.pi * words[m:] / 2 ** 32
+    r = np.sqrt(-2 * np.log(u1))
+    want = np.concatenate([r * np.sin(t), r * np.cos(t)])[:n]
+    assert np.allclose(z, want, rtol=1e-5, atol=1e-5)
+    assert torch.equal(standard_normal(n, key), torch.from_numpy(z).float())
+    big = standard_normal(400_000, (0, 1, 2)).double()
+    assert abs(float(big.mean())) < 0.005 and abs(float(big.std()) - 1) < 0.005
+    assert abs(float(((big - big.mean()) ** 4).mean() / big.var() ** 2) - 3) < 0.05  # Gaussian kurtosis
+    halves = torch.stack([big[:200_000], big[200_000:]])
+    assert abs(float(torch.corrcoef(halves)[0, 1])) < 0.01
+    other = standard_normal(400_000, (0, 2, 2)).double()
+    assert abs(float(torch.corrcoef(torch.stack([big, other]))[0, 1])) < 0.01
+    space = torch.empty(n + 1)
+    assert standard_normal(n, key, out=space).data_ptr() == space.data_ptr()

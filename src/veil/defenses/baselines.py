@@ -14,14 +14,21 @@ from typing import Any
 import torch
 
 from veil.defenses import DEFENSES
-from veil.defenses.aegis import add_noise_, check_scale, keyed_generator
+from veil.defenses.aegis import check_scale
 from veil.defenses.base import Defense, check_unit_interval
+from veil.defenses.noise import keyed_generator
 from veil.errors import VeilError
 from veil.models.base import VeilModel
 
 
 def trainable_grads(model: VeilModel) -> list[torch.Tensor]:
     return [p.grad for p in model.parameters() if p.requires_grad and p.grad is not None]
+
+
+def add_noise_(grad: torch.Tensor, std: float, g: torch.Generator) -> None:
+    """grad += std * N(0, 1) i.i.d. from generator g."""
+    if std > 0:
+        grad.add_(torch.randn(grad.shape, generator=g, device=grad.device, dtype=grad.dtype), alpha=std)
 
 
 def prune_topk_(grad: torch.Tensor, ratio: float) -> None:

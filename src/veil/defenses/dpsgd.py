@@ -28,7 +28,8 @@ from torch import Tensor, nn
 from torch.func import functional_call, grad, vmap
 
 from veil.defenses import DEFENSES
-from veil.defenses.aegis import check_scale, keyed_generator
+from veil.defenses.aegis import check_scale
+from veil.defenses.noise import keyed_generator
 from veil.defenses.base import Defense
 from veil.errors import VeilError
 from veil.models.base import Batch, VeilModel

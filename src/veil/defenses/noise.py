@@ -1,0 +1,76 @@
+"""Seeded standard-normal noise for large gradient tables, fast on a CPU.
+
+A defense that noises a vocabulary-sized gradient table (AEGIS eq. (E): 30,522 x D entries every
+step) spends most of its time making Gaussian numbers. torch's CPU ``normal_`` draws them one by
+one from a single Mersenne-Twister stream (10.0 ms for 30,522 x 96 here), and drawing chunks on
+Python threads helps little inside a training step: after every parallel op, OpenMP's idle
+worker spins for ~10 ms on the second core (measured: 9.0 ms on two threads right after a
+matmul, 6.0 ms when idle).
+
+So the work is split by what each part is good at:
+
+1. the random bits come from numpy's SFC64 (a small chaotic generator that passes PractRand and
+   BigCrush; 64 bits per call, ~3x torch's CPU generator here), one stream per call seeded from
+   the call's key through ``numpy.random.SeedSequence``;
+2. Box-Muller turns them into Gaussians with torch's vectorised, OpenMP-parallel ops — the
+   same transform torch's own ``normal_`` applies:
+
+       u1 = (k1 + 1/2) / 2^23          k1 = the top 23 bits of word i        (u1 in (0, 1))
+       t  = 2 pi w2 / 2^32             w2 = word m + i as a signed integer   (t in [-pi, pi])
+       z_i = sqrt(-2 ln u1) sin t,     z_{m+i} = sqrt(-2 ln u1) cos t,       i < m = ceil(n / 2)
+
+   (z_i, z_{m+i}) are two independent N(0, 1) draws; a 23-bit u1 bounds |z| by 5.77, as
+   torch's 24-bit uniform does.
+
+Measured on that table: 7.2 ms (2.6 ms bits), 7.5 ms right after a matmul, against 10.0 ms for
+``normal_``. The values depend only on the key: the same key gives the same noise (up to the
+last bit of the transcendental functions, whose vectorised and scalar paths may differ where
+torch splits the work across a different thread count), a new key fresh noise. On a GPU the
+noise comes from ``torch.randn`` on a generator seeded from the same key.
+"""
+from __future__ import annotations
+
+import math
+from typing import Sequence
+
+import numpy as np
+import torch
+from torch import Tensor
+
+
+def key_words(key: Sequence[int]) -> list[int]:
+    """The key as 32-bit words (each integer of the key taken modulo 2^32)."""
+    return [int(k) & 0xFFFFFFFF for k in key]
+
+
+def standard_normal(n: int, key: Sequence[int], device: torch.device | str = "cpu", out: Tensor | None = None) -> Tensor:
+    """n i.i.d. N(0, 1) float32 values, a deterministic function of ``key`` (a tuple of integers).
+
+    ``out`` (a float32 tensor on ``device`` with at least n + 1 entries) is reused as the work
+    space — pass the tensor returned by the previous call to avoid reallocating it."""
+    device = torch.device(device)
+    seq = np.random.SeedSequence(key_words(key))
+    if device.type != "cpu":
+        g = torch.Generator(device=device)
+        g.manual_seed(int(seq.generate_state(1, np.uint64)[0]) & 0x7FFF_FFFF_FFFF_FFFF)
+        return torch.randn(n, generator=g, device=device)
+    m = (n + 1) // 2
+    if out is None or out.numel() < 2 * m or out.dtype != torch.float32 or out.device != device:
+        out = torch.empty(2 * m, dtype=torch.float32)
+    words = torch.from_numpy(np.random.SFC64(seq).random_raw(m).view(np.int32))  # 2m x 32 bits
+    radius, angle = out[:m], out[m:2 * m]
+    radius.copy_(words[:m].bitwise_right_shift_(9)).add_(2.0 ** 22 + 0.5).mul_(2.0 ** -23)
+    radius.log_().mul_(-2.0).sqrt_()
+    angle.copy_(words[m:]).mul_(2 * math.pi * 2.0 ** -32)
+    sin = torch.sin(angle)
+    angle.cos_().mul_(radius)
+    radius.mul_(sin)
+    return out[:n]
+
+
+def keyed_generator(seed: int, step: int, count: int, device: torch.device) -> torch.Generator:
+    """A generator whose state depends on (seed, step, count) only: reproducible, never repeated."""
+    key = int(np.random.SeedSequence(key_words((seed, step, count))).generate_state(1, np.uint64)[0])
+    g = torch.Generator(device=device)
+    g.manual_seed(key & 0x7FFF_FFFF_FFFF_FFFF)
+    return g
