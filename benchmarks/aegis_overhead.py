@@ -6,6 +6,7 @@ always runs right after the same neighbour, whose memory traffic it inherits); w
 and the ratio to `none`.
 
     python benchmarks/aegis_overhead.py --model minilm --batch 16 --len 48 --repeats 10 --json out.json
+    python benchmarks/aegis_overhead.py --suite --device cuda --repeats 20 --json bench_gpu.json
 """
 from __future__ import annotations
 
@@ -55,27 +56,53 @@ def make_batch(vocab: int, batch: int, length: int, seed: int = 0) -> dict[str, 
     return {"input_ids": ids, "attention_mask": torch.ones_like(ids), "labels": torch.randint(0, 2, (batch,), generator=g)}
 
 
-def bench(model_name: str, batch: int, length: int, repeats: int, variants: list[str], model_kw: dict[str, Any] | None = None) -> dict[str, Any]:
+def bench(model_name: str, batch: int, length: int, repeats: int, variants: list[str], model_kw: dict[str, Any] | None = None,
+          device: str = "cpu") -> dict[str, Any]:
     steady = steady_allocator()
+    dev = torch.device(device)
     setups = {}
     for name in variants:
         torch.manual_seed(0)
-        model = create_model(model_name, **(model_kw or {}))
+        model = create_model(model_name, **(model_kw or {})).to(dev)
         defenses = [create_defense(d, **kw).attach(model) for d, kw in VARIANTS[name]]
         setups[name] = (model, defenses, make_optimizer(model, 1e-5, 0.0))
     vocab = next(iter(setups.values()))[0].token_embedding().weight.shape[0]
-    b = make_batch(vocab, batch, length)
+    b = {k: v.to(dev) for k, v in make_batch(vocab, batch, length).items()}
+    sync = torch.cuda.synchronize if dev.type == "cuda" else (lambda: None)
     times: dict[str, list[float]] = {n: [] for n in variants}
     order = list(setups.items())
     for r in range(repeats + 1):  # the first round warms up; every other round runs in reverse
         for name, (model, defenses, opt) in (order if r % 2 else order[::-1]):
+            sync()
             t0 = time.perf_counter()
             client_step(model, b, defenses, opt, step=r, clip=1.0)
+            sync()
             if r:
                 times[name].append(time.perf_counter() - t0)
     med = {n: statistics.median(t) for n, t in times.items()}
     return {"model": model_name, "batch": batch, "len": length, "repeats": repeats, "threads": torch.get_num_threads(),
-            "median_s": med, "ratio_to_none": {n: med[n] / med["none"] for n in med}, "steady_allocator": steady}
+            "device": str(dev) if dev.type == "cpu" else torch.cuda.get_device_name(dev), "median_s": med,
+            "ratio_to_none": {n: med[n] / med["none"] for n in med}, "steady_allocator": steady}
+
+
+#: the accelerator suite: veil's encoder and decoder, and MiniLM-L6's shapes (HF BERT from a config, random
+#: init: the step time does not depend on the weights, and the pretrained files stay off the accelerator machine)
+SUITE: list[tuple[str, dict[str, Any], list[str]]] = [
+    ("transformer4", {}, ["none", "aegis", "dpsgd"]),
+    ("gpt-tiny", {}, ["none", "aegis", "aegis-published", "dpsgd"]),
+    ("hf-bert", {"dim": 384, "depth": 6, "heads": 12, "max_len": 512, "dropout": 0.0}, ["none", "aegis", "dpsgd"]),
+]
+
+
+def suite(device: str, shapes: list[tuple[int, int]], repeats: int) -> list[dict[str, Any]]:
+    """Every SUITE model at every (batch, length)."""
+    out = []
+    for name, kw, variants in SUITE:
+        for batch, length in shapes:
+            res = bench(name, batch, length, repeats, variants, kw, device)
+            print(json.dumps({"model": name, "batch": batch, "len": length, "ratio_to_none": res["ratio_to_none"]}), flush=True)
+            out.append({**res, "model_kw": kw})
+    return out
 
 
 def main() -> None:
@@ -85,9 +112,14 @@ def main() -> None:
     p.add_argument("--len", type=int, default=48)
     p.add_argument("--repeats", type=int, default=10)
     p.add_argument("--variants", default="none,aegis,aegis-published,dpsgd")
+    p.add_argument("--device", default="cpu")
+    p.add_argument("--suite", action="store_true", help="every SUITE model at batch 16 x 48 and 64 x 128 (a JSON list)")
     p.add_argument("--json", default=None)
     a = p.parse_args()
-    res = bench(a.model, a.batch, a.len, a.repeats, a.variants.split(","))
+    if a.suite:
+        res: Any = suite(a.device, [(16, 48), (64, 128)], a.repeats)
+    else:
+        res = bench(a.model, a.batch, a.len, a.repeats, a.variants.split(","), device=a.device)
     print(json.dumps(res, indent=2))
     if a.json:
         with open(a.json, "w") as f:

@@ -170,7 +170,8 @@ def fmt_utility(rows: list[dict[str, Any]]) -> list[str]:
 
 
 def fmt_bench(b: dict[str, Any]) -> list[str]:
-    lines = [f"{b['model']}, batch {b['batch']} x {b['len']} tokens, median of {b['repeats']} interleaved steps ({b['threads']} threads):", "",
+    where = f"on {b['device']}" if b.get("device", "cpu") != "cpu" else f"{b['threads']} threads"
+    lines = [f"{b['model']}, batch {b['batch']} x {b['len']} tokens, median of {b['repeats']} interleaved steps ({where}):", "",
              "| variant | median step (s) | ratio to none |", "|---|---|---|"]
     lines += [f"| {n} | {b['median_s'][n]:.3f} | {b['ratio_to_none'][n]:.2f} |" for n in b["median_s"]]
     return lines
@@ -253,6 +254,15 @@ def main() -> None:
                   "an untied LM head): fixed per step, so it weighs most on a narrow model with a small batch. The draw "
                   "(`veil.defenses.noise`: SFC64 bits, Box-Muller in torch ops) runs its transform on every core, so each model is timed on one thread and on all of this machine's cores.", ""]
         for b in json.loads(bcache.read_text()):
+            parts += fmt_bench(b) + [""]
+    gcache = runs / "bench_gpu.json"
+    if gcache.is_file():  # measured on an accelerator machine when one is lent (none is needed for the rest)
+        parts += ["### Step time on a GPU", "",
+                  f"`python benchmarks/aegis_overhead.py --suite --device cuda --repeats 20 --json {gcache.relative_to(ROOT) if gcache.is_relative_to(ROOT) else gcache}`, "
+                  "run on a machine lent for one session (not this one; CI never runs it). `hf-bert` has MiniLM-L6's shapes "
+                  "(384 wide, 6 layers, 12 heads) at random init: the step time does not depend on the weights. Steps this "
+                  "small are bound by kernel launches on a GPU, where the noise draw (cuRAND) is cheap.", ""]
+        for b in json.loads(gcache.read_text()):
             parts += fmt_bench(b) + [""]
     write_section("aegis", "\n".join(parts), Path(a.results))
     print(f"wrote the AEGIS section of {a.results}")

@@ -22,8 +22,9 @@ So the work is split by what each part is good at:
    (z_i, z_{m+i}) are two independent N(0, 1) draws; a 23-bit u1 bounds |z| by 5.77, as
    torch's 24-bit uniform does.
 
-Measured on that table: 7.2 ms (2.6 ms bits), 7.5 ms right after a matmul, against 10.0 ms for
-``normal_``. The values depend only on the key: the same key gives the same noise (up to the
+Measured on that table on this machine's two cores: 7.2 ms (2.6 ms bits), 7.5 ms right after a
+matmul, against 10.0 ms for ``normal_``; on one core the two cost the same (~10 ms) — the gain
+grows with the core count, since only the bits are serial. The values depend only on the key: the same key gives the same noise (up to the
 last bit of the transcendental functions, whose vectorised and scalar paths may differ where
 torch splits the work across a different thread count), a new key fresh noise. On a GPU the
 noise comes from ``torch.randn`` on a generator seeded from the same key.
