@@ -64,34 +64,72 @@ def test_fedsgd_audit_april_rebuilds_batch_of_one(tmp_path: Path) -> None:
     assert s["leakage"]["april"]["psnr"] > 30
 
 
-def test_exported_update_is_what_the_defense_produced(tmp_path: Path) -> None:
-    """The fedsgd reply carries exactly client_step's defended gradient (Gaussian noise here)."""
+def _fedsgd_reply(tmp_path: Path, *overrides: str):
+    """(spec, world, global arrays, the weights client 1 was sent, its reply's gradient) for round 3."""
     from flwr.app import ConfigRecord, Message, RecordDict
 
     from veil.federated.client_app import app
     from veil.federated.grid import LocalGrid
-    from veil.federated.task import client_world, local_batches, client_split, model_arrays, reset_defenses, round_seed, step_key
-    from veil.training.step import client_step
+    from veil.federated.task import client_world, model_arrays, reset_defenses
 
-    spec = load_spec(write_cfg(tmp_path), [*TINY, "federated.mode=fedsgd", "defense=gaussian", "defense.sigma=0.5"])
+    spec = load_spec(write_cfg(tmp_path), [*TINY, "federated.mode=fedsgd", "defense=gaussian", "defense.sigma=0.5", *overrides])
     world = client_world(spec.text())
     reset_defenses(world)
     arrays = model_arrays(world.model)
-    grid = LocalGrid(app, 2)
     msg = Message(RecordDict({"arrays": arrays, "config": ConfigRecord({"spec": spec.text(), "lr": 0.01, "server-round": 3})}),
                   dst_node_id=1002, message_type="train")
-    reply = list(grid.send_and_receive([msg], timeout=60))[0]
-    sent = reply.content["arrays"].to_torch_state_dict()
-    # recompute on the client's side
+    reply = list(LocalGrid(app, 2).send_and_receive([msg], timeout=60))[0]
+    return spec, world, arrays, reply.content["arrays"].to_torch_state_dict()
+
+
+def _recompute(spec, world, arrays, secret: int | None, torch_seed: int):
+    """Client 1's round-3 step recomputed with the given defense secret and torch seed: (defended, clean) gradients."""
+    from veil.federated.task import client_split, local_batches, reset_defenses, step_key
+    from veil.training.step import client_step
+
     reset_defenses(world)
+    for d in world.defenses:
+        d.secret = secret
     world.model.load_state_dict(arrays.to_torch_state_dict())
     batch = next(local_batches(client_split(world, 1), 16, 0, 3, 1, 1, 1))
-    torch.manual_seed(round_seed(0, 3, 1))
+    torch.manual_seed(torch_seed)
     res = client_step(world.model, batch, world.defenses, None, step=step_key(3, 1, 0), clip=spec.cfg.train.clip)
-    assert set(sent) == set(res.grads)
-    assert all(torch.equal(sent[k], res.grads[k]) for k in sent)
-    clean = client_step(world.model, batch, [], None, clip=spec.cfg.train.clip).grads
+    return res.grads, client_step(world.model, batch, [], None, clip=spec.cfg.train.clip).grads
+
+
+def test_exported_update_is_what_the_defense_produced(tmp_path: Path) -> None:
+    """The fedsgd reply carries exactly client_step's defended gradient (Gaussian noise here)."""
+    from veil.federated.client_secret import round_secret
+    from veil.federated.task import round_seed
+
+    spec, world, arrays, sent = _fedsgd_reply(tmp_path, "federated.secret=seeded")
+    mine, clean = _recompute(spec, world, arrays, round_secret("seeded", 0, 3, 1), round_seed(0, 3, 1))
+    assert set(sent) == set(mine)
+    assert all(torch.equal(sent[k], mine[k]) for k in sent)
     assert not torch.allclose(sent["head.weight"], clean["head.weight"])  # the noise is in what was sent
+
+
+@pytest.mark.parametrize("mode", ["random", "seeded"])
+def test_server_cannot_regenerate_a_clients_noise_unless_secrets_are_seeded(tmp_path: Path, mode: str) -> None:
+    """The server knows the spec (seed included), the round, the client and the weights: with the
+    default client-held secret its best regeneration of the noise misses by the noise's own size;
+    with `federated.secret: seeded` it regenerates the noise exactly and strips it."""
+    from veil.federated.client_secret import round_secret
+    from veil.federated.task import round_seed
+
+    spec, world, arrays, sent = _fedsgd_reply(tmp_path, f"federated.secret={mode}")
+    from veil.federated.client_secret import process_secret
+
+    assert str(process_secret()) not in spec.text() and str(process_secret() % 2 ** 64) not in spec.text()
+    guess, clean = _recompute(spec, world, arrays, round_secret("seeded", 0, 3, 1), round_seed(0, 3, 1))
+    miss = torch.cat([(sent[k] - guess[k]).flatten() for k in sent]).norm()
+    noise = torch.cat([(sent[k] - clean[k]).flatten() for k in sent]).norm()
+    if mode == "seeded":
+        assert miss == 0
+    else:
+        assert miss > 1.2 * noise  # two independent draws: ~sqrt(2) x the noise, nothing cancelled
+    secrets_ = {round_secret("random", 0, r, p) for r in (1, 2) for p in (0, 1)}
+    assert len(secrets_) == 4 and all(s.bit_length() > 100 for s in secrets_)
 
 
 def test_client_that_raises_does_not_stop_the_run(tmp_path: Path) -> None:
@@ -110,9 +148,11 @@ def test_client_that_times_out_is_dropped_from_the_round(tmp_path: Path) -> None
 
 
 def test_server_killed_after_round_k_resumes_to_identical_weights(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Exact resume needs the clients' randomness seeded (`federated.secret: seeded`)."""
     from veil.federated import server_app
 
-    full = fed(tmp_path, "federated.rounds=3", "federated.fraction=0.5", out="full")
+    run = ["federated.rounds=3", "federated.fraction=0.5", "federated.secret=seeded"]
+    full = fed(tmp_path, *run, out="full")
     original = server_app.ServerState.save
 
     def crash_after_round_2(self: server_app.ServerState) -> None:
@@ -122,11 +162,11 @@ def test_server_killed_after_round_k_resumes_to_identical_weights(tmp_path: Path
 
     monkeypatch.setattr(server_app.ServerState, "save", crash_after_round_2)
     with pytest.raises(KeyboardInterrupt):
-        fed(tmp_path, "federated.rounds=3", "federated.fraction=0.5", out="cut")
+        fed(tmp_path, *run, out="cut")
     monkeypatch.setattr(server_app.ServerState, "save", original)
     with pytest.raises(VeilError, match="--resume"):
-        fed(tmp_path, "federated.rounds=3", "federated.fraction=0.5", out="cut")
-    resumed = fed(tmp_path, "federated.rounds=3", "federated.fraction=0.5", out="cut", resume=True)
+        fed(tmp_path, *run, out="cut")
+    resumed = fed(tmp_path, *run, out="cut", resume=True)
     a = load_file(str(tmp_path / "full" / "checkpoints" / "model.safetensors"))
     b = load_file(str(tmp_path / "cut" / "checkpoints" / "model.safetensors"))
     assert all(torch.equal(a[k], b[k]) for k in a)
@@ -188,7 +228,7 @@ def test_ray_client_killed_mid_round_and_server_killed_then_resumed(tmp_path: Pa
     """Ray: a client process dies (os._exit) in round 2, the run goes on; the server process is
     SIGKILLed after round 2 and `--resume` ends with the weights of an uninterrupted run."""
     cfg = write_cfg(tmp_path)
-    common = [*TINY, "federated.backend=ray", "federated.rounds=4", "federated.clients=3", "federated.timeout=60"]
+    common = [*TINY, "federated.backend=ray", "federated.rounds=4", "federated.clients=3", "federated.timeout=60", "federated.secret=seeded"]
     full = _veil("federate", str(cfg), *common, "--out", str(tmp_path / "full"), "--quiet")
     assert full.wait(600) == 0, full.stdout.read()
     cut = _veil("federate", str(cfg), *common, "--out", str(tmp_path / "cut"), "--quiet")

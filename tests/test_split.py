@@ -134,6 +134,22 @@ def test_no_key_permutation_or_private_batch_reaches_the_server(tmp_path: Path, 
     assert set(summary["metrics"]) == {"classify", "segment"}
 
 
+@pytest.mark.parametrize("mode", ["random", "seeded"])
+def test_server_cannot_rederive_the_permutation_keys_unless_secrets_are_seeded(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                                                mode: str) -> None:
+    """The server knows the seed, each client's id and how many batches it asked for: with the
+    default client-held secret that does not give it the keys; with `split.secret: seeded` it does."""
+    _, _, (_, contexts) = _spy_run(tmp_path, monkeypatch, f"split.secret={mode}")
+    rederived = []
+    for c in contexts:
+        keys = c.state["keys"].to_torch_state_dict()["keys"]
+        calls, pid = int(c.state["perm-calls"]["n"]), int(c.node_config["partition-id"])
+        seed = 0 * 1009 + pid  # train.seed * 1009 + pid, as the client seeds its PatchPermutation
+        rederived.append(any(torch.equal(fresh_keys(keys.shape[0], keys.shape[1], torch.Generator().manual_seed(seed * 1_000_003 + n)), keys)
+                             for n in range(calls)))  # any of the client's calls so far
+    assert len(rederived) == 2 and all(rederived) == (mode == "seeded") and any(rederived) == (mode == "seeded")
+
+
 def test_permutation_costs_no_utility(tmp_path: Path) -> None:
     """Body equivariance: p-FeSTA with and without the permutation trains to the same metrics."""
     from veil.federated.split_run import run_split

@@ -231,7 +231,7 @@ class Aegis(Defense):
         total = sum(p.grad.numel() for _, p, _, _ in targets)
         if self._space is None or self._space.numel() < total + 1 or self._space.device != model.token_embedding().weight.device:
             self._space = torch.empty(total + 1, dtype=torch.float32, device=model.token_embedding().weight.device)
-        z = standard_normal(total, (self.seed, step, self._calls), self._space.device, out=self._space)
+        z = standard_normal(total, (self.seed, step, self._calls), self._space.device, out=self._space, secret=self.secret)
         self._calls += 1
         self.last_std = {}
         offset = 0

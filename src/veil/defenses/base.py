@@ -13,6 +13,11 @@ A defense may implement any of these hooks; the client step (`veil.training.step
 
 `attach` keeps the handles it installs, refuses to attach twice, and `detach` removes them.
 A defense with zero strength leaves training bit-identical to no defense.
+
+``secret``: client-held entropy (an integer, or None) that a defense mixes into every random draw
+it makes beside its ``seed`` (noise, permutation keys). The federated client sets it from a secret
+the server never sees (`veil.federated.secrets`); without it the draws follow the seed alone, and
+whoever knows the config (the server does) can regenerate them.
 """
 from __future__ import annotations
 
@@ -32,6 +37,7 @@ class Defense:
 
     def __init__(self) -> None:
         self.model: VeilModel | None = None
+        self.secret: int | None = None
 
     # ---- lifecycle ------------------------------------------------------------------------
     def attach(self, model: VeilModel) -> "Defense":

@@ -87,7 +87,7 @@ class GaussianNoise(Defense):
         grads = trainable_grads(model)
         if not grads:
             return
-        g = keyed_generator(self.seed, step, self._calls, grads[0].device)
+        g = keyed_generator(self.seed, step, self._calls, grads[0].device, self.secret)
         self._calls += 1
         for grad in grads:
             add_noise_(grad, self.sigma, g)

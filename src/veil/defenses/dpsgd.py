@@ -115,7 +115,7 @@ class DPSGD(Defense):
     def _add_noise(self, total: dict[str, Tensor]) -> None:
         if self.noise_multiplier == 0 or not total:
             return
-        g = keyed_generator(self.seed, self._calls, 0, next(iter(total.values())).device)
+        g = keyed_generator(self.seed, self._calls, 0, next(iter(total.values())).device, self.secret)
         self._calls += 1
         std = self.noise_multiplier * self.clip
         for t in total.values():

@@ -44,13 +44,23 @@ def key_words(key: Sequence[int]) -> list[int]:
     return [int(k) & 0xFFFFFFFF for k in key]
 
 
-def standard_normal(n: int, key: Sequence[int], device: torch.device | str = "cpu", out: Tensor | None = None) -> Tensor:
-    """n i.i.d. N(0, 1) float32 values, a deterministic function of ``key`` (a tuple of integers).
+def seed_sequence(key: Sequence[int], secret: int | None = None) -> np.random.SeedSequence:
+    """The key's SeedSequence; with a ``secret`` (client-held entropy of any size) the key becomes
+    its spawn key, so the stream is unpredictable to anyone who knows the key but not the secret."""
+    if secret is None:
+        return np.random.SeedSequence(key_words(key))
+    return np.random.SeedSequence(int(secret) % 2 ** 256, spawn_key=tuple(key_words(key)))
+
+
+def standard_normal(n: int, key: Sequence[int], device: torch.device | str = "cpu", out: Tensor | None = None,
+                    secret: int | None = None) -> Tensor:
+    """n i.i.d. N(0, 1) float32 values, a deterministic function of ``key`` (a tuple of integers)
+    and ``secret`` (see `seed_sequence`).
 
     ``out`` (a float32 tensor on ``device`` with at least n + 1 entries) is reused as the work
     space — pass the tensor returned by the previous call to avoid reallocating it."""
     device = torch.device(device)
-    seq = np.random.SeedSequence(key_words(key))
+    seq = seed_sequence(key, secret)
     if device.type != "cpu":
         g = torch.Generator(device=device)
         g.manual_seed(int(seq.generate_state(1, np.uint64)[0]) & 0x7FFF_FFFF_FFFF_FFFF)
@@ -69,9 +79,9 @@ def standard_normal(n: int, key: Sequence[int], device: torch.device | str = "cp
     return out[:n]
 
 
-def keyed_generator(seed: int, step: int, count: int, device: torch.device) -> torch.Generator:
-    """A generator whose state depends on (seed, step, count) only: reproducible, never repeated."""
-    key = int(np.random.SeedSequence(key_words((seed, step, count))).generate_state(1, np.uint64)[0])
+def keyed_generator(seed: int, step: int, count: int, device: torch.device, secret: int | None = None) -> torch.Generator:
+    """A generator whose state depends on (seed, step, count) and the secret only: reproducible, never repeated."""
+    key = int(seed_sequence((seed, step, count), secret).generate_state(1, np.uint64)[0])
     g = torch.Generator(device=device)
     g.manual_seed(key & 0x7FFF_FFFF_FFFF_FFFF)
     return g

@@ -17,11 +17,13 @@ from __future__ import annotations
 
 from typing import Any
 
+import numpy as np
 import torch
 from torch import Tensor
 
 from veil.defenses import DEFENSES
 from veil.defenses.base import Defense
+from veil.defenses.noise import seed_sequence
 
 
 def fresh_keys(batch: int, tokens: int, generator: torch.Generator) -> Tensor:
@@ -43,7 +45,7 @@ class PatchPermutation(Defense):
     """Split learning: shuffle patch features before sending, un-shuffle on receipt.
 
     `before_send(features, state)` draws fresh keys (seeded by `seed` and a counter kept in
-    `state`), stores them in `state["keys"]` and returns the permuted features;
+    `state`, and by the client-held `secret` when one is set), stores them in `state["keys"]` and returns the permuted features;
     `after_receive(features, state)` un-permutes with the stored keys. With `enabled=False` both
     are the identity (the zero-strength setting). Features may carry `skip` leading slots (e.g. a
     [CLS] token) that are never moved.
@@ -60,7 +62,8 @@ class PatchPermutation(Defense):
         if not self.enabled:
             return features
         count = int(state.get("calls", 0))
-        g = torch.Generator().manual_seed(self.seed * 1_000_003 + count)
+        g = torch.Generator().manual_seed(self.seed * 1_000_003 + count if self.secret is None else
+                                          int(seed_sequence((self.seed, count), self.secret).generate_state(1, np.uint64)[0]) >> 1)
         keys = fresh_keys(features.shape[0], features.shape[1] - self.skip, g)
         state["keys"], state["calls"] = keys, count + 1
         return self._apply(features, keys, permute)

@@ -19,6 +19,8 @@
       backend: ray           # ray: Flower's simulation engine; inline: in-process Grid (tests, debugging)
       num_cpus: 1            # Ray: CPUs per client (concurrency = cores / num_cpus)
       fail: {}               # fault injection for tests: {client: 1, round: 2, mode: raise|hang|exit}
+      secret: random         # random: clients seed their noise / shuffles from a secret the server never
+                             # sees; seeded: from the run seed (exact reruns; the server can regenerate them)
 
 Every bad key or value is a one-line `VeilError`.
 """
@@ -29,6 +31,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from veil.errors import VeilError
+from veil.federated.client_secret import check_mode
 
 
 @dataclass
@@ -50,6 +53,7 @@ class FederatedConfig:
     backend: str = "ray"
     num_cpus: float = 1.0
     fail: dict[str, Any] = field(default_factory=dict)
+    secret: str = "random"
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
@@ -95,6 +99,7 @@ def federated_config(raw: Any) -> FederatedConfig:
         raise VeilError(f"federated.alpha must be positive, got {fed.alpha}")
     if fed.audit_every < 1 or fed.audit_clients < 0:
         raise VeilError("federated.audit_every must be >= 1 and federated.audit_clients >= 0")
+    check_mode("federated", fed.secret)
     fed.audit = [a if isinstance(a, dict) else {"name": a} for a in fed.audit]
     if any(not isinstance(a.get("name"), str) for a in fed.audit):
         raise VeilError("each federated.audit entry must be an attack name or a mapping with a 'name' key")
@@ -141,6 +146,7 @@ class SplitConfig:
       backend: inline         # inline | ray
       eval_every: 0           # epochs between evaluations (0: only at the end)
       freeze_head: false      # central only: keep the patch-embedding head at its initialisation, as p-FeSTA does
+      secret: random          # random: permutation keys also seeded from a client-held secret; seeded: from the run seed
     """
 
     protocol: str = "pfesta"
@@ -154,6 +160,7 @@ class SplitConfig:
     eval_every: int = 0
     num_cpus: float = 1.0
     freeze_head: bool = False
+    secret: str = "random"
 
 
 def split_config(raw: Any) -> SplitConfig:
@@ -167,6 +174,7 @@ def split_config(raw: Any) -> SplitConfig:
         raise VeilError(f"split.tasks must be a non-empty list from {', '.join(TASKS)}, got {sc.tasks!r}")
     if sc.backend not in ("inline", "ray"):
         raise VeilError(f"split.backend must be inline or ray, got {sc.backend!r}")
+    check_mode("split", sc.secret)
     if sc.clients_per_task < 1 or sc.epochs < 1:
         raise VeilError("split.clients_per_task and split.epochs must be at least 1")
     return sc

@@ -6,8 +6,10 @@ its model, data partition and defenses from it once per process (cached) and kee
 state between rounds, so a Ray actor, a SuperNode or the in-process grid behave the same.
 
 Seeds: the batches of client `pid` in round `r` are drawn from a generator seeded by
-(seed, r, pid), and the torch RNG (dropout, noise defenses) is reseeded the same way, so a round
-computes the same update wherever and whenever it runs — what makes `--resume` exact.
+(seed, r, pid). What protects the client — the defenses' noise, the torch RNG (dropout, MJP's
+shuffles) — is seeded from a client-held secret the server never sees (`arm_round`,
+`veil.federated.client_secret`); with ``federated.secret: seeded`` from (seed, r, pid) instead,
+so a round computes the same update wherever and whenever it runs — what makes `--resume` exact.
 """
 from __future__ import annotations
 
@@ -27,6 +29,7 @@ from torch import Tensor
 from veil.config import RunConfig, from_dict, read_yaml, apply_overrides
 from veil.data import DataSplits, dirichlet, iid, iterate_batches, subset
 from veil.defenses.base import Defense
+from veil.federated.client_secret import round_secret, torch_seed
 from veil.federated.config import FederatedConfig, apply_extra_overrides, federated_config, split_sections
 from veil.models.base import Batch, VeilModel
 from veil.training.step import client_step
@@ -160,6 +163,17 @@ def reset_defenses(world: ClientWorld) -> None:
         d.attach(world.model)
 
 
+def arm_round(world: ClientWorld, rnd: int, pid: int) -> None:
+    """Seed the client's privacy randomness for round `rnd`: every defense gets this (round,
+    client)'s secret, and the torch RNG (dropout, MJP's shuffles) is reseeded — from the secret,
+    or from (seed, round, client) with ``federated.secret: seeded`` (`veil.federated.client_secret`)."""
+    seed, mode = world.spec.cfg.train.seed, world.spec.fed.secret
+    secret = round_secret(mode, seed, rnd, pid)
+    torch.manual_seed(round_seed(seed, rnd, pid) if mode == "seeded" else torch_seed(secret))
+    for d in world.defenses:
+        d.secret = secret
+
+
 def step_key(rnd: int, pid: int, i: int) -> int:
     """A defense's `step` argument, unique per (round, client, local step): noise never repeats."""
     return ((rnd * 1009 + pid) * 4096 + i) % (2**32)
@@ -202,7 +216,7 @@ def train_round(world: ClientWorld, pid: int, rnd: int, lr: float, mu: float) ->
 
     cfg, fed, model = world.spec.cfg, world.spec.fed, world.model
     split = client_split(world, pid)
-    torch.manual_seed(round_seed(cfg.train.seed, rnd, pid))
+    arm_round(world, rnd, pid)
     steps = 1 if fed.mode == "fedsgd" else fed.local_steps
     batches = list(local_batches(split, cfg.train.batch_size, cfg.train.seed, rnd, pid, fed.local_epochs, steps))
     defenses = list(world.defenses) + ([ProximalTerm(mu, model)] if mu > 0 else [])
