@@ -85,8 +85,8 @@ attention frozen and the noised tables learning next to nothing, the rest of the
 down-projections, norms, head) carries the fine-tuning and wants a larger step — as in other
 partial fine-tuning. Measured on a validation split of SST-2's training pool, never the test
 split (`scripts/screen_aegis_minilm.py`, MiniLM, 2,000 sentences, seeds 0 and 1): AEGIS at lr
-1e-4 -2.3 / -2.0 points below undefended, at 3e-4 (lr_scale 3) -0.8 / -1.0, at 6e-4 -1.0 /
--1.5; undefended itself is best at 1e-4 (-0.3 / -0.7 at 3e-4). Default 1.0: the best scale
+1e-4 -2.3 / -1.7 points below undefended, at 3e-4 (lr_scale 3) -0.7 / -0.6, at 6e-4 -0.6 /
+-1.2; undefended itself is best at 1e-4 (-0.3 / -0.7 at 3e-4). Default 1.0: the best scale
 depends on the model and its recipe; set it per task (configs/paper/minilm_utility.yaml: 3).
 
 Noise is seeded and changes every call: one stream per call keyed on (seed, step, call count),
