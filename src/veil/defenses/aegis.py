@@ -158,6 +158,10 @@ def untied_lm_head(model: VeilModel) -> nn.Parameter | None:
     return None if w is None or w is model.token_embedding().weight else w
 
 
+#: (channel, parameter, noise law giving the std from the clean gradient and the scale, scale)
+NoiseTarget = tuple[str, nn.Parameter, Callable[[Tensor, float], float], float]
+
+
 class Aegis(Defense):
     """AEGIS: freeze attention projections, calibrated noise on the embedding and MLP-up gradients."""
 
@@ -234,10 +238,10 @@ class Aegis(Defense):
         targets = self._noise_targets(model)
         # every std from the clean gradients first, then one draw for all the tables
         stds = [law(p.grad, scale) for _, p, law, scale in targets]
-        total = sum(p.grad.numel() for _, p, _, _ in targets)
-        if self._space is None or self._space.numel() < total + 1 or self._space.device != model.token_embedding().weight.device:
-            self._space = torch.empty(total + 1, dtype=torch.float32, device=model.token_embedding().weight.device)
-        z = standard_normal(total, (self.seed, step, self._calls), self._space.device, out=self._space, secret=self.secret)
+        total, device = sum(p.grad.numel() for _, p, _, _ in targets), model.token_embedding().weight.device
+        if self._space is None or self._space.numel() < total + 1 or self._space.device != device:
+            self._space = torch.empty(total + 1, dtype=torch.float32, device=device)
+        z = standard_normal(total, (self.seed, step, self._calls), device, out=self._space, secret=self.secret)
         self._calls += 1
         self.last_std = {}
         offset = 0
@@ -250,9 +254,9 @@ class Aegis(Defense):
             else:
                 self.last_std.setdefault(channel, []).append(std)
 
-    def _noise_targets(self, model: VeilModel) -> list[tuple[str, nn.Parameter, Callable[[Tensor, float], float], float]]:
+    def _noise_targets(self, model: VeilModel) -> list[NoiseTarget]:
         """(channel, parameter, noise law, scale) for every gradient to noise, in a fixed order."""
-        out: list[tuple[str, nn.Parameter, Callable[[Tensor, float], float], float]] = []
+        out: list[NoiseTarget] = []
         emb, head = model.token_embedding().weight, untied_lm_head(model)
         if self.embed_noise > 0:
             out.append(("embedding", emb, embedding_noise_std, self.embed_noise))

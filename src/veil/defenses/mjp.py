@@ -34,14 +34,13 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-import numpy as np
 import torch
 from torch import Tensor, nn
 
 from veil.defenses import DEFENSES
 from veil.defenses.base import Defense, check_unit_interval
 from veil.defenses.jigsaw import apply_perm, jigsaw, select_blocks, select_random, select_windows
-from veil.defenses.noise import seed_sequence
+from veil.defenses.noise import torch_seed
 from veil.errors import VeilError
 from veil.models.base import Batch, VeilModel
 
@@ -175,8 +174,8 @@ class MJP(Defense):
             return None
         if self._gen is None or self._gen.device != device:
             self._gen = torch.Generator(device=device)
-            self._gen.manual_seed(self.seed if self.secret is None else  # a client-held secret: shuffles the server cannot replay
-                                  int(seed_sequence((self.seed,), self.secret).generate_state(1, np.uint64)[0]) >> 1)
+            # with a client-held secret: shuffles the server cannot replay
+            self._gen.manual_seed(self.seed if self.secret is None else torch_seed((self.seed,), self.secret))
         return self._gen
 
     def select(self, movable: Tensor, gamma: float) -> tuple[Tensor, Tensor]:

@@ -52,6 +52,11 @@ def seed_sequence(key: Sequence[int], secret: int | None = None) -> np.random.Se
     return np.random.SeedSequence(int(secret) % 2 ** 256, spawn_key=tuple(key_words(key)))
 
 
+def torch_seed(key: Sequence[int], secret: int | None = None) -> int:
+    """A ``torch.manual_seed`` value (63 bits) drawn from the key's (and secret's) SeedSequence."""
+    return int(seed_sequence(key, secret).generate_state(1, np.uint64)[0]) & 0x7FFF_FFFF_FFFF_FFFF
+
+
 def standard_normal(n: int, key: Sequence[int], device: torch.device | str = "cpu", out: Tensor | None = None,
                     secret: int | None = None) -> Tensor:
     """n i.i.d. N(0, 1) float32 values, a deterministic function of ``key`` (a tuple of integers)
@@ -60,15 +65,14 @@ def standard_normal(n: int, key: Sequence[int], device: torch.device | str = "cp
     ``out`` (a float32 tensor on ``device`` with at least n + 1 entries) is reused as the work
     space — pass the tensor returned by the previous call to avoid reallocating it."""
     device = torch.device(device)
-    seq = seed_sequence(key, secret)
     if device.type != "cpu":
         g = torch.Generator(device=device)
-        g.manual_seed(int(seq.generate_state(1, np.uint64)[0]) & 0x7FFF_FFFF_FFFF_FFFF)
+        g.manual_seed(torch_seed(key, secret))
         return torch.randn(n, generator=g, device=device)
     m = (n + 1) // 2
     if out is None or out.numel() < 2 * m or out.dtype != torch.float32 or out.device != device:
         out = torch.empty(2 * m, dtype=torch.float32)
-    words = torch.from_numpy(np.random.SFC64(seq).random_raw(m).view(np.int32))  # 2m x 32 bits
+    words = torch.from_numpy(np.random.SFC64(seed_sequence(key, secret)).random_raw(m).view(np.int32))  # 2m x 32 bits
     radius, angle = out[:m], out[m:2 * m]
     radius.copy_(words[:m].bitwise_right_shift_(9)).add_(2.0 ** 22 + 0.5).mul_(2.0 ** -23)
     radius.log_().mul_(-2.0).sqrt_()
@@ -81,7 +85,6 @@ def standard_normal(n: int, key: Sequence[int], device: torch.device | str = "cp
 
 def keyed_generator(seed: int, step: int, count: int, device: torch.device, secret: int | None = None) -> torch.Generator:
     """A generator whose state depends on (seed, step, count) and the secret only: reproducible, never repeated."""
-    key = int(seed_sequence((seed, step, count), secret).generate_state(1, np.uint64)[0])
     g = torch.Generator(device=device)
-    g.manual_seed(key & 0x7FFF_FFFF_FFFF_FFFF)
+    g.manual_seed(torch_seed((seed, step, count), secret))
     return g

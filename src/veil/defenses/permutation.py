@@ -17,13 +17,12 @@ from __future__ import annotations
 
 from typing import Any
 
-import numpy as np
 import torch
 from torch import Tensor
 
 from veil.defenses import DEFENSES
 from veil.defenses.base import Defense
-from veil.defenses.noise import seed_sequence
+from veil.defenses.noise import torch_seed
 
 
 def fresh_keys(batch: int, tokens: int, generator: torch.Generator) -> Tensor:
@@ -62,8 +61,7 @@ class PatchPermutation(Defense):
         if not self.enabled:
             return features
         count = int(state.get("calls", 0))
-        g = torch.Generator().manual_seed(self.seed * 1_000_003 + count if self.secret is None else
-                                          int(seed_sequence((self.seed, count), self.secret).generate_state(1, np.uint64)[0]) >> 1)
+        g = torch.Generator().manual_seed(self.seed * 1_000_003 + count if self.secret is None else torch_seed((self.seed, count), self.secret))
         keys = fresh_keys(features.shape[0], features.shape[1] - self.skip, g)
         state["keys"], state["calls"] = keys, count + 1
         return self._apply(features, keys, permute)

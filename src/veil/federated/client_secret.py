@@ -47,11 +47,6 @@ def process_secret() -> int:
 
 def round_secret(mode: str, seed: int, rnd: int, pid: int) -> int:
     """A 128-bit secret for client `pid` in round `rnd` (see the module docstring for the modes)."""
-    root = process_secret() if check_mode("federated", mode) == "random" else int(seed) % 2 ** 64
+    root = process_secret() if mode == "random" else int(seed) % 2 ** 64
     words = np.random.SeedSequence(root, spawn_key=(int(rnd) % 2 ** 32, int(pid) % 2 ** 32)).generate_state(4, np.uint32)
     return int.from_bytes(words.astype("<u4").tobytes(), "little")
-
-
-def torch_seed(secret: int) -> int:
-    """A torch.manual_seed value (63 bits) derived from a secret."""
-    return int(np.random.SeedSequence(secret).generate_state(1, np.uint64)[0]) & 0x7FFF_FFFF_FFFF_FFFF

@@ -29,7 +29,8 @@ from torch import Tensor
 from veil.config import RunConfig, from_dict, read_yaml, apply_overrides
 from veil.data import DataSplits, dirichlet, iid, iterate_batches, subset
 from veil.defenses.base import Defense
-from veil.federated.client_secret import round_secret, torch_seed
+from veil.defenses.noise import torch_seed
+from veil.federated.client_secret import round_secret
 from veil.federated.config import FederatedConfig, apply_extra_overrides, federated_config, split_sections
 from veil.models.base import Batch, VeilModel
 from veil.training.step import client_step
@@ -169,7 +170,7 @@ def arm_round(world: ClientWorld, rnd: int, pid: int) -> None:
     or from (seed, round, client) with ``federated.secret: seeded`` (`veil.federated.client_secret`)."""
     seed, mode = world.spec.cfg.train.seed, world.spec.fed.secret
     secret = round_secret(mode, seed, rnd, pid)
-    torch.manual_seed(round_seed(seed, rnd, pid) if mode == "seeded" else torch_seed(secret))
+    torch.manual_seed(round_seed(seed, rnd, pid) if mode == "seeded" else torch_seed((), secret))
     for d in world.defenses:
         d.secret = secret
 
