@@ -24,17 +24,9 @@ import secrets
 
 import numpy as np
 
-from veil.errors import VeilError
-
 MODES = ("random", "seeded")
 
 _process_secret: int | None = None
-
-
-def check_mode(section: str, mode: str) -> str:
-    if mode not in MODES:
-        raise VeilError(f"{section}.secret must be one of {', '.join(MODES)}, got {mode!r}")
-    return mode
 
 
 def process_secret() -> int:
@@ -45,8 +37,17 @@ def process_secret() -> int:
     return _process_secret
 
 
-def round_secret(mode: str, seed: int, rnd: int, pid: int) -> int:
-    """A 128-bit secret for client `pid` in round `rnd` (see the module docstring for the modes)."""
-    root = process_secret() if mode == "random" else int(seed) % 2 ** 64
-    words = np.random.SeedSequence(root, spawn_key=(int(rnd) % 2 ** 32, int(pid) % 2 ** 32)).generate_state(4, np.uint32)
+def derive(root: int, *path: int) -> int:
+    """A 128-bit secret derived from `root` along `path` (independent for every path)."""
+    words = np.random.SeedSequence(root, spawn_key=tuple(int(p) % 2 ** 32 for p in path)).generate_state(4, np.uint32)
     return int.from_bytes(words.astype("<u4").tobytes(), "little")
+
+
+def round_secret(mode: str, seed: int, rnd: int, pid: int) -> int:
+    """The secret of client `pid` in round `rnd` (see the module docstring for the modes)."""
+    return derive(process_secret() if mode == "random" else int(seed) % 2 ** 64, rnd, pid)
+
+
+def client_secret(pid: int) -> int:
+    """Client `pid`'s secret for keys that are not per round (split learning's permutations)."""
+    return derive(process_secret(), pid)

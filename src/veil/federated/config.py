@@ -31,7 +31,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from veil.errors import VeilError
-from veil.federated.client_secret import check_mode
+from veil.federated.client_secret import MODES as SECRET_MODES
 
 
 @dataclass
@@ -60,7 +60,7 @@ class FederatedConfig:
 
 
 _CHOICES = {"partition": ("iid", "dirichlet"), "mode": ("fedavg", "fedsgd"), "strategy": ("fedavg", "fedprox"),
-            "backend": ("ray", "inline")}
+            "backend": ("ray", "inline"), "secret": SECRET_MODES}
 
 
 def coerce(cls: type, raw: Any, section: str) -> Any:
@@ -99,7 +99,6 @@ def federated_config(raw: Any) -> FederatedConfig:
         raise VeilError(f"federated.alpha must be positive, got {fed.alpha}")
     if fed.audit_every < 1 or fed.audit_clients < 0:
         raise VeilError("federated.audit_every must be >= 1 and federated.audit_clients >= 0")
-    check_mode("federated", fed.secret)
     fed.audit = [a if isinstance(a, dict) else {"name": a} for a in fed.audit]
     if any(not isinstance(a.get("name"), str) for a in fed.audit):
         raise VeilError("each federated.audit entry must be an attack name or a mapping with a 'name' key")
@@ -174,7 +173,8 @@ def split_config(raw: Any) -> SplitConfig:
         raise VeilError(f"split.tasks must be a non-empty list from {', '.join(TASKS)}, got {sc.tasks!r}")
     if sc.backend not in ("inline", "ray"):
         raise VeilError(f"split.backend must be inline or ray, got {sc.backend!r}")
-    check_mode("split", sc.secret)
+    if sc.secret not in SECRET_MODES:
+        raise VeilError(f"split.secret must be one of {', '.join(SECRET_MODES)}, got {sc.secret!r}")
     if sc.clients_per_task < 1 or sc.epochs < 1:
         raise VeilError("split.clients_per_task and split.epochs must be at least 1")
     return sc

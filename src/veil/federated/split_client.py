@@ -28,7 +28,7 @@ from flwr.clientapp import ClientApp
 from torch import Tensor, nn
 
 from veil.defenses.permutation import PatchPermutation, permute, unpermute
-from veil.federated.client_secret import round_secret
+from veil.federated.client_secret import client_secret
 from veil.federated.multitask import TASK_DEFS, Task
 from veil.training.checkpoint import optimizer_tensors, restore_optimizer
 
@@ -137,7 +137,7 @@ def _embed(cs: ClientState, pixels: Tensor, key_name: str) -> Tensor:
     state: dict[str, Any] = {"calls": int(cs.ctx.state["perm-calls"]["n"]) if "perm-calls" in cs.ctx.state.config_records else 0}
     perm = PatchPermutation(True, seed=cs.world.spec.cfg.train.seed * 1009 + cs.pid)
     if cs.world.spec.split.secret == "random":  # keys the server cannot re-derive from the seed
-        perm.secret = round_secret("random", 0, 0, cs.pid)
+        perm.secret = client_secret(cs.pid)
     out = perm.before_send(h, state)
     cs.ctx.state[key_name] = ArrayRecord({"keys": state["keys"]})
     cs.ctx.state["perm-calls"] = ConfigRecord({"n": state["calls"]})
