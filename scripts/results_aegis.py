@@ -252,7 +252,8 @@ def main() -> None:
                   "faults on freshly mapped gradient tables swung the transformer4 ratio from 0.98 to 1.42 between identical "
                   "runs). AEGIS's own cost is one Gaussian draw per entry of the vocabulary-sized tables (token embedding, and "
                   "an untied LM head): fixed per step, so it weighs most on a narrow model with a small batch. The draw "
-                  "(`veil.defenses.noise`: SFC64 bits, Box-Muller in torch ops) runs its transform on every core, so each model is timed on one thread and on all of this machine's cores.", ""]
+                  "(`veil.defenses.noise`: SFC64 bits, Box-Muller in numpy's SIMD math) runs on one core while the step's torch ops use "
+                  "every core, so each model is timed on one thread (a fully loaded machine) and on all of this machine's cores.", ""]
         for b in json.loads(bcache.read_text()):
             parts += fmt_bench(b) + [""]
     gcache = runs / "bench_gpu.json"

@@ -303,3 +303,11 @@ def test_standard_normal_is_box_muller_on_seeded_sfc64_bits() -> None:
     assert abs(float(torch.corrcoef(torch.stack([big, other]))[0, 1])) < 0.01
     space = torch.empty(n + 1)
     assert standard_normal(n, key, out=space).data_ptr() == space.data_ptr()
+    threads = torch.get_num_threads()
+    try:  # the values depend on the key only, not on how many threads torch runs
+        torch.set_num_threads(1)
+        one = standard_normal(n, key)
+        torch.set_num_threads(2)
+        assert torch.equal(standard_normal(n, key), one)
+    finally:
+        torch.set_num_threads(threads)
