@@ -255,7 +255,7 @@ def main() -> None:
         from aegis_overhead import bench
 
         b = []
-        for threads in sorted({1, os.cpu_count() or 1}):  # one core, then every core (the draw's transform is parallel)
+        for threads in sorted({1, os.cpu_count() or 1}):  # one core (a loaded machine), then every core
             torch.set_num_threads(threads)
             b += [bench("transformer4", 16, 48, 20, ["none", "aegis", "dpsgd"]),
                   bench("gpt-tiny", 16, 48, 10, ["none", "aegis", "aegis-published", "dpsgd"]),

@@ -26,13 +26,12 @@ Why numpy for the transform: its AVX-512 float32 log / sin / cos are 2.5-2.9x fa
 torch's on one core here (1.54 M values: log 0.57 vs 1.66 ms, sin 0.79 vs 1.93 ms, cos 0.81 vs
 2.07 ms). The draw for transformer4's tables (30,522 x 96 + its MLP-up tables, 3.1 M values)
 takes 7.7 ms on one core against 11.7 ms with the same transform in torch ops and 11.3 ms for
-``normal_``; on two cores the torch transform runs in parallel and the two are level (8.0 ms),
-because OpenMP's worker spins on the second core after every parallel op (a Python thread
-there gained < 1 ms inside a step, measured). numpy runs the transform on one thread, so the
-values depend only on the key — not on the thread count: the same key gives the same noise, a
-new key fresh noise (the last bit of log / sin / cos may differ between CPUs whose numpy picks
-another SIMD path). On a GPU the noise comes from ``torch.randn`` on a generator seeded from the
-same key.
+``normal_``. On two cores torch's transform runs in parallel and the two are level (8.0 ms);
+splitting numpy's transform over Python threads gained nothing inside a step (the spinning
+OpenMP worker above). numpy runs the transform on one thread, so the values depend only on the
+key, not on the thread count: the same key gives the same noise, a new key fresh noise (the last
+bit of log / sin / cos may differ between CPUs whose numpy picks another SIMD path). On a GPU the
+noise comes from ``torch.randn`` on a generator seeded from the same key.
 """
 from __future__ import annotations
 
@@ -78,7 +77,8 @@ def standard_normal(n: int, key: Sequence[int], device: torch.device | str = "cp
     if out is None or out.numel() < 2 * m or out.dtype != torch.float32 or out.device != device or not out.is_contiguous():
         out = torch.empty(2 * m, dtype=torch.float32)
     bits = np.random.SFC64(seed_sequence(key, secret)).random_raw(m).view(np.int32)  # 2m x 32 bits
-    radius, angle = out.detach().numpy()[:m], out.detach().numpy()[m:2 * m]
+    space = out.detach().numpy()
+    radius, angle = space[:m], space[m:2 * m]
     np.right_shift(bits[:m], 9, out=bits[:m])
     radius[:] = bits[:m]
     radius += 2.0 ** 22 + 0.5

@@ -86,11 +86,16 @@ def coerce(cls: type, raw: Any, section: str) -> Any:
     return cls(**values)
 
 
+def check_choices(cfg: Any, section: str, choices: dict[str, tuple[str, ...]]) -> None:
+    """Every `choices` key of `cfg` holds one of its allowed values."""
+    for key, allowed in choices.items():
+        if getattr(cfg, key) not in allowed:
+            raise VeilError(f"{section}.{key} must be one of {', '.join(allowed)}, got {getattr(cfg, key)!r}")
+
+
 def federated_config(raw: Any) -> FederatedConfig:
     fed = coerce(FederatedConfig, raw, "federated")
-    for key, allowed in _CHOICES.items():
-        if getattr(fed, key) not in allowed:
-            raise VeilError(f"federated.{key} must be one of {', '.join(allowed)}, got {getattr(fed, key)!r}")
+    check_choices(fed, "federated", _CHOICES)
     if fed.clients < 1 or fed.rounds < 1:
         raise VeilError(f"federated.clients and federated.rounds must be at least 1, got {fed.clients} and {fed.rounds}")
     if not 0.0 < fed.fraction <= 1.0:
@@ -162,19 +167,17 @@ class SplitConfig:
     secret: str = "random"
 
 
+_SPLIT_CHOICES = {"protocol": ("sl", "festa", "pfesta", "fl", "central"), "backend": ("inline", "ray"), "secret": SECRET_MODES}
+
+
 def split_config(raw: Any) -> SplitConfig:
     from veil.federated.multitask import TASKS
 
     sc = coerce(SplitConfig, raw, "split")
-    if sc.protocol not in ("sl", "festa", "pfesta", "fl", "central"):
-        raise VeilError(f"split.protocol must be one of sl, festa, pfesta, fl, central, got {sc.protocol!r}")
+    check_choices(sc, "split", _SPLIT_CHOICES)
     bad = [t for t in sc.tasks if t not in TASKS]
     if bad or not sc.tasks:
         raise VeilError(f"split.tasks must be a non-empty list from {', '.join(TASKS)}, got {sc.tasks!r}")
-    if sc.backend not in ("inline", "ray"):
-        raise VeilError(f"split.backend must be inline or ray, got {sc.backend!r}")
-    if sc.secret not in SECRET_MODES:
-        raise VeilError(f"split.secret must be one of {', '.join(SECRET_MODES)}, got {sc.secret!r}")
     if sc.clients_per_task < 1 or sc.epochs < 1:
         raise VeilError("split.clients_per_task and split.epochs must be at least 1")
     return sc
