@@ -274,8 +274,10 @@ def main() -> None:
                   "faults on freshly mapped gradient tables swung the transformer4 ratio from 0.98 to 1.42 between identical "
                   "runs). AEGIS's own cost is one Gaussian draw per entry of the vocabulary-sized tables (token embedding, and "
                   "an untied LM head): fixed per step, so it weighs most on a narrow model with a small batch. The draw "
-                  "(`veil.defenses.noise`: SFC64 bits, Box-Muller in numpy's SIMD math) runs on one core while the step's torch ops use "
-                  "every core, so each model is timed on one thread (a fully loaded machine) and on all of this machine's cores.", ""]
+                  "(`veil.defenses.noise`) makes its bits on one core (SFC64) and runs Box-Muller, the noise scales and the adds "
+                  "as one torch.compile graph on every core torch uses; each model is timed on one thread (a fully loaded "
+                  "machine) and on all of this machine's cores. The first AEGIS step of a process compiles that graph (not "
+                  "timed here: every variant's first step is a warm-up).", ""]
         for b in json.loads(bcache.read_text()):
             parts += fmt_bench(b) + [""]
         rcache = runs / "bench_repeats.json"

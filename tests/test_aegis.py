@@ -311,3 +311,68 @@ def test_standard_normal_is_box_muller_on_seeded_sfc64_bits() -> None:
         assert torch.equal(standard_normal(n, key), one)
     finally:
         torch.set_num_threads(threads)
+
+
+def noisy_tables(threads: int | None = None, compiled: bool = True) -> tuple[list[torch.Tensor], list[float]]:
+    """Three tables (a vocabulary-like one, a matrix, a vector) noised in place with key (4, 2, 0)."""
+    from veil.defenses import noise
+    from veil.defenses.aegis import frobenius, row_norm_max
+
+    g = torch.Generator().manual_seed(5)
+    tables = [torch.randn(301, 16, generator=g), torch.randn(24, 16, generator=g), torch.randn(24, generator=g)]
+    saved, before = torch.get_num_threads(), noise._GRAPH.copy()
+    try:
+        if threads:
+            torch.set_num_threads(threads)
+        if not compiled:
+            noise._GRAPH["fn"] = None
+        stds = noise.noise_tables_(tables, [row_norm_max, frobenius, frobenius], [0.5, 2.0, 1.0], (4, 2, 0))
+    finally:
+        torch.set_num_threads(saved)
+        noise._GRAPH.clear()
+        noise._GRAPH.update(before)
+    return tables, stds
+
+
+def test_noise_tables_add_the_keyed_draw_scaled_by_the_clean_statistic() -> None:
+    """Compiled (default) and numpy paths: T_j + s_j z_j with s_j from the clean table, z the key's draw."""
+    from veil.defenses.noise import standard_normal
+
+    g = torch.Generator().manual_seed(5)
+    clean = [torch.randn(301, 16, generator=g), torch.randn(24, 16, generator=g), torch.randn(24, generator=g)]
+    want_std = [0.5 * float(clean[0].norm(dim=1).max()), 2.0 * float(clean[1].norm()), float(clean[2].norm())]
+    z = standard_normal(sum(t.numel() for t in clean), (4, 2, 0))
+    want = [c + s * part.view_as(c) for c, s, part in zip(clean, want_std, z.split([t.numel() for t in clean]))]
+    for compiled in (True, False):
+        tables, stds = noisy_tables(compiled=compiled)
+        assert stds == pytest.approx(want_std, rel=1e-6)
+        assert all(torch.allclose(t, w, rtol=1e-5, atol=1e-5) for t, w in zip(tables, want))
+    (fast, stds), slow = noisy_tables(), noisy_tables(compiled=False)[0]
+    assert max(float((a - b).abs().max()) / s for a, b, s in zip(fast, slow, stds)) < 1e-5  # same bits: z apart by rounding
+
+
+def test_compiled_noise_does_not_depend_on_the_thread_count() -> None:
+    one = noisy_tables(threads=1)[0]
+    for threads in (2, 3):
+        assert all(torch.equal(a, b) for a, b in zip(noisy_tables(threads=threads)[0], one))
+
+
+def test_noise_falls_back_to_numpy_without_a_compiler(tmp_path) -> None:
+    """No working C++ compiler: one warning, then the numpy draw; no table is noised twice."""
+    import os
+    import subprocess
+    import sys
+
+    code = ("import warnings, torch; from tests.test_aegis import noisy_tables\n"
+            "with warnings.catch_warnings(record=True) as w:\n"
+            "    warnings.simplefilter('always')\n"
+            "    t, _ = noisy_tables()\n"
+            "print(sum('falls back to numpy' in str(x.message) for x in w))\n"
+            "torch.save(t, %r)" % str(tmp_path / "t.pt"))
+    env = {**os.environ, "CXX": str(tmp_path / "no-such-g++"), "TORCHINDUCTOR_CACHE_DIR": str(tmp_path / "cache")}
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    out = subprocess.run([sys.executable, "-c", code], env=env, cwd=root, capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert out.stdout.split()[-1] == "1"
+    got = torch.load(tmp_path / "t.pt")
+    assert all(torch.equal(a, b) for a, b in zip(got, noisy_tables(compiled=False)[0]))

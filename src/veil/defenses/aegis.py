@@ -97,23 +97,22 @@ depends on the model and its recipe; set it per task (configs/paper/minilm_utili
 
 Noise is seeded and changes every call: one stream per call keyed on (seed, step, call count),
 so two runs with the same seed draw the same noise, and no two calls ever repeat it — repeated
-noise would cancel in the difference of two updates. All noised tables of a step share one draw
-(`veil.defenses.noise.standard_normal`: SFC64 bits, Box-Muller in numpy's SIMD float32 math,
-7.7 ms for transformer4's 3.1 M noised entries on one core against 11.3 ms for torch's
-``normal_``). That draw is most of what AEGIS costs on a CPU: ~2.5 ns per entry of the
-vocabulary-sized tables.
+noise would cancel in the difference of two updates. All noised tables of a step share one draw,
+taken with their scales and added in one pass (`veil.defenses.noise.noise_tables_`: SFC64 bits,
+Box-Muller compiled with torch.compile, or in numpy where no C++ compiler works). That draw is
+most of what AEGIS costs on a CPU, where the vocabulary-sized tables dominate a small model:
+transformer4's step costs 1.11x an undefended one on two cores (1.24x with the numpy path).
 """
 from __future__ import annotations
 
-from typing import Any, Callable
+from typing import Any
 
 import numpy as np
-import torch
 from torch import Tensor, nn
 
 from veil.defenses import DEFENSES
 from veil.defenses.base import Defense
-from veil.defenses.noise import standard_normal
+from veil.defenses.noise import Statistic, noise_tables_
 from veil.errors import VeilError
 from veil.models.base import VeilModel
 
@@ -140,15 +139,24 @@ def attention_parameters(model: VeilModel, biases: bool = True) -> list[nn.Param
     return list(seen.values())
 
 
-def embedding_noise_std(grad: Tensor, scale: float) -> float:
-    """Eq. (E): s_E = scale * max row norm / (2 D)^{1/4}."""
-    rho_max = float(grad.reshape(grad.shape[0], -1).norm(dim=1).max())
-    return scale * rho_max / (2 * grad[0].numel()) ** 0.25
+def row_norm_max(grad: Tensor) -> Tensor:
+    """rho_max of eq. (E): the largest row norm."""
+    return grad.reshape(grad.shape[0], -1).norm(dim=1).max()
 
 
-def block_noise_std(grad: Tensor, scale: float) -> float:
-    """Eq. (M): s_M = scale * ||G||_F / (H D)^{1/4} (a vector counts as H x 1)."""
-    return scale * float(grad.norm()) / grad.numel() ** 0.25
+def frobenius(grad: Tensor) -> Tensor:
+    """||G||_F of eq. (M)."""
+    return grad.norm()
+
+
+def embedding_factor(grad: Tensor, scale: float) -> float:
+    """s_E / rho_max = scale / (2 D)^{1/4}."""
+    return scale / (2 * grad[0].numel()) ** 0.25
+
+
+def block_factor(grad: Tensor, scale: float) -> float:
+    """s_M / ||G||_F = scale / (H D)^{1/4}."""
+    return scale / grad.numel() ** 0.25
 
 
 def untied_lm_head(model: VeilModel) -> nn.Parameter | None:
@@ -159,8 +167,8 @@ def untied_lm_head(model: VeilModel) -> nn.Parameter | None:
     return None if w is None or w is model.token_embedding().weight else w
 
 
-#: (channel, parameter, noise law giving the std from the clean gradient and the scale, scale)
-NoiseTarget = tuple[str, nn.Parameter, Callable[[Tensor, float], float], float]
+#: (channel, parameter, statistic of the clean gradient, factor): the noise std is factor * statistic
+NoiseTarget = tuple[str, nn.Parameter, Statistic, float]
 
 
 class Aegis(Defense):
@@ -191,8 +199,8 @@ class Aegis(Defense):
         self.lr_scale = check_scale("lr_scale", lr_scale)
         self.seed = seed
         self._frozen: list[tuple[nn.Parameter, bool]] = []
-        self._space: Tensor | None = None  # work space of the noise draw, reused across steps
         self._calls = 0
+        self._work: dict[str, Tensor] = {}  # the numpy draw's work space, reused across steps
         #: the noise std used at the last call, by channel (for the analysis and adaptive attackers)
         self.last_std: dict[str, Any] = {}
 
@@ -207,7 +215,7 @@ class Aegis(Defense):
                 p.grad = None
 
     def _detach(self, model: VeilModel) -> None:
-        self._space = None
+        self._work = {}
         for p, was in self._frozen:
             p.requires_grad_(was)
         self._frozen = []
@@ -237,35 +245,29 @@ class Aegis(Defense):
         if self.embed_noise == 0 and self.mlp_noise == 0 and self.head_noise == 0 and self.mlp_down_noise == 0:
             return
         targets = self._noise_targets(model)
-        # every std from the clean gradients first, then one draw for all the tables
-        stds = [law(p.grad, scale) for _, p, law, scale in targets]
-        total, device = sum(p.grad.numel() for _, p, _, _ in targets), model.token_embedding().weight.device
-        if self._space is None or self._space.numel() < total + 1 or self._space.device != device:
-            self._space = torch.empty(total + 1, dtype=torch.float32, device=device)
-        z = standard_normal(total, (self.seed, step, self._calls), device, out=self._space, secret=self.secret)
+        # every std from the clean gradients, then one draw for all the tables (veil.defenses.noise)
+        stds = noise_tables_([p.grad for _, p, _, _ in targets], [stat for _, _, stat, _ in targets],
+                             [factor for _, _, _, factor in targets], (self.seed, step, self._calls), self.secret, self._work)
         self._calls += 1
         self.last_std = {}
-        offset = 0
-        for (channel, p, _, _), std in zip(targets, stds):
-            if std > 0:
-                p.grad.add_(z[offset:offset + p.grad.numel()].view_as(p.grad), alpha=std)
-            offset += p.grad.numel()
+        for (channel, _, _, _), std in zip(targets, stds):
             if channel in ("embedding", "head"):
                 self.last_std[channel] = std
             else:
                 self.last_std.setdefault(channel, []).append(std)
 
     def _noise_targets(self, model: VeilModel) -> list[NoiseTarget]:
-        """(channel, parameter, noise law, scale) for every gradient to noise, in a fixed order."""
+        """(channel, parameter, statistic, factor) for every gradient to noise, in a fixed order:
+        its noise std is factor * statistic(clean gradient)."""
         out: list[NoiseTarget] = []
         emb, head = model.token_embedding().weight, untied_lm_head(model)
         if self.embed_noise > 0:
-            out.append(("embedding", emb, embedding_noise_std, self.embed_noise))
+            out.append(("embedding", emb, row_norm_max, embedding_factor(emb, self.embed_noise)))
         if self.head_noise > 0 and head is not None:
-            out.append(("head", head, embedding_noise_std, self.head_noise))
+            out.append(("head", head, row_norm_max, embedding_factor(head, self.head_noise)))
         for channel, scale, mods in (("mlp_up", self.mlp_noise, model.mlp_up()), ("mlp_down", self.mlp_down_noise, model.mlp_down())):
             if scale > 0:
-                out += [(channel, p, block_noise_std, scale) for m in mods for p in (m.weight, getattr(m, "bias", None)) if p is not None]
+                out += [(channel, p, frobenius, block_factor(p, scale)) for m in mods for p in (m.weight, getattr(m, "bias", None)) if p is not None]
         return [t for t in out if t[1].grad is not None]
 
     def describe(self) -> dict[str, Any]:

@@ -2,18 +2,14 @@
 
 A defense that noises a vocabulary-sized gradient table (AEGIS eq. (E): 30,522 x D entries every
 step) spends most of its time making Gaussian numbers. torch's CPU ``normal_`` draws them one by
-one from a single Mersenne-Twister stream (10.0 ms for 30,522 x 96 here), and drawing chunks on
-Python threads helps little inside a training step: after every parallel op, OpenMP's idle
-worker spins for ~10 ms on the second core (measured: 9.0 ms on two threads right after a
-matmul, 6.0 ms when idle).
+one from a single Mersenne-Twister stream (10.5 ms for 3.1 M values here, on any thread count).
 
-So the work is split by what each part is good at:
+The draw:
 
 1. the random bits come from numpy's SFC64 (a small chaotic generator that passes PractRand and
    BigCrush; 64 bits per call, ~3x torch's CPU generator here), one stream per call seeded from
    the call's key through ``numpy.random.SeedSequence``;
-2. Box-Muller turns them into Gaussians with numpy's float32 ufuncs, in place in the caller's
-   work space — the same transform torch's own ``normal_`` applies:
+2. Box-Muller turns them into Gaussians, the same transform torch's own ``normal_`` applies:
 
        u1 = (k1 + 1/2) / 2^23          k1 = the top 23 bits of word i        (u1 in (0, 1))
        t  = 2 pi w2 / 2^32             w2 = word m + i as a signed integer   (t in [-pi, pi])
@@ -22,21 +18,31 @@ So the work is split by what each part is good at:
    (z_i, z_{m+i}) are two independent N(0, 1) draws; a 23-bit u1 bounds |z| by 5.77, as
    torch's 24-bit uniform does.
 
-Why numpy for the transform: its AVX-512 float32 log / sin / cos are 2.5-2.9x faster than
-torch's on one core here (1.54 M values: log 0.57 vs 1.66 ms, sin 0.79 vs 1.93 ms, cos 0.81 vs
-2.07 ms). The draw for transformer4's tables (30,522 x 96 + its MLP-up tables, 3.1 M values)
-takes 7.7 ms on one core against 11.7 ms with the same transform in torch ops and 11.3 ms for
-``normal_``. On two cores torch's transform runs in parallel and the two are level (8.0 ms);
-splitting numpy's transform over Python threads gained nothing inside a step (the spinning
-OpenMP worker above). numpy runs the transform on one thread, so the values depend only on the
-key, not on the thread count: the same key gives the same noise, a new key fresh noise (the last
-bit of log / sin / cos may differ between CPUs whose numpy picks another SIMD path). On a GPU the
-noise comes from ``torch.randn`` on a generator seeded from the same key.
+Where the transform runs (`noise_tables_`, which also takes each table's noise scale from its
+clean values and adds the noise in place):
+
+* compiled (the default on a CPU): the scales, the transform and the adds are one torch.compile
+  graph — one pass over the tables, in registers, split over torch's OpenMP threads. The bits
+  stay serial (2.6 ms for transformer4's 1.55 M words). Measured on transformer4 (batch 16 x
+  48, `benchmarks/aegis_overhead.py`): the AEGIS step costs 1.11x an undefended one on two
+  cores and 1.09x on one, against 1.24x and 1.14x with the numpy path. The first call in a
+  process compiles (~17 s; ~2 s once torch's on-disk cache holds it);
+* numpy (no working C++ compiler, or ``VEIL_COMPILE=0``): the transform in numpy's float32
+  ufuncs (its AVX-512 log / sin / cos are 2.5-2.9x faster than torch's eager ones on one core),
+  then torch adds the noise. Serial: splitting it over Python threads gained nothing inside a
+  training step.
+
+Both paths take the same bits; their values differ only by the float32 rounding of log / sin /
+cos (below 1e-5 of the noise's std), and neither depends on the thread count: the same key gives
+the same noise, a new key fresh noise (the last bit may differ between CPUs that pick another
+SIMD path). On a GPU the noise comes from ``torch.randn`` on a generator seeded from the same key.
 """
 from __future__ import annotations
 
 import math
-from typing import Sequence
+import os
+import warnings
+from typing import Any, Callable, Sequence
 
 import numpy as np
 import torch
@@ -61,10 +67,15 @@ def torch_seed(key: Sequence[int], secret: int | None = None) -> int:
     return int(seed_sequence(key, secret).generate_state(1, np.uint64)[0]) & 0x7FFF_FFFF_FFFF_FFFF
 
 
+def sfc64_words(n: int, key: Sequence[int], secret: int | None = None) -> np.ndarray:
+    """The bits of n draws: ceil(n / 2) SFC64 words seeded from the key (and secret), as 2 ceil(n / 2) int32."""
+    return np.random.SFC64(seed_sequence(key, secret)).random_raw((n + 1) // 2).view(np.int32)
+
+
 def standard_normal(n: int, key: Sequence[int], device: torch.device | str = "cpu", out: Tensor | None = None,
                     secret: int | None = None) -> Tensor:
     """n i.i.d. N(0, 1) float32 values, a deterministic function of ``key`` (a tuple of integers)
-    and ``secret`` (see `seed_sequence`).
+    and ``secret`` (see `seed_sequence`), by the transform above in numpy.
 
     ``out`` (a float32 tensor on ``device`` with at least n + 1 entries) is reused as the work
     space — pass the tensor returned by the previous call to avoid reallocating it."""
@@ -76,7 +87,7 @@ def standard_normal(n: int, key: Sequence[int], device: torch.device | str = "cp
     m = (n + 1) // 2
     if out is None or out.numel() < 2 * m or out.dtype != torch.float32 or out.device != device or not out.is_contiguous():
         out = torch.empty(2 * m, dtype=torch.float32)
-    bits = np.random.SFC64(seed_sequence(key, secret)).random_raw(m).view(np.int32)  # 2m x 32 bits
+    bits = sfc64_words(n, key, secret)
     space = out.detach().numpy()
     radius, angle = space[:m], space[m:2 * m]
     np.right_shift(bits[:m], 9, out=bits[:m])
@@ -93,6 +104,78 @@ def standard_normal(n: int, key: Sequence[int], device: torch.device | str = "cp
     angle *= radius
     radius *= sin
     return out[:n]
+
+
+#: a table's statistic that its noise std is proportional to (e.g. its largest row norm)
+Statistic = Callable[[Tensor], Tensor]
+
+
+def noise_tables_(tables: Sequence[Tensor], stats: Sequence[Statistic], factors: Sequence[float], key: Sequence[int],
+                  secret: int | None = None, work: dict[str, Tensor] | None = None) -> list[float]:
+    """Noise each table in place with a std taken from its CLEAN values: s_j = factors[j] *
+    stats[j](T_j), then T_j += s_j z_j, where z (n = the tables' total size) is the key's draw
+    laid over the tables in order. Returns the s_j.
+
+    On a CPU the statistics, the transform and the adds are one compiled graph (`_noise_graph`)
+    when torch.compile works here; otherwise (no C++ compiler, or ``VEIL_COMPILE=0``) numpy draws
+    z (`standard_normal`) and torch adds it. Both take the same bits, so they agree up to float32
+    rounding of log / sin / cos. ``work``: a dict the caller keeps across calls, where the numpy
+    path keeps its work space."""
+    tables = list(tables)
+    device = tables[0].device
+    scale = torch.tensor(list(factors), dtype=torch.float32, device=device)
+    graph = _compiled_graph() if device.type == "cpu" else None
+    if graph is not None:
+        from torch._dynamo.exc import BackendCompilerFailed  # dynamo loads only here (~1 s)
+
+        bits = torch.from_numpy(sfc64_words(sum(t.numel() for t in tables), key, secret))
+        try:
+            return graph(bits, tables, tuple(stats), scale).tolist()
+        except BackendCompilerFailed as e:  # raised before the graph runs: no table was touched
+            _give_up_compiling(e)
+    stds = (torch.stack([f(t) for f, t in zip(stats, tables)]) * scale).tolist()
+    n, work = sum(t.numel() for t in tables), {} if work is None else work
+    if "z" not in work or work["z"].numel() < n + 1 or work["z"].device != device:
+        work["z"] = torch.empty(n + 1, dtype=torch.float32, device=device)
+    z = standard_normal(n, key, device, out=work["z"], secret=secret)
+    offset = 0
+    for t, std in zip(tables, stds):
+        t.add_(z[offset:offset + t.numel()].view_as(t), alpha=std)
+        offset += t.numel()
+    return stds
+
+
+def _noise_graph(bits: Tensor, tables: list[Tensor], stats: tuple[Statistic, ...], scale: Tensor) -> Tensor:
+    """`noise_tables_` as one graph for torch.compile: the transform above on ``bits`` (2m
+    int32), fused with the statistics and the in-place adds, on every thread of torch's pool."""
+    stds = torch.stack([f(t) for f, t in zip(stats, tables)]) * scale
+    m = bits.shape[0] // 2
+    radius = torch.sqrt(-2.0 * torch.log(((bits[:m] >> 9).float() + (2.0 ** 22 + 0.5)) * 2.0 ** -23))
+    angle = bits[m:].float() * (2 * math.pi * 2.0 ** -32)
+    z = torch.cat([radius * torch.sin(angle), radius * torch.cos(angle)])
+    offset = 0
+    for j, t in enumerate(tables):
+        t.add_(z[offset:offset + t.numel()].view_as(t) * stds[j])
+        offset += t.numel()
+    return stds
+
+
+_GRAPH: dict[str, Any] = {}
+
+
+def _compiled_graph() -> Callable[..., Tensor] | None:
+    """`_noise_graph` compiled once per process (shapes dynamic), or None where compiling is off."""
+    if "fn" not in _GRAPH:
+        off = os.environ.get("VEIL_COMPILE", "1").strip().lower() in ("0", "false", "no", "off")
+        _GRAPH["fn"] = None if off else torch.compile(_noise_graph, dynamic=True)
+    return _GRAPH["fn"]
+
+
+def _give_up_compiling(error: Exception) -> None:
+    _GRAPH["fn"] = None
+    first = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
+    warnings.warn(f"torch.compile failed ({first}); AEGIS noise falls back to numpy, ~1.5x slower on a CPU. "
+                  "Set VEIL_COMPILE=0 to skip the attempt.", RuntimeWarning, stacklevel=3)
 
 
 def keyed_generator(seed: int, step: int, count: int, device: torch.device, secret: int | None = None) -> torch.Generator:
