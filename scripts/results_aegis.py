@@ -185,8 +185,8 @@ def fmt_repeats(reps: list[dict[str, Any]]) -> list[str]:
     """The spread of the all-core transformer4 ratio over separate runs of the same bench."""
     ratios = [r["ratio_to_none"]["aegis"] for r in reps]
     lines = [f"transformer4 on all {reps[0]['threads']} threads, the same bench run {len(reps)} times {REPEAT_GAP_S:.0f} s apart. "
-             "This VM's two-core speed drifts between runs (the undefended step below); AEGIS's draw runs on one core, so "
-             f"its share grows when the rest of the step gets faster. Ratio over the runs: {min(ratios):.2f}-{max(ratios):.2f}.", "",
+             "This VM's two-core speed drifts between runs (the undefended step below); the random bits of AEGIS's draw are "
+             f"made on one core, so its share grows when the rest of the step gets faster. Ratio over the runs: {min(ratios):.2f}-{max(ratios):.2f}.", "",
              "| run | none median (ms) | aegis median (ms) | ratio to none |", "|---|---|---|---|"]
     lines += [f"| {i + 1} | {1e3 * r['median_s']['none']:.1f} | {1e3 * r['median_s']['aegis']:.1f} | {r['ratio_to_none']['aegis']:.2f} |"
               for i, r in enumerate(reps)]

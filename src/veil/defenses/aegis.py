@@ -57,8 +57,8 @@ from the bag of tokens that channel 2's noise destroys (measured: span-unfrozen 
 transformer4, even undefended). ``mlp_down_noise`` applies eq. (M) to it; its default (None)
 resolves at attach time to 1.0 for causal models (`VeilModel.causal`) and 0 for encoders, so the
 encoder defense is AEGIS as published and the decoder defense closes the fourth channel too.
-An optimisation attack does use that channel on an encoder, though: TAG recovers 0.249 of the
-tokens in place from a trained transformer4's update under these defaults, 0.098 with
+An optimisation attack does use that channel on an encoder, though: TAG recovers 0.250 of the
+tokens in place from a trained transformer4's update under these defaults, 0.096 with
 mlp_down_noise 0.3, 0.048 with 1.0, 0.001 undefended (docs/results.md, "AEGIS against an
 optimisation attack"). Set ``mlp_down_noise: 1.0`` on an encoder when such attackers matter; the
 encoder default stays as published because that costs accuracy (MiniLM on SST-2: -3.6 points
@@ -101,7 +101,8 @@ noise would cancel in the difference of two updates. All noised tables of a step
 taken with their scales and added in one pass (`veil.defenses.noise.noise_tables_`: SFC64 bits,
 Box-Muller compiled with torch.compile, or in numpy where no C++ compiler works). That draw is
 most of what AEGIS costs on a CPU, where the vocabulary-sized tables dominate a small model:
-transformer4's step costs 1.11x an undefended one on two cores (1.24x with the numpy path).
+transformer4's step costs 1.09x an undefended one on one core and 1.03-1.13x on two
+(docs/results.md), against 1.13-1.14x and 1.12-1.25x with the numpy path.
 """
 from __future__ import annotations
 
