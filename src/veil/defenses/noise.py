@@ -25,8 +25,9 @@ clean values and adds the noise in place):
   graph — one pass over the tables, in registers, split over torch's OpenMP threads. The bits
   stay serial (2.6 ms for transformer4's 1.55 M words). Measured on transformer4 (batch 16 x
   48, `benchmarks/aegis_overhead.py`, docs/results.md): the AEGIS step costs 1.09x an
-  undefended one on one core and 1.03-1.13x on two, against 1.13-1.14x and 1.12-1.25x with the numpy
-  path. The first call in a process compiles (~17 s; ~2 s once torch's on-disk cache holds it);
+  undefended one on one core and 1.03-1.13x on two, against 1.13-1.14x and 1.12-1.25x with
+  the numpy path. The first call in a process compiles (~17 s; ~2 s once torch's on-disk cache
+  holds it);
 * numpy (no working C++ compiler, or ``VEIL_COMPILE=0``): the transform in numpy's float32
   ufuncs (its AVX-512 log / sin / cos are 2.5-2.9x faster than torch's eager ones on one core),
   then torch adds the noise. Serial: splitting it over Python threads gained nothing inside a
