@@ -313,13 +313,18 @@ def test_standard_normal_is_box_muller_on_seeded_sfc64_bits() -> None:
         torch.set_num_threads(threads)
 
 
+def clean_tables() -> list[torch.Tensor]:
+    """A vocabulary-like table, a matrix and a vector."""
+    g = torch.Generator().manual_seed(5)
+    return [torch.randn(301, 16, generator=g), torch.randn(24, 16, generator=g), torch.randn(24, generator=g)]
+
+
 def noisy_tables(threads: int | None = None, compiled: bool = True) -> tuple[list[torch.Tensor], list[float]]:
-    """Three tables (a vocabulary-like one, a matrix, a vector) noised in place with key (4, 2, 0)."""
+    """`clean_tables` noised in place with key (4, 2, 0)."""
     from veil.defenses import noise
     from veil.defenses.aegis import frobenius, row_norm_max
 
-    g = torch.Generator().manual_seed(5)
-    tables = [torch.randn(301, 16, generator=g), torch.randn(24, 16, generator=g), torch.randn(24, generator=g)]
+    tables = clean_tables()
     saved, before = torch.get_num_threads(), noise._GRAPH.copy()
     try:
         if threads:
@@ -338,8 +343,7 @@ def test_noise_tables_add_the_keyed_draw_scaled_by_the_clean_statistic() -> None
     """Compiled (default) and numpy paths: T_j + s_j z_j with s_j from the clean table, z the key's draw."""
     from veil.defenses.noise import standard_normal
 
-    g = torch.Generator().manual_seed(5)
-    clean = [torch.randn(301, 16, generator=g), torch.randn(24, 16, generator=g), torch.randn(24, generator=g)]
+    clean = clean_tables()
     want_std = [0.5 * float(clean[0].norm(dim=1).max()), 2.0 * float(clean[1].norm()), float(clean[2].norm())]
     z = standard_normal(sum(t.numel() for t in clean), (4, 2, 0))
     want = [c + s * part.view_as(c) for c, s, part in zip(clean, want_std, z.split([t.numel() for t in clean]))]

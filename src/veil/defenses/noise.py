@@ -123,22 +123,21 @@ def noise_tables_(tables: Sequence[Tensor], stats: Sequence[Statistic], factors:
     rounding of log / sin / cos. ``work``: a dict the caller keeps across calls, where the numpy
     path keeps its work space."""
     tables = list(tables)
-    device = tables[0].device
+    device, n = tables[0].device, sum(t.numel() for t in tables)
     scale = torch.tensor(list(factors), dtype=torch.float32, device=device)
     graph = _compiled_graph() if device.type == "cpu" else None
     if graph is not None:
         from torch._dynamo.exc import BackendCompilerFailed  # dynamo loads only here (~1 s)
 
-        bits = torch.from_numpy(sfc64_words(sum(t.numel() for t in tables), key, secret))
         try:
-            return graph(bits, tables, tuple(stats), scale).tolist()
+            return graph(torch.from_numpy(sfc64_words(n, key, secret)), tables, tuple(stats), scale).tolist()
         except BackendCompilerFailed as e:  # raised before the graph runs: no table was touched
             _give_up_compiling(e)
-    stds = (torch.stack([f(t) for f, t in zip(stats, tables)]) * scale).tolist()
-    n, work = sum(t.numel() for t in tables), {} if work is None else work
-    if "z" not in work or work["z"].numel() < n + 1 or work["z"].device != device:
-        work["z"] = torch.empty(n + 1, dtype=torch.float32, device=device)
-    z = standard_normal(n, key, device, out=work["z"], secret=secret)
+    stds = _stds(tables, stats, scale).tolist()
+    work = {} if work is None else work
+    if device.type == "cpu" and ("z" not in work or work["z"].numel() < n + 1):  # a GPU draw needs no work space
+        work["z"] = torch.empty(n + 1, dtype=torch.float32)
+    z = standard_normal(n, key, device, out=work.get("z"), secret=secret)
     offset = 0
     for t, std in zip(tables, stds):
         t.add_(z[offset:offset + t.numel()].view_as(t), alpha=std)
@@ -146,10 +145,15 @@ def noise_tables_(tables: Sequence[Tensor], stats: Sequence[Statistic], factors:
     return stds
 
 
+def _stds(tables: list[Tensor], stats: Sequence[Statistic], scale: Tensor) -> Tensor:
+    """s_j = scale_j * stats[j](T_j), from the clean tables."""
+    return torch.stack([f(t) for f, t in zip(stats, tables)]) * scale
+
+
 def _noise_graph(bits: Tensor, tables: list[Tensor], stats: tuple[Statistic, ...], scale: Tensor) -> Tensor:
     """`noise_tables_` as one graph for torch.compile: the transform above on ``bits`` (2m
     int32), fused with the statistics and the in-place adds, on every thread of torch's pool."""
-    stds = torch.stack([f(t) for f, t in zip(stats, tables)]) * scale
+    stds = _stds(tables, stats, scale)
     m = bits.shape[0] // 2
     radius = torch.sqrt(-2.0 * torch.log(((bits[:m] >> 9).float() + (2.0 ** 22 + 0.5)) * 2.0 ** -23))
     angle = bits[m:].float() * (2 * math.pi * 2.0 ** -32)
@@ -175,7 +179,7 @@ def _compiled_graph() -> Callable[..., Tensor] | None:
 def _give_up_compiling(error: Exception) -> None:
     _GRAPH["fn"] = None
     first = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
-    warnings.warn(f"torch.compile failed ({first}); AEGIS noise falls back to numpy, ~1.5x slower on a CPU. "
+    warnings.warn(f"torch.compile failed ({first}); AEGIS noise falls back to numpy, ~1.3x slower on a CPU. "
                   "Set VEIL_COMPILE=0 to skip the attempt.", RuntimeWarning, stacklevel=3)
 
 
