@@ -119,6 +119,7 @@ class PresenceAdaptive(_PresenceTest):
     """Settings: ``alpha`` (1/V, false-positive rate per row), ``source`` (embedding | head), ``keep_special``."""
 
     name = "presence-adaptive"
+    knows = "the defense's mechanism (noised tables, noise law: Knowledge.defense) and the token-embedding gradient"
 
     def _reconstruct(self, obs: Observation, know: Knowledge) -> Reconstruction:
         return self._test(presence_rows(obs, str(self.settings.get("source", "embedding"))), obs, know, 1)
@@ -129,6 +130,7 @@ class PresenceAverage(_PresenceTest):
     """Settings as presence-adaptive; the other rounds in ``Knowledge.aux_data["rounds"]``."""
 
     name = "presence-average"
+    knows = "the defense's mechanism and R updates of the same client on the same batch"
 
     def _reconstruct(self, obs: Observation, know: Knowledge) -> Reconstruction:
         source = str(self.settings.get("source", "embedding"))
@@ -187,6 +189,7 @@ class SpanUnfrozen(Attack):
     """Settings: ``tol`` (0.01) span distance, ``blocks`` (1), ``noise_aware`` (True when a defense is known)."""
 
     name = "span-unfrozen"
+    knows = "the defense's frozen set and noised channels (Knowledge.defense); the gradients still exported in the first blocks"
     modality = "text"
 
     def _targets(self, model: VeilModel, blocks: int) -> dict[str, nn.Module]:

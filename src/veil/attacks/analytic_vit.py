@@ -70,6 +70,7 @@ class April(Attack):
     """APRIL closed form from the position- and patch-embedding gradients (batch 1)."""
 
     name = "april"
+    knows = "the update of one image (batch 1) and the weights; not the defense (naive)"
     modality = "image"
 
     def applies_to(self, model: VeilModel) -> str | None:

@@ -75,6 +75,9 @@ class Attack:
     name: str = "attack"
     modality: str = "image"  # "image" | "text" | "any"
     needs: str = "gradient"  # "gradient" | "features"
+    #: what the attacker uses, in one line (the audit's worst case names it); an adaptive attacker
+    #: says which part of the defense's mechanism it knows (Knowledge.defense)
+    knows: str = "the exported update and the weights; not the defense (naive)"
 
     def __init__(self, **settings: Any) -> None:
         self.settings = settings

@@ -81,6 +81,7 @@ class FeatureInversion(_FeatureAttack):
     """Decoder trained on (H(x_aux), x_aux); needs query access to the head: `aux_data["head"]`."""
 
     name = "feature_inversion"
+    knows = "the intercepted features, query access to the frozen head and public auxiliary images (unshuffle: the head's affine structure undoes the permutation)"
     defaults = {"steps": 1500, "lr": 1e-3, "batch": 64, "hidden": 512, "unshuffle": False}
 
     def _reconstruct(self, obs: Observation, know: Knowledge) -> Reconstruction:
@@ -137,6 +138,7 @@ class FeatureHijack(_FeatureAttack):
     """Passive feature-space hijacking: encoder F^ + decoder G + discriminator D (FSHA)."""
 
     name = "fsha"
+    knows = "the intercepted features and public auxiliary images (no access to the head)"
     defaults = {"steps": 2000, "lr": 1e-3, "batch": 64, "hidden": 512, "adv": 0.05}
 
     def _reconstruct(self, obs: Observation, know: Knowledge) -> Reconstruction:

@@ -158,6 +158,7 @@ class DLG(_Inversion):
     """DLG: L2 gradient distance, L-BFGS (or Adam) on a dummy image and a soft label."""
 
     name = "dlg"
+    knows = "the update, the weights, batch size and input shape (labels if granted); not the defense (naive)"
     defaults = {"iterations": 300, "restarts": 1, "optimizer": "lbfgs", "lr": 1.0, "label": "soft", "seed": 0}
 
     def run_once(self, model, target, shape, labels, gen, restart):  # noqa: ANN001, ANN201 - see base
@@ -240,6 +241,7 @@ class InvertingGradients(_Inversion):
     """
 
     name = "ig"
+    knows = "the update, the weights, batch size and input shape (labels if granted); not the defense (naive)"
     defaults = {"iterations": 800, "restarts": 2, "lr": 0.1, "tv": 1e-4, "label": "infer", "signed": True, "seed": 0,
                 "distance": "cosine", "layers": "input", "schedule": "cosine"}
 

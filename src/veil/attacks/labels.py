@@ -70,6 +70,7 @@ class LabelRecovery(Attack):
     """iDLG (batch 1) / LLG-style (batch B) label recovery from the classifier's gradient."""
 
     name = "labels"
+    knows = "the last layer's gradient and the batch size; not the defense (naive)"
     modality = "any"
 
     def applies_to(self, model: VeilModel) -> str | None:

@@ -76,6 +76,7 @@ class PresenceAttack(Attack):
     """Settings: ``rel_tol`` (1e-6), ``abs_tol`` (0), ``keep_special`` (False)."""
 
     name = "presence"
+    knows = "the token-embedding gradient and the public vocabulary; not the defense (naive)"
     modality = "text"
 
     def _reconstruct(self, obs: Observation, know: Knowledge) -> Reconstruction:

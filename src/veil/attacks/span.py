@@ -177,6 +177,7 @@ class SpanAttack(Attack):
     ``max_per_position`` (no cap), ``seed``."""
 
     name = "span"
+    knows = "the first layers' Q/K/V gradients, the weights, the vocabulary and batch size; not the defense (naive)"
     modality = "text"
 
     def applies_to(self, model: VeilModel) -> str | None:

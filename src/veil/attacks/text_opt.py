@@ -328,6 +328,7 @@ class TagAttack(TextOptimisation):
     [unused*], [MASK], nor [CLS]/[SEP] where the format pins them), ``lm_tau`` (0.05), ``seed``."""
 
     name = "tag"
+    knows = "the update, the weights, the vocabulary, batch size and length (labels if granted); not the defense (naive)"
     distance = "tag"
     defaults = {"iterations": 500, "lr": 0.05, "alpha": 0.01, "restrict_to_present": False, "fix_special": True, "skip_reserved": True,
                 "lm_tau": 0.05, "chunk_size": 8}
@@ -340,6 +341,7 @@ class LampAttack(TextOptimisation):
     ``fix_special`` (True), ``skip_reserved`` (True), ``lm_tau`` (0.05), ``chunk_size`` (8 candidates per vmap chunk), ``seed``."""
 
     name = "lamp"
+    knows = "the update, the weights, the vocabulary, batch size and length (labels if granted); not the defense (naive)"
     distance = "cos"
     defaults = {"iterations": 500, "lr": 0.05, "alpha": 0.01, "norm_weight": 0.01, "discrete_every": 50, "candidates": 16, "topk": 3,
                 "restrict_to_present": True, "fix_special": True, "skip_reserved": True, "lm_tau": 0.05, "chunk_size": 8}
