@@ -3,12 +3,17 @@
 
 Each adapter runs the HF embedding arithmetic itself (token + per-slot position [+ segment],
 LayerNorm, dropout) so a defense can replace the position embedding of chosen tokens, then hands
-the result to the HF encoder/blocks unchanged. Attention is forced to "eager" so double backward
-works on CPU. Nothing is downloaded: MiniLM loads from site-packages, ViT / GPT-2 from a config.
+the result to the HF encoder/blocks unchanged. The handles into the HF model (``_emb``, ``_layers``,
+``_t``) are properties, never registered submodules: a second module path to the same parameters
+breaks ``torch.func.functional_call(tie_weights=True)`` (pytorch#164759) and so DP-SGD (issue 17).
+Checkpoints saved while they were submodules load through `legacy_prefixes`. Attention is forced
+to "eager" so double backward works on CPU. Nothing is downloaded: MiniLM loads from site-packages,
+ViT / GPT-2 from a config.
 """
 from __future__ import annotations
 
 from pathlib import Path
+from typing import ClassVar
 
 import torch
 from torch import Tensor, nn
@@ -39,9 +44,17 @@ class HFBert(VeilModel):
         self.hf = model
         self.special_ids = special_ids
         self.pooling = pooling
-        bert = model.bert
-        self._emb = bert.embeddings
-        self._layers = bert.encoder.layer
+
+    #: old checkpoints registered the handles below as second module paths (issue 17)
+    legacy_prefixes: ClassVar[dict[str, str]] = {"_emb.": "hf.bert.embeddings.", "_layers.": "hf.bert.encoder.layer."}
+
+    @property
+    def _emb(self) -> nn.Module:
+        return self.hf.bert.embeddings
+
+    @property
+    def _layers(self) -> nn.ModuleList:
+        return self.hf.bert.encoder.layer
 
     def embed_tokens(self, batch: Batch) -> Tensor:
         return self._emb.word_embeddings(batch["input_ids"])
@@ -106,7 +119,12 @@ class HFViT(VeilModel):
         cfg = model.config
         self.patch_size = cfg.patch_size
         self.grid = cfg.image_size // cfg.patch_size
-        self._emb = model.vit.embeddings
+
+    legacy_prefixes: ClassVar[dict[str, str]] = {"_emb.": "hf.vit.embeddings."}
+
+    @property
+    def _emb(self) -> nn.Module:
+        return self.hf.vit.embeddings
 
     def patches(self, pixels: Tensor) -> Tensor:
         return patchify(pixels, self.patch_size)
@@ -174,7 +192,12 @@ class HFGPT2(VeilModel):
         super().__init__()
         self.hf = model
         self.pad_id = pad_id
-        self._t = model.transformer
+
+    legacy_prefixes: ClassVar[dict[str, str]] = {"_t.": "hf.transformer."}
+
+    @property
+    def _t(self) -> nn.Module:
+        return self.hf.transformer
 
     def embed_tokens(self, batch: Batch) -> Tensor:
         return self._t.wte(batch["input_ids"])

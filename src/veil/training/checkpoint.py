@@ -12,7 +12,7 @@ from typing import Any
 
 import torch
 from safetensors import SafetensorError
-from safetensors.torch import load_file, load_model, save_file, save_model
+from safetensors.torch import load_file, save_file, save_model
 
 from veil.errors import VeilError
 
@@ -30,19 +30,48 @@ def save_model_weights(model: torch.nn.Module, path: Path) -> None:
 
 
 def load_model_weights(model: torch.nn.Module, path: Path) -> None:
+    """Load a safetensors checkpoint into `model`; keys of older layouts are renamed first
+    (`legacy_keys`), and a parameter tied to one the file holds needs no key of its own."""
     try:
-        missing, unexpected = load_model(model, str(path), strict=False)
-    except (SafetensorError, OSError) as e:
+        sd = load_file(str(path))
+    except (SafetensorError, OSError):
         raise VeilError(f"checkpoint '{path}' is not a readable safetensors file") from None
-    bad = [k for k in unexpected] + [k for k in missing if not _is_tied(model, k)]
+    sd = legacy_keys(model, sd)
+    try:
+        missing, unexpected = model.load_state_dict(sd, strict=False)
+    except RuntimeError:  # a key that fits with the wrong shape
+        raise VeilError(f"checkpoint '{path}' does not fit the model (a tensor of the wrong shape)") from None
+    bad = list(unexpected) + [k for k in missing if not _tied_to_loaded(model, k, sd)]
     if bad:
         raise VeilError(f"checkpoint '{path}' does not fit the model (e.g. key '{bad[0]}')")
 
 
-def _is_tied(model: torch.nn.Module, key: str) -> bool:
+def legacy_keys(model: torch.nn.Module, sd: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """Rename keys saved under a submodule's old module paths to its current ones.
+
+    A submodule lists ``legacy_prefixes`` {old prefix: new prefix} (relative to itself): the HF
+    adapters once registered ``_emb`` / ``_layers`` / ``_t`` as second paths to their HF modules,
+    and safetensors kept those names (issue 17). A key whose new name is also present is dropped
+    (the same tensor twice)."""
+    rules = [(f"{where}.{old}" if where else old, f"{where}.{new}" if where else new)
+             for where, mod in model.named_modules() for old, new in getattr(mod, "legacy_prefixes", {}).items()]
+    if not rules:
+        return sd
+    out: dict[str, torch.Tensor] = {}
+    for key, value in sd.items():
+        for old, new in rules:
+            if key.startswith(old):
+                key = new + key[len(old):]
+                break
+        out.setdefault(key, value)
+    return out
+
+
+def _tied_to_loaded(model: torch.nn.Module, key: str, sd: dict[str, torch.Tensor]) -> bool:
+    """True when parameter `key` is the same tensor as a parameter the checkpoint loaded."""
     params = dict(model.named_parameters(remove_duplicate=False))
     p = params.get(key)
-    return p is not None and sum(q is p for q in params.values()) > 1
+    return p is not None and any(q is p for name, q in params.items() if name in sd)
 
 
 def optimizer_tensors(opt: torch.optim.Optimizer) -> tuple[dict[str, torch.Tensor], dict[str, Any]]:
