@@ -3,7 +3,7 @@
     python scripts/update_readme.py runs/audit
 
 Fills the blocks between <!-- quickstart:start/end --> (the quickstart report's tables) and
-<!-- headline:start/end --> (one line per task: accuracy and the headline leakage per defense).
+<!-- headline:start/end --> (one line per task: accuracy and the worst-case leakage per defense).
 """
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ import sys
 from pathlib import Path
 
 from veil.report.render import summary_blocks, to_markdown
-from veil.report.summary import primary_metric
+from veil.report.worst_case import describe
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -38,16 +38,15 @@ def quickstart_tables(summary: dict, out: Path) -> str:
 
 
 def headline(summary: dict) -> str:
-    lines = ["Headline numbers of the quickstart audit (one seed, small models, CPU):", ""]
+    """One line per task: per defense, the accuracy and the worst case (the attack that rebuilt the most)."""
+    lines = ["Headline numbers of the quickstart audit (one seed, small models, CPU); leakage is the worst case "
+             "over the attacks that ran (`worst_case` in summary.json):", ""]
     for name, t in summary["tasks"].items():
         parts = []
         for d, u in t["utility"].items():
-            leaks = []
-            for a, cell in t["leakage"].get(d, {}).items():
-                m = primary_metric(cell)
-                if m and m != "label_accuracy":
-                    leaks.append(f"{a} {m} {cell[m]:.3g}")
-            parts.append(f"**{d}**: accuracy {u['test_accuracy_mean']:.3f}" + (f"; {', '.join(leaks)}" if leaks else ""))
+            wc = t.get("worst_case", {}).get(d)
+            leak = f"; worst case {describe(wc)}" if wc else ""
+            parts.append(f"**{d}**: accuracy {u['test_accuracy_mean']:.3f}{leak}")
         lines.append(f"- `{name}` ({t['model']} on {t['data']}) — " + " · ".join(parts))
     return "\n".join(lines)
 

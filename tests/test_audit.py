@@ -73,6 +73,23 @@ def test_report_matches_summary(audit: tuple[Path, dict]) -> None:
     assert "torch" in summary["versions"]
 
 
+def test_summary_leads_with_the_worst_case(audit: tuple[Path, dict]) -> None:
+    from veil.report.worst_case import KEYS
+
+    out, summary = audit
+    for name, t in summary["tasks"].items():
+        assert set(t["worst_case"]) == set(t["utility"])  # one verdict per task x defense
+        assert all(tuple(wc) == KEYS and wc["attack"] in t["leakage"][d] for d, wc in t["worst_case"].items())
+    none = summary["tasks"]["digits"]["worst_case"]["none"]
+    assert none["attack"] == "april" and none["value"] == summary["tasks"]["digits"]["leakage"]["none"]["april"]["psnr"]
+    assert none["knows"] == summary["tasks"]["digits"]["attacker_knows"]["april"]
+    aegis = summary["tasks"]["text"]["worst_case"]["aegis"]
+    assert "span" in aegis["blocked"] and aegis["attack"] == "presence"  # blocked span beside what still worked
+    md = (out / "report.md").read_text()
+    task = md.index("## Task `digits`")
+    assert task < md.index("### Worst case per defense", task) < md.index("### Utility and cost", task)
+
+
 def test_rerun_recomputes_nothing(audit: tuple[Path, dict]) -> None:
     out, summary = audit
     stamps = {p: p.stat().st_mtime_ns for p in (out / "cells").rglob("*.json")}

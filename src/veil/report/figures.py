@@ -38,20 +38,16 @@ def image_grid(original: Any, reconstruction: Any, path: Path, title: str = "") 
     return _save(fig, path)
 
 
-def privacy_utility(points: list[tuple[str, str, float, float]], metric_of: dict[str, str], path: Path, title: str) -> Path:
-    """One panel per attack: x = accuracy, y = leakage (its headline metric), a point per defense."""
-    attacks = sorted({a for _, a, _, _ in points})
+def privacy_utility(points: list[tuple[str, str, float, float]], ylabel: str, path: Path, title: str) -> Path:
+    """x = accuracy, y = worst-case leakage: one point per defense, labelled with the attack that won there."""
     defenses = sorted({d for d, _, _, _ in points})
-    colour = {d: f"C{i % 10}" for i, d in enumerate(defenses)}  # one colour per defense in every panel
-    fig, axes = plt.subplots(1, max(len(attacks), 1), figsize=(3.2 * max(len(attacks), 1), 3.0), squeeze=False)
-    for ax, attack in zip(axes[0], attacks):
-        for d, a, x, y in points:
-            if a == attack:
-                ax.scatter([x], [y], color=colour[d])
-                ax.annotate(d, (x, y), fontsize=7, xytext=(3, 3), textcoords="offset points")
-        ax.set_xlabel("test accuracy (higher: more utility)", fontsize=7)
-        ax.set_ylabel(f"{metric_of[attack]} (higher: more leakage)", fontsize=7)
-        ax.set_title(attack, fontsize=8)
-        ax.tick_params(labelsize=7)
-    fig.suptitle(title, fontsize=9)
+    colour = {d: f"C{i % 10}" for i, d in enumerate(defenses)}
+    fig, ax = plt.subplots(figsize=(4.6, 3.4))
+    for d, a, x, y in points:
+        ax.scatter([x], [y], color=colour[d])
+        ax.annotate(f"{d}\n({a})", (x, y), fontsize=7, xytext=(3, 3), textcoords="offset points")
+    ax.set_xlabel("test accuracy (higher: more utility)", fontsize=7)
+    ax.set_ylabel(f"{ylabel} (higher: more leakage)", fontsize=7)
+    ax.tick_params(labelsize=7)
+    ax.set_title(title, fontsize=9)
     return _save(fig, path)

@@ -11,11 +11,13 @@ from pathlib import Path
 from typing import Any
 
 from veil.report.figures import image_grid, privacy_utility
-from veil.report.summary import primary_metric
+from veil.report.worst_case import describe, leak_text
 
 Block = tuple  # ("h2", text) | ("p", text) | ("table", header, rows) | ("img", path, caption) | ("tokens", rows)
 
-SHOWN = ("psnr", "ssim", "mse", "fft2d", "token_recovery", "rouge1", "rouge2", "exact_recovery", "presence_f1", "label_accuracy", "seconds")
+SHOWN = ("psnr", "ssim", "psnr_unshuffled", "ssim_unshuffled", "psnr_masked_set", "masked_patches", "moved_patches", "mse", "fft2d",
+         "token_recovery", "rouge1", "rouge2", "exact_recovery", "presence_f1", "unshuffled_recovery", "bag_recall", "moved_tokens",
+         "label_accuracy", "seconds")
 
 
 def fmt(v: Any) -> str:
@@ -53,28 +55,28 @@ def task_blocks(name: str, t: dict[str, Any], out: Path) -> list[Block]:
         acc = f"{u['test_accuracy_mean']:.4f} ± {u['test_accuracy_std']:.4f}"
         ppl = f"{u['test_perplexity_mean']:.2f}" if "test_perplexity_mean" in u else "—"
         rows.append([d, acc, ppl, f"{t['overhead'].get(d, float('nan')):.3f}", f"{t['step_seconds'].get(d, float('nan')):.4f}"])
+    blocks += worst_case_blocks(t)
     blocks.append(("h3", "Utility and cost"))
     blocks.append(("table", ["defense", "test accuracy (mean ± std over seeds)", "perplexity", "step time vs none", "step s"], rows))
-    blocks.append(("h3", "Leakage (defense × attack)"))
+    blocks.append(("h3", "Every attack (defense × attack, naive and adaptive)"))
     metrics = [m for m in SHOWN if any(m in cell for att in t["leakage"].values() for cell in att.values())]
     rows = [[d, a, *[fmt(cell.get(m, "—")) for m in metrics]] for d, att in t["leakage"].items() for a, cell in att.items()]
     blocks.append(("table", ["defense", "attack", *metrics], rows))
     for d, att in t["blocked"].items():
         for a, why in att.items():
-            blocks.append(("p", f"Blocked: `{a}` could not run against `{d}` — {why}. The defense closed the channel this attack reads."))
+            still = describe(t["worst_case"][d]) if t.get("worst_case", {}).get(d, {}).get("attack") else "no other attack measured leakage"
+            blocks.append(("p", f"Blocked: `{a}` could not run against `{d}` — {why}. The defense closed the channel this attack reads; "
+                                f"still worked against `{d}`: {still}."))
     for a, why in t["skipped"].items():
         blocks.append(("p", f"Skipped `{a}`: {why}"))
-    points, metric_of = [], {}
-    for d, att in t["leakage"].items():
-        for a, cell in att.items():
-            m = primary_metric(cell)
-            if m and d in t["utility"]:
-                metric_of[a] = m
-                y = cell[m] if cell[m] != float("inf") else 100.0
-                points.append((d, a, t["utility"][d]["test_accuracy_mean"], y))
+    points = [(d, wc["attack"], t["utility"][d]["test_accuracy_mean"], min(float(wc["score"]), 100.0))
+              for d, wc in t.get("worst_case", {}).items() if wc.get("attack") and d in t["utility"]]
     if points:
-        path = privacy_utility(points, metric_of, out / "figures" / f"{slug(name)}_privacy_utility.png", f"{name}: privacy vs utility")
-        blocks.append(("img", path, "Privacy-utility: each point is a defense; up is more leakage, right is more accuracy."))
+        image = any(t["worst_case"][d]["metric"].startswith("psnr") for d, *_ in points)
+        ylabel = "worst-case PSNR, dB (inf shown at 100)" if image else "worst-case words + in place (0-2)"
+        path = privacy_utility(points, ylabel, out / "figures" / f"{slug(name)}_privacy_utility.png", f"{name}: privacy vs utility")
+        blocks.append(("img", path, "Privacy-utility: each point is a defense at its worst case (the strongest attack, named); "
+                                    "up is more leakage, right is more accuracy."))
     blocks.append(("h3", "What the server rebuilt"))
     for (d, a), ex in _examples(out, name).items():
         if "original" in ex:
@@ -84,6 +86,24 @@ def task_blocks(name: str, t: dict[str, Any], out: Path) -> list[Block]:
             rows = [(" ".join(r), aligned(r, h)) for r, h in zip(ex["references"], ex["reconstructions"])]
             blocks.append(("tokens", f"{a} against defense {d}", rows))
     return blocks
+
+
+def worst_case_blocks(t: dict[str, Any]) -> list[Block]:
+    """The verdict first: per defense, the attack that rebuilt the most, what it knew, what it got."""
+    rows = []
+    for d, wc in t.get("worst_case", {}).items():
+        blocked = ", ".join(wc["blocked"]) or "—"
+        if wc["attack"] is None:
+            rows.append([d, "—", "no attack measured leakage", "—", blocked])
+            continue
+        rows.append([d, wc["attack"], leak_text(wc), wc["knows"], blocked])
+    if not rows:
+        return []
+    return [("h3", "Worst case per defense (the strongest attack that ran)"),
+            ("table", ["defense", "strongest attack", "leakage (region; beside)", "attacker knows", "blocked by the defense"], rows),
+            ("p", "Images: PSNR of the best-rebuilt region (unshuffled patches at their positions, or the whole image). "
+                  "Text: the bag of words (ROUGE-1 / presence F1) plus the share of tokens in place decides; the rows below "
+                  "list every attack, naive ones included.")]
 
 
 def summary_blocks(summary: dict[str, Any], out: Path) -> list[Block]:

@@ -7,6 +7,9 @@ summary["tasks"][task]:
   blocked[defense][attack]  why an attack could not run on a defended update (e.g. AEGIS froze
                             the layer it reads): the defense closed that channel
   overhead[defense]         step time relative to no defense; step_seconds[defense] absolute
+  attacker_knows[attack]    what each attack uses (its `knows`: naive, or which part of the mechanism)
+  worst_case[defense]       the verdict: the attack that rebuilt the most (veil.report.worst_case),
+                            keys attack, knows, metric, value, region, score, beside, ranking, blocked
 """
 from __future__ import annotations
 
@@ -30,6 +33,8 @@ def primary_metric(metrics: dict[str, float]) -> str | None:
 
 def build_summary(s: Scenario, out: Path, cells: list[Any], utility: dict[str, Any], overhead: dict[str, Any], versions: dict[str, str]) -> dict[str, Any]:
     from veil.experiments.audit import cell_path
+    from veil.experiments.cells import make_attack
+    from veil.report.worst_case import worst_case
 
     tasks: dict[str, Any] = {}
     for task in s.tasks:
@@ -38,6 +43,7 @@ def build_summary(s: Scenario, out: Path, cells: list[Any], utility: dict[str, A
             "dropout": float(task.run.model.get("dropout", 0.0) or 0.0),
             "knowledge": task.knowledge, "samples": task.samples,
             "utility": {}, "leakage": {}, "skipped": {}, "blocked": {}, "overhead": {}, "step_seconds": {},
+            "attacker_knows": {}, "worst_case": {},
         }
         for d, runs in utility[task.name].items():
             u: dict[str, Any] = {}
@@ -52,6 +58,7 @@ def build_summary(s: Scenario, out: Path, cells: list[Any], utility: dict[str, A
         for c in cells:
             if c.task is not task:
                 continue
+            t["attacker_knows"][label(c.attack)] = make_attack(c.attack).knows
             if c.skipped:
                 t["skipped"][label(c.attack)] = c.skipped
                 continue
@@ -63,6 +70,8 @@ def build_summary(s: Scenario, out: Path, cells: list[Any], utility: dict[str, A
         for (d, a), rows in by_cell.items():
             keys = sorted(set().union(*rows))
             t["leakage"].setdefault(d, {})[a] = {k: statistics.fmean(r[k] for r in rows if k in r) for k in keys}
+        for d in t["utility"]:
+            t["worst_case"][d] = worst_case(t["leakage"].get(d, {}), t["attacker_knows"], t["blocked"].get(d))
         t["overhead"] = overhead[task.name]["ratio"]
         t["step_seconds"] = overhead[task.name]["seconds"]
         tasks[task.name] = t

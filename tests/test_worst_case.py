@@ -1,0 +1,96 @@
+"""The audit's verdict is the worst case: the selection picks the highest leakage (constructed
+cells, hand-computed scores), blocked attacks are shown as blocked beside the one that worked,
+and the summary.json keys stay stable."""
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+import pytest
+
+from veil.report.render import write_reports
+from veil.report.worst_case import KEYS, cell_leakage, worst_case
+
+KNOWS = {"april": "naive", "april-mjp": "the MJP mechanism", "span": "naive", "span-mjp": "the MJP mechanism",
+         "presence": "naive", "tag": "naive", "labels": "naive", "ig": "naive"}
+
+
+def test_image_worst_case_is_the_best_region_of_the_strongest_attack() -> None:
+    leak = {"april": {"psnr": 10.6, "ssim": 0.4},
+            "april-mjp": {"psnr": 12.0, "ssim": 0.5, "psnr_unshuffled": 97.0, "ssim_unshuffled": 1.0, "masked_patches": 2.0},
+            "ig": {"psnr": 9.1, "ssim": 0.39, "label_accuracy": 1.0}}
+    wc = worst_case(leak, KNOWS)
+    assert (wc["attack"], wc["metric"], wc["value"], wc["region"]) == ("april-mjp", "psnr_unshuffled", 97.0, "unshuffled patches")
+    assert wc["knows"] == "the MJP mechanism"
+    assert wc["beside"] == {"ssim_unshuffled": 1.0, "psnr": 12.0, "masked_patches": 2.0}
+    assert wc["ranking"] == ["april-mjp", "april", "ig"]
+
+
+def test_whole_image_wins_when_it_is_higher_and_nan_regions_are_ignored() -> None:
+    wc = worst_case({"april-mjp": {"psnr": 30.0, "psnr_unshuffled": float("nan")}, "april": {"psnr": 31.5}}, KNOWS)
+    assert (wc["attack"], wc["metric"], wc["region"]) == ("april", "psnr", "whole image")
+    assert worst_case({"april": {"psnr": float("inf")}, "april-mjp": {"psnr_unshuffled": 119.0}}, KNOWS)["attack"] == "april"
+
+
+def test_text_worst_case_counts_words_and_positions() -> None:
+    leak = {"presence": {"presence_f1": 1.0},  # the whole bag, nothing in place: 1.0
+            "span": {"token_recovery": 0.336, "rouge1": 0.491, "presence_f1": 0.969},  # 0.969 + 0.336 = 1.305
+            "span-mjp": {"token_recovery": 0.7, "rouge1": 0.96, "presence_f1": 0.98, "exact_recovery": 0.0},  # 0.98 + 0.7
+            "tag": {"token_recovery": 0.0, "rouge1": 0.011}}
+    wc = worst_case(leak, KNOWS)
+    assert (wc["attack"], wc["metric"], wc["value"], wc["region"]) == ("span-mjp", "presence_f1", 0.98, "bag of words")
+    assert wc["score"] == pytest.approx(1.68)
+    assert wc["beside"] == {"rouge1": 0.96, "token_recovery": 0.7, "exact_recovery": 0.0}
+    assert wc["ranking"] == ["span-mjp", "span", "presence", "tag"]
+    assert cell_leakage(leak["span"])["score"] == pytest.approx(0.969 + 0.336)
+
+
+def test_labels_only_rank_below_any_rebuilt_input() -> None:
+    wc = worst_case({"labels": {"label_accuracy": 1.0}, "tag": {"token_recovery": 0.0, "rouge1": 0.011}}, KNOWS)
+    assert wc["attack"] == "tag" and wc["ranking"] == ["tag", "labels"]
+    assert worst_case({"labels": {"label_accuracy": 0.75, "seconds": 0.1}}, KNOWS)["region"] == "labels only"
+    assert cell_leakage({"seconds": 1.0}) is None  # an attack that measured nothing is no leakage figure
+
+
+def test_all_blocked_gives_no_attack_and_keys_stay_stable() -> None:
+    wc = worst_case({}, KNOWS, {"span": "AEGIS froze the layer"})
+    assert wc["attack"] is None and wc["blocked"] == {"span": "AEGIS froze the layer"} and wc["ranking"] == []
+    full = worst_case({"presence": {"presence_f1": 0.5}}, KNOWS)
+    assert tuple(wc) == tuple(full) == KEYS
+
+
+def _summary() -> dict:
+    util = {d: {"test_accuracy_mean": acc, "test_accuracy_std": 0.0, "test_accuracy_values": [acc], "train_seconds_mean": 1.0}
+            for d, acc in (("none", 0.68), ("aegis", 0.55))}
+    leak = {"none": {"span": {"token_recovery": 1.0, "rouge1": 1.0, "presence_f1": 0.97}, "presence": {"presence_f1": 1.0}},
+            "aegis": {"presence": {"presence_f1": 0.011}, "tag": {"token_recovery": 0.206, "rouge1": 0.273}}}
+    blocked = {"aegis": {"span": "the observation has no gradient for blocks.0.attn.qkv.weight (frozen)"}}
+    t = {"model": "transformer4", "data": "sst2", "protocol": "single-step", "dropout": 0.0, "knowledge": {}, "samples": 1,
+         "utility": util, "leakage": leak, "skipped": {}, "blocked": blocked, "overhead": {"none": 1.0, "aegis": 1.01},
+         "step_seconds": {"none": 0.02, "aegis": 0.02}, "attacker_knows": KNOWS,
+         "worst_case": {d: worst_case(leak[d], KNOWS, blocked.get(d)) for d in util}}
+    return {"scenario": "t", "seeds": [0], "tasks": {"text": t}, "versions": {"torch": "x"}, "config": {"name": "t"}}
+
+
+def test_report_leads_each_task_with_the_worst_case_and_shows_blocked_attacks(tmp_path: Path) -> None:
+    write_reports(_summary(), tmp_path)
+    md = (tmp_path / "report.md").read_text()
+    task = md.index("## Task `text`")
+    verdict, utility, every = (md.index(h, task) for h in ("### Worst case per defense", "### Utility and cost", "### Every attack"))
+    assert task < verdict < utility < every  # the verdict first, the naive rows after
+    rows = md[verdict:utility]
+    assert "| none | span | rouge1 1.000 (bag of words); presence_f1 0.970, token_recovery 1.000 | naive | — |" in rows
+    assert "| aegis | tag | rouge1 0.273 (bag of words); token_recovery 0.206 | naive | span |" in rows
+    assert "Blocked: `span` could not run against `aegis`" in md and "still worked against `aegis`: `tag`: rouge1 0.273" in md
+    html = (tmp_path / "report.html").read_text()
+    assert html.index("Worst case per defense") < html.index("Utility and cost") < html.index("Every attack")
+    assert (tmp_path / "figures" / "text_privacy_utility.png").is_file()
+
+
+def test_inf_psnr_is_formatted_and_plotted(tmp_path: Path) -> None:
+    s = _summary()
+    t = s["tasks"]["text"]
+    t["leakage"] = {"none": {"april": {"psnr": math.inf, "ssim": 1.0}}, "aegis": {"april": {"psnr": 8.0, "ssim": 0.4}}}
+    t["worst_case"] = {d: worst_case(t["leakage"][d], KNOWS) for d in t["utility"]}
+    write_reports(s, tmp_path)
+    assert "| none | april | psnr inf (whole image); ssim 1.000 | naive |" in (tmp_path / "report.md").read_text()
