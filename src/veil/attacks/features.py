@@ -18,12 +18,16 @@
 The decoder reads the N tokens in the order they arrive (a flattened-sequence MLP): it relies on
 slot i holding patch i, which is what p-FeSTA's permutation module takes away.
 
-3. Adaptive un-shuffling (`feature_inversion` with `unshuffle=True`; our addition, not in the
-   paper): a patch-embedding head is affine per slot, H(x)_i = W p_i + b + e_i. With query access
+3. Adaptive un-shuffling (`feature_inversion`, on by default wherever the permutation is on; our
+   addition, not in the paper): a patch-embedding head is affine per slot, H(x)_i = W p_i + b + e_i. With query access
    the attacker reads E = H(0) (rows b + e_i) and W (H of unit patches minus E). A received token
    t = W p + b + e_j lies in the P-dimensional affine subspace E_j + span(W) only for its true slot
    j (when P < D and the e_i differ), so the residual ||(I - W W^+)(t - E_i)|| is ~0 exactly at
    i = j; a per-sample assignment (Hungarian) on these residuals restores the order before decoding.
+   ``unshuffle``: "auto" (default) un-shuffles whenever the attacker knows the permutation module is
+   on (``Knowledge.defense["permutation"]["enabled"]``: the server runs the p-FeSTA protocol, so it
+   knows); True / False force it (False is the naive decoder of 1.). Measured on digits: 25.2 dB
+   with the permutation vs 25.5 without (docs/results.md); the naive decoder falls to 10.1 dB.
 """
 from __future__ import annotations
 
@@ -82,7 +86,16 @@ class FeatureInversion(_FeatureAttack):
 
     name = "feature_inversion"
     knows = "the intercepted features, query access to the frozen head and public auxiliary images (unshuffle: the head's affine structure undoes the permutation)"
-    defaults = {"steps": 1500, "lr": 1e-3, "batch": 64, "hidden": 512, "unshuffle": False}
+    defaults = {"steps": 1500, "lr": 1e-3, "batch": 64, "hidden": 512, "unshuffle": "auto"}
+
+    def unshuffles(self, know: Knowledge) -> bool:
+        """Whether this run un-shuffles: forced by ``unshuffle``, else when the permutation is known to be on."""
+        mode = self._get("unshuffle")
+        if mode == "auto":
+            return bool((know.defense or {}).get("permutation", {}).get("enabled", False))
+        if not isinstance(mode, bool):
+            raise VeilError(f"feature_inversion unshuffle must be 'auto', true or false, got {mode!r}")
+        return mode
 
     def _reconstruct(self, obs: Observation, know: Knowledge) -> Reconstruction:
         if obs.features is None:
@@ -94,9 +107,11 @@ class FeatureInversion(_FeatureAttack):
         with torch.no_grad():
             feats = head(aux)
         f = obs.features.detach()
-        if self._get("unshuffle"):
+        if self.unshuffles(know):
             f = unshuffle(f, head, tuple(aux.shape[1:]))
-        dec = Decoder(f.shape[1], f.shape[2], tuple(aux.shape[1:]), self._get("hidden"))
+        with torch.random.fork_rng():  # the decoder's initialisation is seeded too: one seed, one result
+            torch.manual_seed(know.seed)
+            dec = Decoder(f.shape[1], f.shape[2], tuple(aux.shape[1:]), self._get("hidden"))
         opt = torch.optim.Adam(dec.parameters(), lr=self._get("lr"))
         g = torch.Generator().manual_seed(know.seed)
         for _ in range(self._get("steps")):

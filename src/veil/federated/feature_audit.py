@@ -5,6 +5,12 @@ and sent to the server either in patch order or permuted per sample. The attacke
 with its own auxiliary images (the digits *test* split: disjoint from every client's training
 data) and, for decoder inversion, query access to the head (a public pretrained embedder in the
 paper's setting). PSNR / SSIM compare the rebuilt batch with the private one (Hungarian-matched).
+
+The server runs the protocol, so it knows when the permutation is on (`Knowledge.defense`), and
+`feature_inversion` then un-shuffles through the frozen head before decoding (its default,
+`unshuffle: auto`): that row, `feature_inversion+unshuffle`, comes first and is the verdict
+(`strongest`: the attack with the highest PSNR on the permuted features). The row
+`feature_inversion` is the naive decoder (`unshuffle: false`) the paper's claim rests on.
 """
 from __future__ import annotations
 
@@ -18,6 +24,10 @@ from veil.federated.split import SplitSpec
 from veil.metrics import image_report
 
 
+#: the adaptive inversion first (it is the verdict wherever the permutation is on), then the naive rows
+DEFAULT_ATTACKS: dict[str, dict[str, Any]] = {"feature_inversion+unshuffle": {}, "feature_inversion": {}, "fsha": {}}
+
+
 def feature_attacks(spec: SplitSpec, victims: int = 64, attacks: dict[str, dict[str, Any]] | None = None) -> dict[str, Any]:
     from veil.federated.split_client import build_parts, split_world
 
@@ -28,17 +38,24 @@ def feature_attacks(spec: SplitSpec, victims: int = 64, attacks: dict[str, dict[
     aux = world.tests[spec.split.tasks[0]]["pixels"]
     with torch.no_grad():
         clean = head(private)
-    permuted = PatchPermutation(True, seed=spec.cfg.train.seed + 4242).before_send(clean, {})
-    attacks = attacks or {"feature_inversion": {}, "feature_inversion+unshuffle": {"unshuffle": True}, "fsha": {}}
+    module = PatchPermutation(True, seed=spec.cfg.train.seed + 4242)
+    permuted = module.before_send(clean, {})
+    attacks = attacks or DEFAULT_ATTACKS
     out: dict[str, Any] = {"victims": victims, "aux": len(aux)}
     for name, settings in attacks.items():
+        if name == "feature_inversion":  # the naive row: the decoder alone
+            settings = {"unshuffle": False, **settings}
         attack = create_attack(name.split("+")[0], **settings)
-        know = Knowledge(batch_size=victims, input_shape=tuple(private.shape[1:]), aux_data={"pixels": aux, "head": head}, seed=spec.cfg.train.seed)
         row = {}
         for label, feats in (("plain", clean), ("permuted", permuted)):
+            known = {module.name: module.describe()} if label == "permuted" else {}  # the server knows its protocol
+            know = Knowledge(batch_size=victims, input_shape=tuple(private.shape[1:]), aux_data={"pixels": aux, "head": head},
+                             defense=known, seed=spec.cfg.train.seed)
             rec = attack.reconstruct(Observation(model=None, features=feats, kind="features"), know)  # type: ignore[arg-type]
             rep = image_report(private, rec.images.clamp(0, 1))
             row[label] = {"psnr": float(rep["psnr"]), "ssim": float(rep["ssim"]), "mse": float(rep["mse"]), "seconds": round(float(rec.stats["seconds"]), 2)}
         row["psnr_drop_db"] = row["plain"]["psnr"] - row["permuted"]["psnr"]
         out[name] = row
+    rows = [k for k in attacks if isinstance(out.get(k), dict)]
+    out["strongest"] = max(rows, key=lambda k: out[k]["permuted"]["psnr"]) if rows else None
     return out
