@@ -110,7 +110,7 @@ def test_span_goal_cells(name, B, max_len):
     torch.manual_seed(0)
     model = create_model(name, dropout=0.0) if name == "minilm" else create_model(name, dropout=0.0, max_len=32)
     model.eval()
-    rec = create_attack("span", budget_s=300).reconstruct(observe(model, batch), Knowledge(batch_size=B, seq_len=max_len, tokenizer=tok))
+    rec = create_attack("span", budget=200_000).reconstruct(observe(model, batch), Knowledge(batch_size=B, seq_len=max_len, tokenizer=tok))
     rep = text_report(_refs(batch), rec.token_ids, ignore=SPECIAL)
     assert rep["token_recovery"] >= 0.95, (rep, rec.stats)
 
@@ -123,7 +123,7 @@ def test_span_goal_wider_decoder_full_sentences():
     torch.manual_seed(0)
     model = create_model("hf-gpt2", dim=256, depth=2, max_len=32, dropout=0.0)
     model.eval()
-    rec = create_attack("span", budget_s=120).reconstruct(observe(model, batch), Knowledge(batch_size=8, seq_len=32, tokenizer=tok))
+    rec = create_attack("span", budget=100_000).reconstruct(observe(model, batch), Knowledge(batch_size=8, seq_len=32, tokenizer=tok))
     rep = text_report(_refs(batch), rec.token_ids, ignore=SPECIAL)
     assert rep["token_recovery"] >= 0.95, (rep, rec.stats)
 
@@ -184,7 +184,7 @@ def test_span_recovers_batch_beyond_the_width(sst2):
     batch = {k: v[idx] for k, v in data.train.items()}
     assert int(batch["attention_mask"].sum()) > 96
     know = Knowledge(batch_size=5, seq_len=24, tokenizer=data.meta["tokenizer"])
-    rec = create_attack("span", budget_s=240).reconstruct(observe(model, batch), know)
+    rec = create_attack("span", budget=150_000).reconstruct(observe(model, batch), know)
     rep = text_report(_refs(batch), rec.token_ids, ignore=SPECIAL)
     assert rep["token_recovery"] == 1.0, (rep, rec.stats)
 

@@ -31,7 +31,6 @@ Dropout makes the layer inputs ``mask * x / (1 - p)``: no longer in the span of 
 """
 from __future__ import annotations
 
-import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -173,7 +172,8 @@ class SpanAttack(Attack):
     them for dropout), ``rank_tol`` (1e-6), ``max_len`` (knowledge.seq_len, else the model's),
     ``presence_filter`` (True: test only the tokens with embedding gradient), ``layernorm_positions``
     (True) and ``tol_ln`` (1e-4) of the encoder pins, ``restarts`` (4), ``sweeps`` (12) and
-    ``budget_s`` (600) of the encoder search, ``beam`` (4*B) of the decoder search,
+    ``budget`` (500000 candidate sentences scored: counted work, so the result does not depend on
+    the machine's load) of the encoder search, ``beam`` (4*B) of the decoder search,
     ``max_per_position`` (no cap), ``seed``."""
 
     name = "span"
@@ -202,6 +202,8 @@ class SpanAttack(Attack):
             raise VeilError(f"span: max_len {max_len} exceeds the model's {limit} positions")
         cap = s.get("max_per_position")
         seed = int(s.get("seed", know.seed))
+        if "budget_s" in s:
+            raise VeilError("span: budget_s (seconds) was replaced by budget (candidate sentences scored, default 500000)")
         was = model.training
         model.eval()
         pinned = None
@@ -214,15 +216,15 @@ class SpanAttack(Attack):
 
                 cands = candidates(span1)
                 specials = _Specials.of(model, know)
-                found, budget, t0 = None, float(s.get("budget_s", 600)), time.perf_counter()
+                found, budget = None, int(s.get("budget", 500_000))
                 if model.task != "lm" and s.get("peel", True) and know.batch_size:
                     found = peel_search(obs, Residual(obs, know.batch_size), candidates, specials, seed=seed,
-                                        tol_cls=float(s.get("tol_cls", 1e-4)), rank_tol=rank_tol, budget_s=budget,
+                                        tol_cls=float(s.get("tol_cls", 1e-4)), rank_tol=rank_tol, budget=budget,
                                         prior_weight=float(s.get("prior_weight", 0.2)))
-                    left = budget - (time.perf_counter() - t0)
-                    if found is not None and not found[1]["sentences_exact"] and left > 1.0:
+                    left = budget - (found[1]["sentences_scored"] if found is not None else 0)
+                    if found is not None and not found[1]["sentences_exact"] and left > 0:
                         # no sentence passed the exact [CLS] check (e.g. the client shuffled its tokens):
-                        # the assignment search below still rebuilds what layer 2 supports, in the time left
+                        # the assignment search below still rebuilds what layer 2 supports, in the budget left
                         budget, found = left, None
                 if found is not None:
                     seqs, info = found
@@ -234,7 +236,7 @@ class SpanAttack(Attack):
                         pinned = pin_positions(obs, cands, float(s.get("tol_ln", 1e-4)))
                         cands = pinned[0] if pinned is not None else cands
                     seqs, info = encoder_search(model, span2, cands, specials, restarts=int(s.get("restarts", 4)),
-                                                sweeps=int(s.get("sweeps", 12)), budget_s=budget,
+                                                sweeps=int(s.get("sweeps", 12)), budget=budget,
                                                 pins=pinned[1] if pinned else None, tol2=tol2, seed=seed, batch_size=know.batch_size)
                     info = {"search": "assignment", **info}
         finally:

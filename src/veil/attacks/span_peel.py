@@ -283,7 +283,7 @@ class _Walker:
         self.best: tuple[float, float, Tensor] | None = None  # the best local minimum: (objective, cls distance, ids)
         self.steps = 0  # sentences scored
         self.sweeps = 0
-        self.last: float | None = None  # seconds of the last sweep
+        self.last: float | None = None  # work of the last sweep: sentences scored x length
 
     def random(self) -> Tensor:
         return torch.tensor([[int(s[self.rng.integers(len(s))]) for s in self.sets]])
@@ -373,14 +373,19 @@ class _Walker:
 
 
 def peel_search(obs: Any, res: Residual, cands_of: Any, specials: Any, *, seed: int, tol_cls: float = 1e-4,
-                rank_tol: float = 1e-6, budget_s: float = 600.0, min_len: int = 3,
+                rank_tol: float = 1e-6, budget: int = 500_000, min_len: int = 3,
                 prior_weight: float = 0.2) -> tuple[list[list[int]], dict[str, Any]] | None:
     """Find the batch one sentence at a time (see `Residual`, `CLSCheck`): per length hypothesis
     (where [SEP] passes layer 1) an iterated local search (`_Walker`), the hypothesis that has
-    used the least time stepped next (so short sentences, cheap to score, are tried most); the first sentence whose [CLS] distance is < `tol_cls` is exact:
+    done the least work stepped next (so short sentences, cheap to score, are tried most); the first sentence whose [CLS] distance is < `tol_cls` is exact:
     it is subtracted from the gradient and the spans, candidates and hypotheses are recomputed.
     `cands_of(span1)` gives the per-position candidates of a layer-1 span. Returns None if the
-    [CLS] check does not apply to this model."""
+    [CLS] check does not apply to this model.
+
+    Work, never time, orders and bounds the search, so the result does not depend on the machine
+    or its load: `budget` caps the candidate sentences scored (all stages together); a
+    hypothesis' work is the sentences it scored x its length (a sentence's scoring cost grows
+    with its length)."""
     start = time.perf_counter()
     model = obs.model
     rng = np.random.default_rng(seed)
@@ -390,7 +395,7 @@ def peel_search(obs: Any, res: Residual, cands_of: Any, specials: Any, *, seed: 
     stage_info: list[dict[str, Any]] = []
     best_guess: list[tuple[float, list[int]]] = []
     note = None
-    while res.left > 0 and time.perf_counter() - start < budget_s:
+    while res.left > 0 and steps < budget:
         check = CLSCheck(res)
         if not check.usable:
             if not found:
@@ -411,17 +416,16 @@ def peel_search(obs: Any, res: Residual, cands_of: Any, specials: Any, *, seed: 
                 note = "no token passes layer 1 (dropout or noise? raise tol1)"
             break
         hit, t_stage, r0 = None, time.perf_counter(), rounds
-        # fair share of time: step the hypothesis whose time used after this step would be the least.
-        # A sweep's cost is estimated as ~ n * (candidates of its n positions) until measured, so short
-        # hypotheses, cheap to score, sweep several times before a long one starts; a walker's
-        # first sweep starts from the longest sentence another (shorter) walker has settled on
-        # (a short walker often settles on the prefix of a longer sentence).
+        # fair share of work: step the hypothesis whose work after this step would be the least.
+        # Work = sentences scored x length; a sweep's is estimated as n * (candidates of its n
+        # positions) until done once, so short hypotheses, cheap to score, sweep several times
+        # before a long one starts; a walker's first sweep starts from the longest sentence another
+        # (shorter) walker has settled on (a short walker often settles on the prefix of a longer sentence).
         used = [0.0] * len(walkers)
         cost = [float(w.n * sum(len(x) for x in w.sets)) for w in walkers]
         share = _shares(walkers, where, specials.sep) if crowded else [1.0] * len(walkers)
-        rate: float | None = None  # seconds per unit of estimated cost, from the sweeps so far
-        while hit is None and time.perf_counter() - start < budget_s:
-            est = [(used[j] + (w.last if w.last is not None else cost[j] * (rate or 0.0))) / _merit(w, share[j], crowded)
+        while hit is None and steps + sum(w.steps for w in walkers) < budget:
+            est = [(used[j] + (w.last if w.last is not None else cost[j])) / _merit(w, share[j], crowded)
                    for j, w in enumerate(walkers)]
             i = min(range(len(walkers)), key=lambda j: (est[j], j))
             w = walkers[i]
@@ -429,13 +433,10 @@ def peel_search(obs: Any, res: Residual, cands_of: Any, specials: Any, *, seed: 
                 shorter = [v for v in walkers if v.best is not None and v.n < w.n]
                 if shorter:
                     w.seed(shorter[-1].best[2][0, 1:-1].tolist())
-            t0 = time.perf_counter()
+            before = w.steps
             obj, dc, ids = w.step(score)
-            spent = time.perf_counter() - t0
-            used[i] += spent
-            if w.last is None:
-                rate = max(rate or 0.0, spent / cost[i])
-            w.last = spent
+            w.last = float((w.steps - before) * w.n)
+            used[i] += w.last
             rounds += 1
             if dc < tol_cls:
                 hit = ids[0].tolist()
@@ -443,7 +444,7 @@ def peel_search(obs: Any, res: Residual, cands_of: Any, specials: Any, *, seed: 
         stage_info[-1].update(rounds=rounds - r0, seconds=round(time.perf_counter() - t_stage, 1), length=len(hit) if hit else None,
                               lengths=[w.n for w in walkers])
         busiest = sorted(zip(walkers, used), key=lambda x: -x[1])[:6]
-        stage_info[-1].update(seconds_by_length={w.n: round(u, 1) for w, u in busiest}, sweeps_by_length={w.n: w.sweeps for w, _ in busiest})
+        stage_info[-1].update(work_by_length={w.n: int(u) for w, u in busiest}, sweeps_by_length={w.n: w.sweeps for w, _ in busiest})
         if hit is None:
             best_guess = sorted(((w.best[0] / w.n, w.best[2][0].tolist()) for w in walkers if w.best is not None), key=lambda x: x[0])
             break
@@ -461,7 +462,7 @@ def peel_search(obs: Any, res: Residual, cands_of: Any, specials: Any, *, seed: 
 
 
 def _merit(w: _Walker, share: float, crowded: bool) -> float:
-    """A hypothesis' claim on time: its share, and in a crowded span also the inverse of its best
+    """A hypothesis' claim on work: its share, and in a crowded span also the inverse of its best
     objective per position so far (the true sentence's is ~0.08 on transformer4 at B=4, wrong
     local minima's 2-5x that), so the walks closest to a solution run most."""
     if not crowded or w.best is None:
@@ -470,7 +471,7 @@ def _merit(w: _Walker, share: float, crowded: bool) -> float:
 
 
 def _shares(walkers: list[_Walker], where: PositionPrior, sep: int | None) -> list[float]:
-    """Time shares of the length hypotheses when every length passes layer 1 (a crowded span):
+    """Work shares of the length hypotheses when every length passes layer 1 (a crowded span):
     0.1 + the position prior's coefficient of [SEP] at the hypothesis' last position, so the
     lengths where the position gradient puts a [SEP] are searched first (measured on a batch of
     lengths 19/22/32/32: coefficients 0.26 at 21 and 0.81 at 31, < 0.1 at the other 27 ends)."""

@@ -202,9 +202,10 @@ def _carry(ids: Tensor, lay: _Layout, kept: list[list[int]]) -> set[int]:
 
 def encoder_search(model: VeilModel, span2: Span, cands: list[Tensor], specials: Any, *, tol2: float, seed: int,
                    batch_size: int | None, restarts: int = 4, sweeps: int = 12, pins: dict[int, int] | None = None,
-                   budget_s: float = 600.0) -> tuple[list[list[int]], dict[str, Any]]:
+                   budget: int = 500_000) -> tuple[list[list[int]], dict[str, Any]]:
     """Length hypotheses x restarts x coordinate sweeps; solved sentences are frozen and carried
-    across restarts and layouts (see the module docstring)."""
+    across restarts and layouts (see the module docstring). `budget` caps the candidate sentences
+    scored (counted work, never time: the result does not depend on the machine's load)."""
     import time
 
     start = time.perf_counter()
@@ -230,7 +231,7 @@ def encoder_search(model: VeilModel, span2: Span, cands: list[Tensor], specials:
             changed, n = _sweep(model, span2, ids, mask, lay, content, rng, pinned, frozen)
             scored += n
             frozen |= _solved(model, span2, ids, mask, tol2)
-            if not changed or len(frozen) == B or time.perf_counter() - start > budget_s:
+            if not changed or len(frozen) == B or scored >= budget:
                 break
         solved = [ids[b, : lay.lengths[b]].tolist() for b in sorted(frozen)]
         kept += [x for x in solved if x not in kept]
@@ -238,7 +239,7 @@ def encoder_search(model: VeilModel, span2: Span, cands: list[Tensor], specials:
         key = (-len(frozen), float(dist.sum() / mask.sum()))
         if best is None or key < best[0]:
             best = (key, ids.clone(), mask)
-        if len(frozen) == B or time.perf_counter() - start > budget_s:
+        if len(frozen) == B or scored >= budget:
             break  # an exact solution: every position of every sentence lies in the layer-2 span
     if best is None:
         return [], {"sentences_scored": 0}
