@@ -20,7 +20,7 @@ NOISY = [("aegis", "transformer4", {"dim": 16, "depth": 1, "heads": 2}),
 def _grads(defense: str, model_name: str, kw: dict, secret: int | None) -> dict[str, torch.Tensor]:
     torch.manual_seed(0)
     model = create_model(model_name, **kw)
-    settings = {"seed": 5, **({"gamma": 0.5} if defense == "mjp" else {})}
+    settings = {"seed": 5, **({"gamma": 0.5} if defense == "mjp" else {}), **({"noise_multiplier": 1.0} if defense == "dpsgd" else {})}
     d = create_defense(defense, **settings).attach(model)
     d.secret = secret
     torch.manual_seed(1)

@@ -1,129 +1,218 @@
-"""DP-SGD (Abadi et al., CCS 2016, "Deep Learning with Differential Privacy", Algorithm 1).
+"""DP-SGD (Abadi et al., CCS 2016, "Deep Learning with Differential Privacy", Algorithm 1), on Opacus.
 
-For a batch of B samples with per-sample gradients g_i (over all trainable parameters, as one
-vector):
+For a logical batch L drawn by Poisson sampling (each of the N training samples independently
+with probability q = batch_size / N) and per-sample gradients g_i over the trainable parameters:
 
-    g~_i = g_i * min(1, C / ||g_i||_2)                 (per-sample clipping to norm C)
-    g    = (sum_i g~_i + N(0, sigma^2 C^2 I)) / B        (Gaussian mechanism, sigma = noise_multiplier)
+    g~_i = g_i * min(1, C / ||g_i||_2)                        (per-sample clipping to norm C)
+    g    = (sum_{i in L} g~_i + N(0, sigma^2 C^2 I)) / (q N)    (Gaussian mechanism, sigma = noise_multiplier)
 
-Per-sample gradients come from `torch.func` (``functional_call`` + ``vmap(grad)``), in micro-
-batches of `chunk` samples. We use torch.func, not Opacus's module hooks, for every model:
-veil's models read position / segment tables as raw parameters (``pos.weight[:T]``), which
-Opacus's per-module hooks cannot attribute to samples, while torch.func differentiates any
-parameter; on this machine torch.func is also faster than Opacus hooks on MiniLM (~2.3x vs
-~4.2x a plain step). HF BERT's pitfalls (a (1, T) ``position_ids``, the mask preparation's
-data-dependent ``padding_mask.all()``) do not arise: the adapters slice the position table and
-pass a ready 4-D additive mask. Dropout draws different masks per sample (``randomness=
-"different"``). The noise is seeded and fresh every call, like AEGIS's.
+dividing by the expected batch size q N, as Opacus does under Poisson sampling. The privacy cost
+of T such steps is tracked by Opacus' accountant (``accountant: rdp``, Mironov 2017, or ``prv``,
+Gopi et al. 2021): epsilon at ``delta`` (default 1/N). Give exactly one of ``noise_multiplier``
+or ``target_epsilon``; with the latter the accountant picks sigma for the run's schedule
+(`prepare`: sample rate, steps, delta) through Opacus' ``get_noise_multiplier``.
 
-The hook replaces ``loss.backward()`` (`Defense.backward`): it sets ``p.grad`` for every
-trainable parameter and returns the batch's mean loss and logits.
+A logical batch larger than memory is processed in physical micro-batches of ``chunk`` samples
+whose clipped sums accumulate before the one noise draw (Opacus' virtual steps /
+``BatchMemoryManager``). Per-sample gradients (`veil.defenses.dpsgd_engines`): ``ghost`` (Opacus
+ghost clipping), ``hooks`` (Opacus per-layer hooks) or ``functorch`` (``torch.func``). ``auto``
+takes ghost clipping when Opacus' hooks cover every trainable parameter, else functorch: veil's
+own models and the HF adapters read the position table (HF BERT: the segment row too) as a raw
+slice ``weight[:T]``, which module hooks cannot attribute to samples. An explicit ``ghost`` /
+``hooks`` freezes such tables instead (listed in `describe()["frozen"]`). ``trainable`` (a regular
+expression over parameter names) restricts DP fine-tuning to the matching parameters, e.g. the
+top layers and the head (parameter-efficient DP fine-tuning: Yu et al., ICLR 2022; Li et al.,
+ICLR 2022); frozen parameters are restored on `detach`.
+
+Step time on MiniLM-L6 (batch 16, 32 tokens, one thread, interleaved medians,
+``benchmarks/dp_step.py``): see docs/results.md (dp section) for the measured ratios of veil's
+ghost / hooks / functorch modes, Opacus' own ghost clipping and hooks, and an undefended step.
+
+The hook replaces ``loss.backward()`` (`Defense.backward`): it sets ``p.grad`` for every trainable
+parameter to the noised clipped mean, which is both the local update and the exported update a
+server sees (`client_step`). The noise is seeded and fresh every call, like AEGIS's.
 """
 from __future__ import annotations
 
-from typing import Any, Callable
+import math
+import re
+from typing import Any
 
 import torch
-from torch import Tensor, nn
-from torch.func import functional_call, grad, vmap
+from torch import Tensor
 
 from veil.defenses import DEFENSES
 from veil.defenses.aegis import check_scale
-from veil.defenses.noise import keyed_generator
 from veil.defenses.base import Defense
+from veil.defenses.dpsgd_engines import (LossFn, OpacusEngine, clip_and_sum, functorch_chunk,  # noqa: F401
+                                         per_sample_grads, uncovered)
+from veil.defenses.noise import keyed_generator
 from veil.errors import VeilError
 from veil.models.base import Batch, VeilModel
 
-LossFn = Callable[[Batch], tuple[Tensor, Tensor]]
+MODES = ("auto", "ghost", "hooks", "functorch")
+ACCOUNTANTS = ("rdp", "prv")
 
 
-class _LossModule(nn.Module):
-    """Wraps `loss_fn` so `functional_call` can swap the model's parameters underneath it."""
-
-    def __init__(self, model: VeilModel, loss_fn: LossFn) -> None:
-        super().__init__()
-        self.model = model
-        self.loss_fn = loss_fn
-
-    def forward(self, batch: Batch) -> tuple[Tensor, Tensor]:
-        return self.loss_fn(batch)
+def _positive(name: str, value: Any) -> float:
+    v = check_scale(name, value)
+    if v == 0:
+        raise VeilError(f"{name} must be a number > 0, got {value!r}")
+    return v
 
 
-def per_sample_grads(model: VeilModel, batch: Batch, loss_fn: LossFn) -> tuple[dict[str, Tensor], Tensor, Tensor]:
-    """Per-sample gradients {name: (B, *shape)} of every trainable parameter, with the per-sample
-    losses (B,) and logits (B, ...)."""
-    wrapper = _LossModule(model, loss_fn)
-    params = {f"model.{n}": p.detach() for n, p in model.named_parameters() if p.requires_grad}
-    frozen = {f"model.{n}": p.detach() for n, p in model.named_parameters() if not p.requires_grad}
-    buffers = {f"model.{n}": b for n, b in model.named_buffers()}
+def epsilon(noise_multiplier: float, sample_rate: float, steps: int, delta: float, accountant: str = "rdp") -> float:
+    """epsilon of `steps` Poisson-subsampled Gaussian steps at `delta` (Opacus' accountant)."""
+    from opacus.accountants import create_accountant
 
-    def one(trainable: dict[str, Tensor], sample: Batch) -> tuple[Tensor, tuple[Tensor, Tensor]]:
-        b = {k: v.unsqueeze(0) for k, v in sample.items()}
-        loss, logits = functional_call(wrapper, {**trainable, **frozen, **buffers}, (b,), tie_weights=True)
-        return loss, (loss.detach(), logits.detach()[0])
-
-    grads, (losses, logits) = vmap(grad(one, has_aux=True), in_dims=(None, 0), randomness="different")(params, batch)
-    return {k[len("model."):]: v for k, v in grads.items()}, losses, logits
-
-
-def clip_and_sum(grads: dict[str, Tensor], clip: float) -> dict[str, Tensor]:
-    """sum_i g_i * min(1, C / ||g_i||) over the samples of one micro-batch."""
-    flat = torch.cat([g.reshape(g.shape[0], -1) for g in grads.values()], dim=1)
-    factor = (clip / (flat.norm(dim=1) + 1e-6)).clamp(max=1.0)
-    return {n: torch.einsum("b,b...->...", factor.to(g.dtype), g) for n, g in grads.items()}
+    if steps == 0 or sample_rate == 0:
+        return 0.0
+    if noise_multiplier == 0:
+        return math.inf
+    acc = create_accountant(accountant)
+    acc.history = [(noise_multiplier, sample_rate, steps)]
+    return float(acc.get_epsilon(delta=delta))
 
 
 class DPSGD(Defense):
-    """DP-SGD: per-sample clipping to `clip` + Gaussian noise of std `noise_multiplier * clip`."""
+    """DP-SGD: Poisson batches, per-sample clipping to `clip`, Gaussian noise, privacy accounting."""
 
     name = "dpsgd"
+    poisson = True  # the training loop draws Poisson batches for a defense that says so
 
-    def __init__(self, clip: float = 1.0, noise_multiplier: float = 1.0, seed: int = 0, chunk: int = 16) -> None:
+    def __init__(self, clip: float = 1.0, noise_multiplier: float | None = None, target_epsilon: float | None = None,
+                 delta: float | None = None, accountant: str = "rdp", mode: str = "auto", trainable: str | None = None,
+                 chunk: int = 64, seed: int = 0) -> None:
         super().__init__()
-        self.clip = check_scale("clip", clip)
-        if self.clip == 0:
-            raise VeilError("clip must be a number > 0 (the per-sample gradient norm bound), got 0")
-        self.noise_multiplier = check_scale("noise_multiplier", noise_multiplier)
+        self.clip = _positive("clip", clip)
+        self.noise_multiplier = None if noise_multiplier is None else check_scale("noise_multiplier", noise_multiplier)
+        self.target_epsilon = None if target_epsilon is None else _positive("target_epsilon", target_epsilon)
+        self.delta = None if delta is None else _positive("delta", delta)
+        if self.delta is not None and self.delta >= 1:
+            raise VeilError(f"delta must be in (0, 1), got {delta!r}")
+        if accountant not in ACCOUNTANTS:
+            raise VeilError(f"dpsgd accountant must be one of {', '.join(ACCOUNTANTS)}, got {accountant!r}")
+        if mode not in MODES:
+            raise VeilError(f"dpsgd mode must be one of {', '.join(MODES)}, got {mode!r}")
+        if trainable is not None:
+            try:
+                re.compile(trainable)
+            except (re.error, TypeError):
+                raise VeilError(f"dpsgd trainable must be a regular expression over parameter names, got {trainable!r}") from None
         if isinstance(seed, bool) or not isinstance(seed, int):
             raise VeilError(f"seed must be an integer, got {seed!r}")
         if isinstance(chunk, bool) or not isinstance(chunk, int) or chunk < 1:
-            raise VeilError(f"chunk must be an integer >= 1 (samples per vmap call), got {chunk!r}")
-        self.seed, self.chunk = seed, chunk
+            raise VeilError(f"chunk must be an integer >= 1 (samples per physical micro-batch), got {chunk!r}")
+        if (noise_multiplier is None) == (target_epsilon is None):
+            raise VeilError("dpsgd needs exactly one of noise_multiplier (sigma) or target_epsilon (sigma from the accountant)")
+        self.accountant, self.mode, self.trainable, self.seed, self.chunk = accountant, mode, trainable, seed, chunk
+        self.sample_rate: float | None = None
+        self.expected_batch: float | None = None
+        self.steps = 0
+        self.engine_mode = mode
+        self.frozen: list[str] = []
+        self._engine: OpacusEngine | None = None
         self._calls = 0
 
+    # ---- lifecycle -------------------------------------------------------------------------------
     def _attach(self, model: VeilModel) -> None:
         self._calls = 0
+        self._restore = {n: p.requires_grad for n, p in model.named_parameters()}
+        if self.trainable is not None:
+            pat = re.compile(self.trainable)
+            for n, p in model.named_parameters():
+                p.requires_grad_(p.requires_grad and bool(pat.search(n)))
+            if not any(p.requires_grad for p in model.parameters()):
+                for n, p in model.named_parameters():
+                    p.requires_grad_(self._restore[n])
+                self.model = None
+                raise VeilError(f"dpsgd trainable={self.trainable!r} matches no trainable parameter of {type(model).__name__}")
+        left = uncovered(model, ghost=self.mode != "hooks")
+        self.engine_mode = ("ghost" if not left else "functorch") if self.mode == "auto" else self.mode
+        if self.engine_mode in ("ghost", "hooks"):
+            self.frozen = left
+            named = dict(model.named_parameters())
+            for n in left:
+                named[n].requires_grad_(False)
+            self._engine = OpacusEngine(model, ghost=self.engine_mode == "ghost", clip=self.clip)
 
+    def _detach(self, model: VeilModel) -> None:
+        if self._engine is not None:
+            self._engine.remove()
+            self._engine = None
+        for n, p in model.named_parameters():
+            p.requires_grad_(self._restore.get(n, p.requires_grad))
+        self.frozen = []
+
+    # ---- accounting ------------------------------------------------------------------------------
+    def prepare(self, n_train: int, batch_size: int, steps: int) -> None:
+        """The training schedule: sample rate q = batch_size / N, total steps, delta (default 1/N);
+        with target_epsilon, sigma from the accountant."""
+        if n_train < 1 or not 1 <= batch_size <= n_train:
+            raise VeilError(f"dpsgd needs 1 <= train.batch_size <= the training set size ({n_train}), got {batch_size}")
+        self.sample_rate, self.expected_batch = batch_size / n_train, float(batch_size)
+        self.delta = self.delta if self.delta is not None else 1.0 / n_train
+        if self.target_epsilon is not None:
+            from opacus.accountants.utils import get_noise_multiplier
+
+            self.noise_multiplier = float(get_noise_multiplier(target_epsilon=self.target_epsilon, target_delta=self.delta,
+                                                               sample_rate=self.sample_rate, steps=steps, accountant=self.accountant))
+
+    def privacy(self, steps: int | None = None) -> dict[str, Any]:
+        """epsilon spent after `steps` (default: the steps taken) at delta, with what it rests on."""
+        steps = self.steps if steps is None else steps
+        out: dict[str, Any] = {"mode": self.engine_mode, "accountant": self.accountant, "clip": self.clip,
+                               "noise_multiplier": self.noise_multiplier, "sample_rate": self.sample_rate,
+                               "delta": self.delta, "steps": steps, "epsilon": None}
+        if self.sample_rate is not None and self.noise_multiplier is not None and self.delta is not None:
+            eps = epsilon(self.noise_multiplier, self.sample_rate, steps, self.delta, self.accountant)
+            out["epsilon"] = eps if math.isfinite(eps) else "inf"
+        if self.frozen:
+            out["frozen"] = list(self.frozen)
+        return out
+
+    # ---- the step --------------------------------------------------------------------------------
     def backward(self, model: VeilModel, batch: Batch, loss_fn: LossFn) -> tuple[Tensor, Tensor]:
-        """Set ``p.grad`` to the clipped, noised mean of the per-sample gradients."""
+        """Set ``p.grad`` to the noised mean of the clipped per-sample gradients (virtual steps of `chunk`)."""
+        if self.noise_multiplier is None:
+            raise VeilError("dpsgd target_epsilon needs the training schedule (veil train); give noise_multiplier for a single step")
         named = {n: p for n, p in model.named_parameters() if p.requires_grad}
-        total = {n: torch.zeros_like(p) for n, p in named.items()}
         n = next(iter(batch.values())).shape[0]
         losses, logits = [], []
         for start in range(0, n, self.chunk):
             part = {k: v[start:start + self.chunk] for k, v in batch.items()}
-            grads, loss, logit = per_sample_grads(model, part, loss_fn)
-            for name, s in clip_and_sum(grads, self.clip).items():
-                total[name] += s
+            if self._engine is not None:
+                loss, logit = self._engine.chunk(model, part, loss_fn)
+            else:
+                loss, logit = functorch_chunk(model, part, loss_fn, self.clip)
             losses.append(loss)
             logits.append(logit)
-        self._add_noise(total)
+        denom = self.expected_batch or max(n, 1)
         for name, p in named.items():
-            p.grad = total[name] / n
+            total = p.grad if p.grad is not None else torch.zeros_like(p)
+            p.grad = self._noised(total, name) / denom
+        self._calls += 1
+        self.steps += 1
+        if not losses:
+            return torch.zeros(()), torch.zeros(0)
         return torch.cat(losses).mean(), torch.cat(logits)
 
-    def _add_noise(self, total: dict[str, Tensor]) -> None:
-        if self.noise_multiplier == 0 or not total:
-            return
-        g = keyed_generator(self.seed, self._calls, 0, next(iter(total.values())).device, self.secret)
-        self._calls += 1
-        std = self.noise_multiplier * self.clip
-        for t in total.values():
-            t.add_(torch.randn(t.shape, generator=g, device=t.device, dtype=t.dtype), alpha=std)
+    def _noised(self, total: Tensor, name: str) -> Tensor:
+        if self.noise_multiplier == 0:
+            return total
+        if not hasattr(self, "_gen") or self._gen_call != self._calls:
+            self._gen, self._gen_call = keyed_generator(self.seed, self._calls, 0, total.device, self.secret), self._calls
+        noise = torch.randn(total.shape, generator=self._gen, device=total.device, dtype=total.dtype)
+        return total + noise * (self.noise_multiplier * self.clip)
 
     def describe(self) -> dict[str, Any]:
-        return {"name": self.name, "clip": self.clip, "noise_multiplier": self.noise_multiplier,
-                "law": "mean of per-sample clipped grads + N(0, (noise_multiplier * clip / B)^2)"}
+        out = {"name": self.name, "clip": self.clip, "noise_multiplier": self.noise_multiplier,
+               "target_epsilon": self.target_epsilon, "delta": self.delta, "sample_rate": self.sample_rate,
+               "mode": self.engine_mode, "trainable": self.trainable,
+               "law": "(sum of per-sample clipped grads + N(0, (noise_multiplier * clip)^2)) / expected batch"}
+        if self.frozen:
+            out["frozen"] = list(self.frozen)
+        return out
 
 
-DEFENSES.register("dpsgd", "DP-SGD: per-sample clipping + Gaussian noise (torch.func per-sample gradients)")(DPSGD)
+DEFENSES.register("dpsgd", "DP-SGD: Poisson batches, per-sample clipping + Gaussian noise, RDP/PRV accountant (Opacus)")(DPSGD)

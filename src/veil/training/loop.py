@@ -3,6 +3,12 @@
 Repeatability: epoch e shuffles with a generator seeded by (seed, e) and reseeds torch's global
 RNG (dropout) the same way, so a run resumed from the checkpoint of epoch e continues exactly as
 the uninterrupted run would have.
+
+Differential privacy: with a defense that asks for it (``poisson = True``: DP-SGD), each step's
+batch is a Poisson sample (every training sample independently with probability q =
+batch_size / N; ceil(N / batch_size) steps an epoch), the defense learns the schedule
+(``prepare``) before the first step, and its accountant's epsilon at delta is logged with every
+epoch's evaluation (metrics.jsonl) and in summary.json (``privacy``).
 """
 from __future__ import annotations
 
@@ -96,10 +102,32 @@ def evaluate(model: VeilModel, split: dict[str, Tensor], batch_size: int = 256, 
     return out
 
 
-def _epoch_batches(split: dict[str, Tensor], cfg: RunConfig, epoch: int) -> Iterator[Batch]:
+def _epoch_batches(split: dict[str, Tensor], cfg: RunConfig, epoch: int, poisson: bool = False) -> Iterator[Batch]:
     g = torch.Generator().manual_seed(cfg.train.seed * 100_003 + epoch)
     torch.manual_seed(cfg.train.seed * 100_003 + epoch)
+    if poisson:
+        return poisson_batches(split, cfg.train.batch_size, g)
     return iterate_batches(split, cfg.train.batch_size, shuffle=True, generator=g)
+
+
+def poisson_batches(split: dict[str, Tensor], batch_size: int, generator: torch.Generator) -> Iterator[Batch]:
+    """ceil(N / batch_size) batches, each sample in each batch independently with probability
+    batch_size / N (Poisson sampling, which the DP accountant's subsampling bound assumes)."""
+    n = len(next(iter(split.values())))
+    q = batch_size / n
+    for _ in range(math.ceil(n / batch_size)):
+        idx = (torch.rand(n, generator=generator) < q).nonzero()[:, 0]
+        yield {k: v[idx] for k, v in split.items()}
+
+
+def _private(defenses: Sequence[Defense]) -> list[Any]:
+    return [d for d in defenses if getattr(d, "poisson", False)]
+
+
+def _privacy(defenses: Sequence[Defense], steps: int) -> dict[str, Any]:
+    """The DP defense's accounting after `steps` steps ({} without one)."""
+    dp = _private(defenses)
+    return dp[0].privacy(steps) if dp else {}
 
 
 def _append_events(path: Path, events: list[dict[str, Any]]) -> None:
@@ -138,6 +166,8 @@ def train(cfg: RunConfig, out_dir: str | Path, model: VeilModel | None = None, d
 
     steps_per_epoch = math.ceil(len(data.train["labels"]) / cfg.train.batch_size)
     total = cfg.train.max_steps or cfg.train.epochs * steps_per_epoch
+    for d in _private(defenses):
+        d.prepare(len(data.train["labels"]), cfg.train.batch_size, total)
     opt = make_optimizer(model, cfg.train.lr, cfg.train.weight_decay, defenses)
     sched = torch.optim.lr_scheduler.LambdaLR(opt, warmup_cosine(total, cfg.train.warmup))
     loop = load_training_state(out / "checkpoints", model, opt) or {"epoch": 0, "step": 0, "seconds": 0.0}
@@ -151,7 +181,7 @@ def train(cfg: RunConfig, out_dir: str | Path, model: VeilModel | None = None, d
     model.train()
     while loop["step"] < total:  # one epoch per pass; max_steps may end one midway
         t0, events = time.perf_counter(), []
-        for batch in _epoch_batches(data.train, cfg, loop["epoch"]):
+        for batch in _epoch_batches(data.train, cfg, loop["epoch"], poisson=bool(_private(defenses))):
             if loop["step"] >= total:
                 break
             res = client_step(model, to_device(batch, device), defenses, opt, step=loop["step"], clip=cfg.train.clip or None, export=False)
@@ -164,14 +194,18 @@ def train(cfg: RunConfig, out_dir: str | Path, model: VeilModel | None = None, d
         loop["epoch"] += 1
         loop["seconds"] += time.perf_counter() - t0
         metrics = evaluate(model, data.test, cfg.train.eval_batch_size, device)
+        privacy = _privacy(defenses, loop["step"])
+        if privacy:
+            metrics.update(epsilon=privacy["epsilon"], delta=privacy["delta"])
         events.append({"event": "eval", "epoch": loop["epoch"], "step": loop["step"], **metrics})
         _append_events(out / "metrics.jsonl", events)
         save_training_state(out / "checkpoints", model, opt, loop)
     bar.close()
-    return _finish(cfg, out, model, data, device, loop)
+    return _finish(cfg, out, model, data, device, loop, _privacy(defenses, loop["step"]))
 
 
-def _finish(cfg: RunConfig, out: Path, model: VeilModel, data: DataSplits, device: torch.device, loop: dict[str, Any]) -> dict[str, Any]:
+def _finish(cfg: RunConfig, out: Path, model: VeilModel, data: DataSplits, device: torch.device, loop: dict[str, Any],
+            privacy: dict[str, Any] | None = None) -> dict[str, Any]:
     save_model_weights(model, out / "checkpoints" / "model.safetensors")
     summary = {
         "model": cfg.model["name"],
@@ -184,5 +218,7 @@ def _finish(cfg: RunConfig, out: Path, model: VeilModel, data: DataSplits, devic
         "train_seconds": round(loop["seconds"], 3),
         **evaluate(model, data.test, cfg.train.eval_batch_size, device),
     }
+    if privacy:
+        summary["privacy"] = privacy
     atomic_write_text(out / "summary.json", json.dumps(summary, indent=2))
     return summary

@@ -1,0 +1,175 @@
+"""DP-SGD on Opacus (issue 17): every per-sample mode equals the plain gradient mean without noise
+and clipping, clips, draws fresh noise every step, the accountant's epsilon is Opacus' own,
+target_epsilon round-trips, Poisson batches, the loop logs epsilon, and bad settings are one-line
+errors. Veil's own models (raw position slice) and a small HF BERT (Opacus hooks) both."""
+from __future__ import annotations
+
+import json
+import math
+
+import pytest
+import torch
+from opacus.accountants import PRVAccountant, RDPAccountant
+
+from helpers import SMALL, batch_for
+from veil.config import from_dict
+from veil.defenses import create_defense
+from veil.defenses.dpsgd import DPSGD
+from veil.errors import VeilError
+from veil.models import VeilModel, create_model
+from veil.training.loop import poisson_batches, train
+from veil.training.step import client_step
+
+#: (model, mode, trainable): veil's transformer under functorch; HF BERT under every mode with the
+#: raw-read tables frozen (explicit ghost / hooks) or kept out by `trainable`
+CASES = [("transformer4", "functorch", None), ("transformer4", "auto", None),
+         ("hf-bert", "ghost", None), ("hf-bert", "hooks", None), ("hf-bert", "functorch", None),
+         ("hf-bert", "auto", r"layer\.1\.|classifier")]
+
+
+def _model(name: str) -> tuple[VeilModel, dict[str, torch.Tensor]]:
+    torch.manual_seed(0)
+    model = create_model(name, **{**SMALL[name], "dropout": 0.0})
+    torch.manual_seed(1)
+    return model, batch_for(model, batch_size=5, seq_len=9)
+
+
+def _flat(grads: dict[str, torch.Tensor]) -> torch.Tensor:
+    return torch.cat([g.flatten() for g in grads.values()])
+
+
+@pytest.mark.parametrize("name,mode,trainable", CASES)
+def test_no_noise_and_huge_clip_is_the_plain_gradient_mean(name: str, mode: str, trainable: str | None) -> None:
+    model, b = _model(name)
+    d = DPSGD(clip=1e9, noise_multiplier=0.0, mode=mode, trainable=trainable, chunk=2).attach(model)
+    trainable_now = {n for n, p in model.named_parameters() if p.requires_grad}
+    dp = client_step(model, b, [d]).grads
+    d.detach()
+    plain = client_step(model, b, []).grads
+    assert set(dp) == trainable_now and len(dp) > 0
+    for k in dp:
+        assert torch.allclose(dp[k], plain[k], atol=1e-5, rtol=1e-4), k
+
+
+@pytest.mark.parametrize("name,mode,trainable", CASES)
+def test_each_sample_is_clipped(name: str, mode: str, trainable: str | None) -> None:
+    model, b = _model(name)
+    d = DPSGD(clip=1e-4, noise_multiplier=0.0, mode=mode, trainable=trainable, chunk=2).attach(model)
+    g = _flat(client_step(model, b, [d]).grads)
+    # every per-sample gradient is far above 1e-4, so each is scaled to norm 1e-4 exactly:
+    # the mean of 5 such vectors has norm <= 1e-4 and > 0
+    assert 0 < g.norm() <= 1e-4 * (1 + 1e-4)
+    d.detach()
+
+
+def test_modes_agree_on_the_clipped_update() -> None:
+    model, b = _model("hf-bert")
+    out = {}
+    for mode in ("ghost", "hooks", "functorch"):
+        d = DPSGD(clip=0.5, noise_multiplier=0.0, mode=mode, trainable=r"layer\.|classifier").attach(model)
+        out[mode] = _flat(client_step(model, b, [d]).grads)
+        d.detach()
+    assert torch.allclose(out["ghost"], out["functorch"], atol=1e-6)
+    assert torch.allclose(out["hooks"], out["functorch"], atol=1e-6)
+
+
+@pytest.mark.parametrize("mode", ["ghost", "functorch"])
+def test_noise_is_fresh_every_step_and_seeded(mode: str) -> None:
+    model, b = _model("hf-bert")
+    d = DPSGD(clip=1.0, noise_multiplier=1.0, seed=5, mode=mode).attach(model)
+    g1, g2 = _flat(client_step(model, b, [d]).grads), _flat(client_step(model, b, [d]).grads)
+    d.detach()
+    assert not torch.allclose(g1, g2)
+    d = DPSGD(clip=1.0, noise_multiplier=1.0, seed=5, mode=mode).attach(model)
+    assert torch.allclose(_flat(client_step(model, b, [d]).grads), g1, atol=1e-6)  # replayed by the seed
+    d.detach()
+    # the noise std of the mean is sigma * C / B: far above the clipped signal (<= C)
+    assert float(g1.std()) == pytest.approx(1.0 / 5, rel=0.05)
+
+
+def test_auto_picks_ghost_only_when_hooks_cover_every_parameter() -> None:
+    model, _ = _model("hf-bert")
+    d = DPSGD(noise_multiplier=1.0).attach(model)
+    assert d.engine_mode == "functorch" and not d.frozen  # the position table is read as a slice
+    d.detach()
+    d = DPSGD(noise_multiplier=1.0, mode="ghost").attach(model)
+    assert d.engine_mode == "ghost" and "hf.bert.embeddings.position_embeddings.weight" in d.frozen
+    assert not model.hf.bert.embeddings.position_embeddings.weight.requires_grad
+    d.detach()
+    assert all(p.requires_grad for p in model.parameters())  # detach restores
+    assert not hasattr(model, "autograd_grad_sample_hooks")  # and removes Opacus' hooks
+    d = DPSGD(noise_multiplier=1.0, trainable="classifier").attach(model)
+    assert d.engine_mode == "ghost"
+    d.detach()
+
+
+def test_attach_twice_is_refused() -> None:
+    model, _ = _model("hf-bert")
+    d = DPSGD(noise_multiplier=1.0, mode="ghost").attach(model)
+    with pytest.raises(VeilError, match="already attached"):
+        d.attach(model)
+    d.detach()
+
+
+@pytest.mark.parametrize("acc,cls", [("rdp", RDPAccountant), ("prv", PRVAccountant)])
+def test_epsilon_is_the_accountants(acc: str, cls: type) -> None:
+    d = DPSGD(noise_multiplier=1.1, accountant=acc)
+    d.prepare(n_train=1000, batch_size=50, steps=200)
+    ref = cls()
+    for _ in range(200):
+        ref.step(noise_multiplier=1.1, sample_rate=0.05)
+    assert d.privacy()["delta"] == 1e-3
+    assert d.privacy(200)["epsilon"] == pytest.approx(ref.get_epsilon(delta=1e-3), rel=1e-3)
+
+
+@pytest.mark.parametrize("target", [1.0, 3.0, 8.0])
+def test_target_epsilon_round_trips(target: float) -> None:
+    d = DPSGD(target_epsilon=target)
+    d.prepare(n_train=8000, batch_size=256, steps=320)
+    eps = d.privacy(320)["epsilon"]
+    assert target - 0.05 <= eps <= target + 1e-6 and d.noise_multiplier > 0
+
+
+def test_poisson_batches_draw_each_sample_with_the_sample_rate() -> None:
+    split = {"x": torch.arange(1000)}
+    sizes = [len(b["x"]) for b in poisson_batches(split, 100, torch.Generator().manual_seed(0))]
+    assert len(sizes) == 10 and len(set(sizes)) > 1
+    assert abs(sum(sizes) / 10 - 100) < 3 * math.sqrt(100 * 0.9 / 10)
+
+
+def test_training_logs_epsilon_per_epoch_and_in_the_summary(tmp_path) -> None:
+    cfg = from_dict({"model": {"name": "transformer4", "dim": 16, "depth": 1, "heads": 2},
+                     "data": {"name": "sst2", "max_len": 12, "train_size": 64, "test_size": 16},
+                     "defense": {"name": "dpsgd", "target_epsilon": 2.0, "clip": 1.0},
+                     "train": {"epochs": 2, "batch_size": 16, "threads": 1}})
+    summary = train(cfg, tmp_path, progress=False)
+    priv = summary["privacy"]
+    assert priv["epsilon"] == pytest.approx(2.0, abs=0.05) and priv["delta"] == 1 / 64 and priv["steps"] == 8
+    assert priv["mode"] == "functorch" and priv["sample_rate"] == 0.25
+    evals = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines() if '"eval"' in line]
+    assert [e["epoch"] for e in evals] == [1, 2] and evals[0]["epsilon"] < evals[1]["epsilon"] == priv["epsilon"]
+
+
+@pytest.mark.parametrize("kw,match", [
+    ({}, "exactly one of noise_multiplier"), ({"noise_multiplier": 1.0, "target_epsilon": 3.0}, "exactly one of"),
+    ({"noise_multiplier": -1}, "noise_multiplier"), ({"target_epsilon": 0}, "target_epsilon"),
+    ({"noise_multiplier": 1.0, "clip": 0}, "clip"), ({"noise_multiplier": 1.0, "delta": 1.5}, "delta"),
+    ({"noise_multiplier": 1.0, "mode": "fast"}, "mode must be one of"),
+    ({"noise_multiplier": 1.0, "accountant": "gdp2"}, "accountant must be one of"),
+    ({"noise_multiplier": 1.0, "trainable": "(("}, "regular expression"),
+    ({"noise_multiplier": 1.0, "chunk": 0}, "chunk")])
+def test_bad_settings_are_one_line_errors(kw: dict, match: str) -> None:
+    with pytest.raises(VeilError, match=match) as e:
+        create_defense("dpsgd", **kw)
+    assert "\n" not in str(e.value)
+
+
+def test_unknown_key_and_empty_trainable_and_unscheduled_target() -> None:
+    with pytest.raises(VeilError, match="unknown config key 'defense.sigma'"):
+        from_dict({"defense": {"name": "dpsgd", "sigma": 1.0}})
+    model, b = _model("transformer4")
+    with pytest.raises(VeilError, match="matches no trainable parameter"):
+        DPSGD(noise_multiplier=1.0, trainable="no_such_param").attach(model)
+    d = DPSGD(target_epsilon=3.0).attach(model)
+    with pytest.raises(VeilError, match="needs the training schedule"):
+        client_step(model, b, [d])
