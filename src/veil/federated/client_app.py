@@ -4,14 +4,15 @@ Handlers (`@app.train()`, `@app.evaluate()`, `@app.query()`):
   query     -> {"info": MetricRecord(partition-id, num-examples)}: the server learns who holds what
   train     <- {"arrays": global weights, "config": {spec, lr, server-round, proximal-mu}}
             -> {"arrays": new weights (fedavg) or the defended gradient (fedsgd),
-                "metrics": {num-examples, loss, steps, partition-id},
+                "metrics": {num-examples, loss, steps, partition-id [, dp-weight, norm_bit]},
                 "receipt": {digest}}     SHA-256 of the batches used: lets an evaluation oracle
                                          outside the server check it re-derived the same batch
   evaluate  <- global weights -> {"metrics": {num-examples, test_accuracy}} on the client's test share
 
 The partition comes from the node config (`partition-id`, `num-partitions`), which Flower's
 simulation engine sets and a SuperNode takes from `--node-config`. The defenses run inside
-`client_step`; what leaves the client is exactly what they produced.
+`client_step`; what leaves the client is exactly what they produced — clipped by Flower's
+clipping mod when ``federated.dp`` is client-fixed / client-adaptive (`veil.federated.dp`).
 """
 from __future__ import annotations
 
@@ -22,6 +23,7 @@ import torch
 from flwr.app import ArrayRecord, ConfigRecord, Context, Message, MetricRecord, RecordDict
 from flwr.clientapp import ClientApp
 
+from veil.federated import dp
 from veil.federated.task import client_world, load_arrays, reset_defenses, model_arrays, tensors_arrays, train_round
 
 app = ClientApp()
@@ -57,7 +59,7 @@ def query(msg: Message, ctx: Context) -> Message:
     return Message(RecordDict({"info": info}), reply_to=msg)
 
 
-@app.train()
+@app.train(mods=[dp.clipping_mod])
 def train(msg: Message, ctx: Context) -> Message:
     torch.set_num_threads(1)
     conf = msg.content["config"]
@@ -69,7 +71,8 @@ def train(msg: Message, ctx: Context) -> Message:
     load_arrays(world.model, msg.content["arrays"])
     res = train_round(world, pid, rnd, float(conf["lr"]), float(conf.get("proximal-mu", 0.0)))
     arrays: ArrayRecord = tensors_arrays(res.grads) if res.grads is not None else model_arrays(world.model)
-    metrics = MetricRecord({"num-examples": res.num_examples, "loss": res.loss, "steps": res.steps, "partition-id": pid})
+    metrics = MetricRecord({"num-examples": res.num_examples, "loss": res.loss, "steps": res.steps, "partition-id": pid,
+                            **dp.reply_metrics(world.spec.fed)})
     return Message(RecordDict({"arrays": arrays, "metrics": metrics, "receipt": ConfigRecord({"digest": res.digest})}), reply_to=msg)
 
 

@@ -21,6 +21,14 @@
       fail: {}               # fault injection for tests: {client: 1, round: 2, mode: raise|hang|exit}
       secret: random         # random: clients seed their noise / shuffles from a secret the server never
                              # sees; seeded: from the run seed (exact reruns; the server can regenerate them)
+      dp: none               # client-level DP (veil/federated/dp.py): none | client-fixed | client-adaptive |
+                             # server-fixed | server-adaptive (Flower's DP wrappers; where the update is clipped)
+      dp_noise: 1.0          # noise multiplier z: the server adds N(0, (z C / k)^2) to the mean of k clipped updates
+      dp_clip: 1.0           # clipping norm C of a client's update (adaptive: the initial one)
+      dp_delta: 0.0          # delta of the reported epsilon (0: 1 / clients)
+      dp_quantile: 0.5       # adaptive: target fraction of updates under the clip
+      dp_clip_lr: 0.2        # adaptive: the clip's geometric learning rate
+      dp_count_std: 0.0      # adaptive: noise std of the unclipped count (0: Flower's default k / 20)
 
 Every bad key or value is a one-line `VeilError`.
 """
@@ -54,9 +62,21 @@ class FederatedConfig:
     num_cpus: float = 1.0
     fail: dict[str, Any] = field(default_factory=dict)
     secret: str = "random"
+    dp: str = "none"
+    dp_noise: float = 1.0
+    dp_clip: float = 1.0
+    dp_delta: float = 0.0
+    dp_quantile: float = 0.5
+    dp_clip_lr: float = 0.2
+    dp_count_std: float = 0.0
 
     def to_dict(self) -> dict[str, Any]:
-        return dataclasses.asdict(self)
+        """The resolved section; without DP its dp_* keys are left out, so the spec text (which a
+        run folder's config.yaml and every message carry) is what it was before DP existed."""
+        d = dataclasses.asdict(self)
+        if self.dp == "none":
+            d = {k: v for k, v in d.items() if not k.startswith("dp")}
+        return d
 
 
 _CHOICES = {"partition": ("iid", "dirichlet"), "mode": ("fedavg", "fedsgd"), "strategy": ("fedavg", "fedprox"),
@@ -104,6 +124,9 @@ def federated_config(raw: Any) -> FederatedConfig:
         raise VeilError(f"federated.alpha must be positive, got {fed.alpha}")
     if fed.audit_every < 1 or fed.audit_clients < 0:
         raise VeilError("federated.audit_every must be >= 1 and federated.audit_clients >= 0")
+    from veil.federated.dp import check_dp
+
+    check_dp(fed)
     fed.audit = [a if isinstance(a, dict) else {"name": a} for a in fed.audit]
     if any(not isinstance(a.get("name"), str) for a in fed.audit):
         raise VeilError("each federated.audit entry must be an attack name or a mapping with a 'name' key")

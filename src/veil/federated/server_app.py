@@ -8,11 +8,12 @@ strategy's `configure_train` / `aggregate_train` and the Grid's `send_and_receiv
 RUN_DIR/
   config.yaml             resolved spec (model, data, defense, train, federated)
   metrics.jsonl           {"event": "round", round, test_accuracy, train_loss, clients, failures,
-                           bytes_down, bytes_up, seconds} · {"event": "audit", round, client,
+                           bytes_down, bytes_up, seconds [, dp_epsilon, dp_delta, dp_clip]} · {"event": "audit", round, client,
                            attack, psnr, ssim, mse, ...} · {"event": "client_failure", ...}
   checkpoints/            last.safetensors (global model), server_optimizer.safetensors (fedsgd),
                           state.json (written last: the completed round)
   summary.json            test_accuracy, rounds, leakage (last audited round, mean per attack), bytes
+                          [, dp: kind, noise, clip, delta, epsilon (`veil.federated.dp`)]
   leakage.png             leakage per round beside accuracy
 """
 from __future__ import annotations
@@ -31,6 +32,7 @@ from flwr.serverapp.strategy import FedAvg, FedProx, Strategy
 
 from veil.attacks import Knowledge
 from veil.errors import VeilError
+from veil.federated import dp
 from veil.federated.auditor import AuditedStrategy, Auditor, BatchOracle
 from veil.federated.comm import message_bytes
 from veil.federated.grid import wait_for_nodes
@@ -42,10 +44,13 @@ from veil.training.loop import evaluate, make_optimizer
 
 
 def make_strategy(spec: Spec) -> Strategy:
-    common = dict(fraction_train=1.0, fraction_evaluate=1.0, min_train_nodes=1, min_evaluate_nodes=1, min_available_nodes=1)
+    """FedAvg / FedProx, behind Flower's DP wrapper when `federated.dp` asks (then weighted uniformly)."""
+    common: dict[str, Any] = dict(fraction_train=1.0, fraction_evaluate=1.0, min_train_nodes=1, min_evaluate_nodes=1, min_available_nodes=1)
+    if spec.fed.dp != "none":
+        common["weighted_by_key"] = dp.WEIGHT_KEY
     if spec.fed.strategy == "fedprox":
-        return FedProx(proximal_mu=spec.fed.proximal_mu, **common)
-    return FedAvg(**common)
+        return dp.wrap_strategy(FedProx(proximal_mu=spec.fed.proximal_mu, **common), spec.fed)
+    return dp.wrap_strategy(FedAvg(**common), spec.fed)
 
 
 def discover(grid: Grid, spec: Spec, timeout: float) -> dict[int, int]:
@@ -149,6 +154,7 @@ def server_main(grid: Grid, spec: Spec, run_dir: Path, oracle: bool = True, prog
     truncate_events(metrics, state.round)
     strategy = AuditedStrategy(make_strategy(spec), discover(grid, spec, spec.fed.timeout), spec.fed.fraction,
                                spec.cfg.train.seed, make_auditor(spec, state, oracle))
+    dp.restore_clip(spec.fed, strategy.inner, metrics)
     while state.round < spec.fed.rounds:
         rnd, t0 = state.round + 1, time.perf_counter()
         lr = round_lr(spec.cfg, spec.fed, rnd)
@@ -156,6 +162,7 @@ def server_main(grid: Grid, spec: Spec, run_dir: Path, oracle: bool = True, prog
         down = sum(message_bytes(m) for m in msgs)
         replies = list(grid.send_and_receive(msgs, timeout=spec.fed.timeout))
         up = sum(message_bytes(m) for m in replies)
+        dp.seed_noise(spec.fed, spec.cfg.train.seed, rnd)
         agg, train_metrics = strategy.aggregate_train(rnd, replies)
         if agg is not None:
             state.apply(agg, lr)
@@ -163,7 +170,7 @@ def server_main(grid: Grid, spec: Spec, run_dir: Path, oracle: bool = True, prog
         ev = {"event": "round", "round": rnd, "lr": lr, "clients": len(msgs), "replies": sum(not m.has_error() for m in replies),
               "train_loss": float(train_metrics["loss"]) if train_metrics is not None else None,
               "bytes_down": down, "bytes_up": up, "seconds": round(time.perf_counter() - t0, 3),
-              **evaluate(state.model, state.world.data.test, spec.cfg.train.eval_batch_size)}
+              **dp.round_fields(spec.fed, strategy.inner, rnd), **evaluate(state.model, state.world.data.test, spec.cfg.train.eval_batch_size)}
         events, strategy.events = strategy.events + [ev], []
         append_events(metrics, events)
         state.save()
@@ -203,6 +210,8 @@ def finish(spec: Spec, state: ServerState, metrics: Path) -> dict[str, Any]:
         "bytes_total": int(sum(e["bytes_down"] + e["bytes_up"] for e in rounds)),
         "leakage": leakage(events),
     }
+    if spec.fed.dp != "none":
+        summary["dp"] = dp.summary(spec.fed, state.round)
     atomic_write_text(state.dir / "summary.json", json.dumps(summary, indent=2))
     plot_leakage(events, state.dir / "leakage.png")
     return summary

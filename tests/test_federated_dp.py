@@ -1,0 +1,125 @@
+"""Client-level DP on Flower (`federated.dp`): clipping bounds what a client contributes, the
+server's noise has std z C / k, zero strength equals no DP, adaptive clipping moves the clip the
+way Andrew et al. do, epsilon equals Opacus's accountant, and bad keys are one-line errors.
+2 clients, in-process grid (real Flower messages), a 1-layer width-16 ViT on digits."""
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+
+import pytest
+import torch
+from opacus.accountants import RDPAccountant
+from safetensors.torch import load_file
+
+from veil.errors import VeilError
+from veil.federated.task import client_world, load_spec
+
+TINY = ["model.dim=16", "model.depth=1", "model.heads=2", "data.train_size=240", "data.test_size=100",
+        "train.batch_size=16", "train.lr=0.003", "federated.backend=inline", "federated.audit=[]"]
+
+
+def spec(tmp: Path, *overrides: str):
+    p = tmp / "fed.yaml"
+    p.write_text("model: {name: vit-digits}\ndata: {name: digits}\ntrain: {seed: 0}\n"
+                 "federated: {clients: 2, rounds: 2, partition: iid, local_steps: 2, secret: seeded}\n")
+    return load_spec(p, [*TINY, *overrides])
+
+
+def run(tmp: Path, name: str, *overrides: str) -> tuple[dict, dict[str, torch.Tensor], list[dict]]:
+    """(summary, final global weights, round events) of a federated run."""
+    from veil.federated.runner import federate
+
+    s = federate(spec(tmp, *overrides), tmp / name)
+    events = [json.loads(x) for x in (tmp / name / "metrics.jsonl").read_text().splitlines()]
+    return s, load_file(str(tmp / name / "checkpoints" / "model.safetensors")), [e for e in events if e["event"] == "round"]
+
+
+def flat(w: dict[str, torch.Tensor]) -> torch.Tensor:
+    return torch.cat([w[k].flatten().double() for k in sorted(w)])
+
+
+def initial(tmp: Path, *overrides: str) -> dict[str, torch.Tensor]:
+    return client_world(spec(tmp, *overrides).text()).initial
+
+
+def test_without_dp_the_spec_text_has_no_dp_keys(tmp_path: Path) -> None:
+    assert "dp" not in spec(tmp_path).raw["federated"]  # old run folders and message sizes unchanged
+    assert spec(tmp_path, "federated.dp=client-fixed").raw["federated"]["dp_noise"] == 1.0
+
+
+@pytest.mark.parametrize("kind", ["client-fixed", "server-fixed"])
+def test_zero_noise_and_a_clip_never_reached_equal_no_dp(tmp_path: Path, kind: str) -> None:
+    """One round (a second one would let Adam blow float rounding up along the attention key bias,
+    whose gradient is 0 up to rounding)."""
+    _, plain, _ = run(tmp_path, "none", "federated.rounds=1")
+    s, dp, rounds = run(tmp_path, "dp", "federated.rounds=1", f"federated.dp={kind}", "federated.dp_noise=0.0", "federated.dp_clip=1000000.0")
+    assert (flat(plain) - flat(initial(tmp_path))).abs().max() > 1e-3  # the round did train
+    assert torch.allclose(flat(dp), flat(plain), rtol=0, atol=1e-6)  # only (w - w0) + w0 rounding differs
+    assert s["dp"]["epsilon"] is None and all(e["dp_epsilon"] is None and e["dp_released"] for e in rounds)
+
+
+def test_noise_std_is_z_clip_over_k(tmp_path: Path) -> None:
+    """One round, a clip no update reaches: the DP global model minus the plain one is the noise."""
+    _, plain, _ = run(tmp_path, "none", "federated.rounds=1")
+    assert (flat(plain) - flat(initial(tmp_path))).norm() < 10.0  # the clip below is never reached
+    _, dp, _ = run(tmp_path, "dp", "federated.rounds=1", "federated.dp=client-fixed", "federated.dp_noise=0.02", "federated.dp_clip=10")
+    noise = flat(dp) - flat(plain)
+    assert noise.numel() > 2000 and abs(float(noise.std()) / (0.02 * 10 / 2) - 1) < 0.1, float(noise.std())
+    assert abs(float(noise.mean())) < 0.01
+
+
+@pytest.mark.parametrize("kind", ["client-fixed", "server-fixed"])
+def test_clipping_bounds_the_global_update(tmp_path: Path, kind: str) -> None:
+    w0 = flat(initial(tmp_path))
+    _, plain, _ = run(tmp_path, "none", "federated.rounds=1")
+    _, dp, _ = run(tmp_path, "dp", "federated.rounds=1", f"federated.dp={kind}", "federated.dp_noise=0.0", "federated.dp_clip=0.001")
+    assert (flat(plain) - w0).norm() > 0.01
+    assert 0.0005 < (flat(dp) - w0).norm() <= 0.001 * (1 + 1e-4)  # the mean of two updates clipped to 0.001
+
+
+@pytest.mark.parametrize("kind", ["client-adaptive", "server-adaptive"])
+@pytest.mark.parametrize("clip0,direction", [(1e-4, +1), (1e6, -1)])
+def test_adaptive_clip_moves_towards_the_target_quantile(tmp_path: Path, kind: str, clip0: float, direction: int) -> None:
+    """Noise 0: every update clipped (clip 1e-4) -> b = 0, C grows by exp(eta gamma) a round;
+    none clipped (1e6) -> b = 1, C shrinks by exp(-eta (1 - gamma)) (Andrew et al., Alg. 1)."""
+    _, _, rounds = run(tmp_path, "dp", f"federated.dp={kind}", "federated.dp_noise=0.0", f"federated.dp_clip={clip0}")
+    step = 0.2 * 0.5  # eta = 0.2, gamma = 0.5
+    assert [e["dp_clip"] for e in rounds] == pytest.approx([clip0 * math.exp(direction * step * r) for r in (1, 2)], rel=1e-9)
+
+
+@pytest.mark.parametrize("fraction,delta", [(0.5, 1e-3), (1.0, 0.0)])
+def test_epsilon_is_opacus_rdp_per_round(tmp_path: Path, fraction: float, delta: float) -> None:
+    s, _, rounds = run(tmp_path, "dp", "federated.dp=server-fixed", "federated.dp_noise=1.1", "federated.dp_clip=0.1",
+                       f"federated.fraction={fraction}", f"federated.dp_delta={delta}")
+    acc, want = RDPAccountant(), []
+    for _ in rounds:
+        acc.step(noise_multiplier=1.1, sample_rate=fraction)
+        want.append(acc.get_epsilon(delta or 1 / 2))
+    assert [e["dp_epsilon"] for e in rounds] == pytest.approx(want, rel=1e-12) and want[1] > want[0] > 0
+    assert s["dp"]["epsilon"] == pytest.approx(want[-1], rel=1e-12)
+    assert s["dp"]["delta"] == (delta or 0.5) and s["dp"]["sample_rate"] == fraction
+    assert [e["replies"] for e in rounds] == [int(2 * fraction)] * 2
+
+
+def test_a_round_missing_a_client_releases_nothing(tmp_path: Path) -> None:
+    _, w, rounds = run(tmp_path, "dp", "federated.rounds=1", "federated.dp=client-fixed", "federated.dp_noise=1.0",
+                       "federated.fail={client: 1, round: 1, mode: raise}")
+    assert rounds[0]["replies"] == 1 and rounds[0]["dp_released"] is False
+    assert torch.equal(flat(w), flat(initial(tmp_path)))  # noise calibrated to 2 replies is not released over 1
+
+
+@pytest.mark.parametrize("override,match", [
+    ("federated.dp=local", "federated.dp must be one of none, client-fixed"),
+    ("federated.dp_noise=0.5", "federated.dp_noise is set but federated.dp is none"),
+    ("federated.dp=client-fixed federated.dp_noise=-1", "federated.dp_noise must be a noise multiplier >= 0"),
+    ("federated.dp=server-fixed federated.dp_clip=0", "federated.dp_clip must be a clipping norm > 0"),
+    ("federated.dp=server-fixed federated.dp_delta=1", r"federated.dp_delta must be in \[0, 1\)"),
+    ("federated.dp=client-fixed federated.mode=fedsgd", "needs federated.mode=fedavg"),
+    ("federated.dp=client-adaptive federated.dp_noise=1.0", "needs dp_count_std > 0.5 for adaptive clipping"),
+])
+def test_bad_dp_keys_are_one_line_errors(tmp_path: Path, override: str, match: str) -> None:
+    with pytest.raises(VeilError, match=match) as e:
+        spec(tmp_path, *override.split())
+    assert "\n" not in str(e.value)
