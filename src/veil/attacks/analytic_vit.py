@@ -21,10 +21,13 @@ exact whenever G has full row rank, i.e. N <= D (16 <= 64 on `vit-digits`, 64 <=
 same linear map: its weight gradient (D, C, p, p) reshapes to (D, P) in `patchify`'s order.
 No norm or residual needs removing: G is whatever the full pre-LN network sends back to Z.
 
-Under MJP (Ren et al.) the shuffled slots use the shared E_unk instead of their own row, so their
-rows of dL/dE_pos are zero and E_unk's gradient is only their sum: those patches fall out of
-the solve (pinv gives zero rows) and the rest land at the shuffled slots — the damage shows in
-PSNR against the original image (MJP setting (c)) or the shuffled one (setting (b)).
+Under MJP (Ren et al.) the masked slots use the shared E_unk instead of their own row, so their
+rows of dL/dE_pos are exactly zero and E_unk's gradient is only their sum. This naive solve
+ignores that: pinv gives the masked slots zero rows, so the masked patches come out black (clamped
+to 0), and every unmasked patch is off too, because the masked slots' share of dL/dW = G^T X is
+spread over it, and DAL's term (Eq. 4, added to the unmasked rows of dL/dE_pos) corrupts G. The
+low PSNR is this attacker's failure, not MJP's protection: `april-mjp` (`veil.attacks.april_mjp`)
+knows the mechanism and recovers the unmasked patches exactly and the masked ones as a set.
 """
 from __future__ import annotations
 

@@ -6,7 +6,10 @@ MiniLM, HF ViT):
 * Alg. 1 — token-wise jigsaw shuffle: per sequence a ratio ``gamma`` of the movable slots is
   selected (vision: BEiT block-wise or plain random on the patch grid; text: within each
   non-overlapping n-gram window of ``window`` slots, Eq. 6) and the selected tokens are permuted
-  among themselves (`veil.defenses.jigsaw`). [CLS], [SEP] and padding never move.
+  among themselves (`veil.defenses.jigsaw`). [CLS], [SEP] and padding never move. With
+  ``gamma > 0`` at least two slots are selected and at least two tokens move (``MIN_SELECTED``:
+  stochastic rounding alone left 52% of the 16-patch images at gamma 0.03 unshuffled, and one
+  selected slot cannot move), so a small gamma is a small shuffle, never none.
 * Eq. 2-3 — MJP position embedding: one shared learnable ``E_unk`` (1, D) replaces ``E_pos`` at
   every selected slot. It is the parameter ``model.mjp.unk`` (in the state dict and checkpoints).
 * Eq. 4-5 — DAL: a regressor ``g`` (``model.mjp.loc``: Linear(D, D) - ReLU - Linear(D, c))
@@ -39,7 +42,7 @@ from torch import Tensor, nn
 
 from veil.defenses import DEFENSES
 from veil.defenses.base import Defense, check_unit_interval
-from veil.defenses.jigsaw import apply_perm, jigsaw, select_blocks, select_random, select_windows
+from veil.defenses.jigsaw import MIN_SELECTED, apply_perm, jigsaw, select_blocks, select_random, select_windows
 from veil.defenses.noise import torch_seed
 from veil.errors import VeilError
 from veil.models.base import Batch, VeilModel
@@ -72,6 +75,13 @@ class MJPModule(nn.Module):
         if aux != "none":
             inp = 2 * dim if aux == "drl" else dim
             self.loc = nn.Sequential(nn.Linear(inp, dim), nn.ReLU(), nn.Linear(dim, coords))
+
+
+def grid_locations(grid: tuple[int, int], n: int, device: torch.device | str = "cpu") -> Tensor:
+    """(n, 2) DAL targets on an H x W patch grid: (row / H, col / W) of slot l = row * W + col."""
+    H, W = grid
+    idx = torch.arange(n, device=device)
+    return torch.stack([idx // W / H, idx % W / W], dim=1).float()
 
 
 def _check_choice(name: str, value: str, allowed: tuple[str, ...]) -> str:
@@ -184,9 +194,9 @@ class MJP(Defense):
         if self.grid is not None and bool(movable.all()):
             return self._from_pool(movable.shape[0], gamma, movable.device)
         if self.grid is not None:
-            mask = select_random(movable, gamma, g)
+            mask = select_random(movable, gamma, g, MIN_SELECTED)
             return mask, jigsaw(mask, None, g)
-        mask = select_windows(movable, gamma, self.window, g)
+        mask = select_windows(movable, gamma, self.window, g, MIN_SELECTED)
         return mask, jigsaw(mask, self.window, g)
 
     def _from_pool(self, batch: int, gamma: float, device: torch.device) -> tuple[Tensor, Tensor]:
@@ -201,9 +211,9 @@ class MJP(Defense):
             g = self._generator(device)
             size = max(self.POOL, batch)
             if self.selection == "block":
-                mask = select_blocks(size, self.grid, gamma, g, device)
+                mask = select_blocks(size, self.grid, gamma, g, device, least=MIN_SELECTED)
             else:
-                mask = select_random(torch.ones(size, self.grid[0] * self.grid[1], dtype=torch.bool, device=device), gamma, g)
+                mask = select_random(torch.ones(size, self.grid[0] * self.grid[1], dtype=torch.bool, device=device), gamma, g, MIN_SELECTED)
             pool = self._pool = [key, mask, jigsaw(mask, None, g), 0]
         i = pool[3]
         pool[3] = i + batch
@@ -235,9 +245,7 @@ class MJP(Defense):
 
     def _locations(self, n: int, device: torch.device) -> Tensor:
         if self.grid is not None:
-            H, W = self.grid
-            idx = torch.arange(n, device=device)
-            return torch.stack([idx // W / H, idx % W / W], dim=1).float()
+            return grid_locations(self.grid, n, device)
         rows = self.model.position_table().shape[-2]
         return (torch.arange(n, device=device).float() / max(rows - 1, 1)).unsqueeze(1)
 

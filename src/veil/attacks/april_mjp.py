@@ -1,0 +1,301 @@
+"""APRIL against MJP, mechanism-aware: `april-mjp` (APRIL: Lu et al., CVPR 2022; MJP: Ren et al.,
+`mjp-masked-jigsaw-puzzle.txt`, Alg. 1 and Eq. 2-5).
+
+What the attacker knows: the update of one image (batch 1) and the weights it sent (as for
+`april`), and MJP's mechanism from `Knowledge.defense["mjp"]`: the masked slots carry one shared
+``E_unk`` (``model.mjp.unk``) and DAL's loss ``aux_lambda * mean_{unshuffled l} |loc_l - g(E_pos[l])|_1``
+with the public regressor ``g`` (``model.mjp.loc``) and the public grid targets ``loc_l``. It
+does not know which slots were masked, the permutation, or the label (read from the head's bias).
+
+Under MJP the ViT embeds the shuffled patches X~ (X~[j] = X[perm[j]]; unmasked slots keep their
+own patch, perm only permutes the masked set M) as
+
+    Z_j = X~_j W^T + b + (E_unk if j in M else E_pos[j]),         G = dL/dZ  (N x D)
+
+so the exported update holds (Eq. 2-3 with DAL, Eq. 4):
+
+    dL/dE_pos[j] = G_j + a_j  (j not in M),   0  (j in M)         a = DAL's term, a_j = 0 on M
+    dL/dE_unk    = sum_{j in M} G_j
+    dL/dW        = G^T X~ ,   dL/db = G^T 1 ,   dL/dg = DAL's term only.
+
+1. Masked slots: the exactly zero rows of dL/dE_pos (every unmasked row carries G_j != 0).
+2. DAL's term: a and dL/dg are recomputed from the weights with the masks of step 1 (batch 1:
+   weight aux_lambda / |unmasked| on each unmasked slot) and subtracted. A global rescaling of the
+   update (norm clipping) shows as dL/dg = c * (DAL's dL/dg): c is fitted and divided out.
+3. Structured closed form (APRIL's solve with the masked rows filled by their mean): G_M ~ 1 S/m,
+   S = dL/dE_unk, then X~ = pinv(G^T) dL/dW. Exact when m <= 1; otherwise a start for 4.
+4. Gradient matching on a float64 copy of the model with E_unk at the masked slots (the client's
+   forward, less the order among the masked slots, which the output does not depend on):
+   min_X  sum_l ||dL(X)/dθ_l - g_l||^2 / ||g_l||^2  over every exported tensor (DAL's parts removed),
+   L-BFGS with strong Wolfe line search. Recovers the unmasked patches at their slots and the
+   masked patches as a set.
+5. Placement of the masked set among the masked slots by an edge-continuity jigsaw prior
+   (`veil.attacks.jigsaw_solver`): the hidden order is the only thing MJP keeps.
+
+Settings of the MJP paper: (a) no shuffle (gamma 0 or eval): steps 2-4 remove DAL's share and the
+attack is exact APRIL; (b) scored against the shuffled input, (c) against the original. The
+reconstruction is the same in (b) and (c): the attacker cannot know the shuffle. The harness
+scores what leaks in every setting: `psnr_unshuffled` (unmasked patches), `psnr_masked_set`.
+
+Options: iterations (L-BFGS steps, 0 = closed form only; default 200), layers ("all" exported
+tensors or "input": patch embedding, positions, E_unk), place ("solver" or "slots": the masked
+patches in the order the matching left them), rcond, clamp, seed (symmetry-breaking noise).
+DRL (sampled pairs) cannot be replayed: with aux=drl the position rows are left out of the match.
+"""
+from __future__ import annotations
+
+import copy
+from typing import Any, Callable
+
+import torch
+from torch import Tensor
+
+from veil.attacks import ATTACKS
+from veil.attacks.analytic_vit import April, patch_geometry, weight_as_matrix
+from veil.attacks.base import Knowledge, Observation, Reconstruction
+from veil.attacks.jigsaw_solver import place
+from veil.attacks.labels import recover_labels
+from veil.errors import VeilError
+from veil.models.base import VeilModel
+from veil.models.vit import unpatchify
+
+DEFAULTS: dict[str, Any] = {"iterations": 200, "solver": "auto", "lm_max": 1024, "layers": "input", "weighting": "relative", "place": "solver", "rcond": 1e-7, "clamp": True, "seed": 0}
+
+
+class Twin:
+    """A float64 copy of the attacked model whose forward puts E_unk at given slots."""
+
+    def __init__(self, model: VeilModel) -> None:
+        inner = model._embedding_transform
+        model._embedding_transform = None  # never copy the client's defense object
+        try:
+            self.model = copy.deepcopy(model).double().eval()
+        finally:
+            model._embedding_transform = inner
+        self.names = {id(p): n for n, p in self.model.named_parameters()}
+        self.masked: Tensor | None = None
+        self.tok: Tensor | None = None
+        self.model.set_embedding_transform(self._transform)
+
+    def name(self, param: torch.nn.Parameter) -> str:
+        return self.names[id(param)]
+
+    def _transform(self, tok: Tensor, pos: Tensor, movable: Tensor) -> tuple[Tensor, Tensor]:
+        self.tok = tok
+        unk = getattr(getattr(self.model, "mjp", None), "unk", None)
+        if self.masked is None or unk is None or not bool(self.masked.any()):
+            return tok, pos
+        return tok, torch.where(self.masked.view(1, -1, 1), unk, pos)
+
+    def loss(self, pixels: Tensor, label: Tensor) -> Tensor:
+        batch = {"pixels": pixels, "labels": label}
+        return self.model.loss(self.model(batch), batch)
+
+    def rows(self, X: Tensor, label: Tensor, geom: tuple[int, int, int]) -> Tensor:
+        """(B, N, D) dL/dZ of each of B candidate slot-patch matrices X (B, N, P), one batched pass."""
+        B = X.shape[0]
+        loss = self.loss(unpatchify(X, *geom), label.expand(B)) * B  # the sum of the per-image losses
+        return torch.autograd.grad(loss, self.tok)[0]
+
+    def dal(self, masked: Tensor, mech: dict[str, Any]) -> dict[str, Tensor]:
+        """DAL's gradient (batch 1, unmasked slots weighted aux_lambda / count) by parameter name."""
+        from veil.defenses.mjp import grid_locations
+
+        m = self.model
+        if mech.get("aux") != "dal" or not float(mech.get("aux_lambda") or 0) or not hasattr(getattr(m, "mjp", None), "loc"):
+            return {}
+        table = m.position_embeddings(None)[0]  # (N, D): the patch slots' rows
+        keep = (~masked).to(table.dtype)
+        w = keep * float(mech["aux_lambda"]) / keep.sum().clamp(min=1)
+        loc = grid_locations(tuple(m.grid_shape), table.shape[0]).to(table.dtype)
+        loss = w @ (m.mjp.loc(table) - loc).abs().sum(-1)
+        params = [m.position_table(), *m.mjp.loc.parameters()]
+        return {self.name(p): g for p, g in zip(params, torch.autograd.grad(loss, params))}
+
+
+class AprilMJP(April):
+    """APRIL with MJP's mechanism known: masked slots found, DAL removed, masked set matched, placed."""
+
+    name = "april-mjp"
+    knows = ("the update of one image (batch 1), the weights and MJP's mechanism (Knowledge.defense: E_unk at the masked "
+             "slots, DAL's loss and weight); not the masks, the shuffle or the label")
+
+    def opt(self, key: str) -> Any:
+        return self.settings.get(key, DEFAULTS[key])
+
+    def _reconstruct(self, obs: Observation, know: Knowledge) -> Reconstruction:
+        model = obs.model
+        p, chans, size = patch_geometry(model)
+        mech = dict(know.defense.get("mjp") or {})
+        twin = Twin(model)
+        pos_name = twin.name(twin.model.position_table())
+        rows = obs.grads[pos_name].double().reshape(-1, obs.grads[pos_name].shape[-1])[1:]
+        if rows.shape[0] != model.grid ** 2:
+            raise VeilError(f"april-mjp: position gradient has {rows.shape[0]} patch rows, the model has {model.grid ** 2} patches")
+        masked = rows.abs().amax(-1) == 0  # step 1
+        target, scale, dal = self._target(twin, obs, masked, mech)  # step 2
+        G = target[pos_name].reshape(-1, rows.shape[-1])[1:]
+        dW = weight_as_matrix(target[twin.name(twin.model.token_embedding().weight)])
+        S = target.get("mjp.unk", torch.zeros(1, G.shape[1], dtype=G.dtype)).reshape(-1)
+        X = structured_solve(G, masked, S, dW, float(self.opt("rcond")))  # step 3
+        stats: dict[str, Any] = {"masked_found": int(masked.sum()), "dal_removed": bool(dal), "scale": scale, "iterations": 0}
+        batch = int(know.batch_size or 1)
+        solver = str(self.opt("solver"))
+        if solver not in ("auto", "lm", "lbfgs"):
+            raise VeilError(f"april-mjp: solver must be 'auto', 'lm' or 'lbfgs', got {solver!r}")
+        if solver == "auto":
+            solver = "lm" if X.numel() <= int(self.opt("lm_max")) else "lbfgs"
+        if int(self.opt("iterations")) > 0 and batch == 1:
+            match = self._lm if solver == "lm" else self._match
+            X, stats["match_loss"], stats["iterations"] = match(twin, obs, target, masked, self._start(X, masked), mech, (p, chans, size))
+            stats["solver"] = solver
+        if self.opt("place") == "solver":
+            X = X[place(X.view(-1, chans, p, p), masked, tuple(model.grid_shape))]
+        elif self.opt("place") != "slots":
+            raise VeilError(f"april-mjp: place must be 'solver' or 'slots', got {self.opt('place')!r}")
+        img = unpatchify(X.unsqueeze(0), p, chans, size).float()
+        if self.opt("clamp"):
+            img = img.clamp(0.0, 1.0)
+        stats["exact_possible"] = batch == 1
+        return Reconstruction(images=img.detach(), stats=stats)
+
+    def _target(self, twin: Twin, obs: Observation, masked: Tensor, mech: dict[str, Any]) -> tuple[dict[str, Tensor], float, dict[str, Tensor]]:
+        """The exported gradients in float64, rescaled, with DAL's term removed (and g's dropped)."""
+        dal = twin.dal(masked, mech)
+        grads = {n: g.double() for n, g in obs.grads.items() if n in set(twin.names.values())}
+        loc = [n for n in dal if n.startswith("mjp.loc") and n in grads]
+        scale = 1.0
+        if loc:
+            num = sum((grads[n] * dal[n]).sum() for n in loc)
+            den = sum((dal[n] * dal[n]).sum() for n in loc)
+            scale = float(num / den) if float(den) > 0 and float(num) > 0 else 1.0
+        out = {n: g / scale - dal.get(n, 0.0) for n, g in grads.items() if not n.startswith("mjp.loc")}
+        return out, scale, dal
+
+    def _match(self, twin: Twin, obs: Observation, target: dict[str, Tensor], masked: Tensor, X0: Tensor,
+               mech: dict[str, Any], geom: tuple[int, int, int]) -> tuple[Tensor, float, int]:
+        """Step 4: L-BFGS on the slot patches so the twin's gradient equals the (cleaned) update."""
+        p, chans, size = geom
+        label = recover_labels(obs, 1)
+        twin.masked = masked
+        names = self._matched_names(twin, target, mech)
+        params = [dict(twin.model.named_parameters())[n] for n in names]
+        goal = [target[n] for n in names]
+        total = sum(float((t * t).sum()) for t in goal)
+        weights = [1.0 / float((t * t).sum()) if self.opt("weighting") == "relative" else 1.0 / total for t in goal]
+        x = X0.clone().requires_grad_(True)
+
+        def objective() -> Tensor:
+            g = torch.autograd.grad(twin.loss(unpatchify(x.unsqueeze(0), p, chans, size), label), params, create_graph=True,
+                                    allow_unused=True)
+            return sum(w * ((gi - t) ** 2).sum() if gi is not None else w * (t * t).sum() for gi, t, w in zip(g, goal, weights))
+
+        its = int(self.opt("iterations"))
+        lbfgs = torch.optim.LBFGS([x], lr=1.0, max_iter=its, max_eval=its * 5 // 4, history_size=50, tolerance_grad=1e-16,
+                                  tolerance_change=1e-20, line_search_fn="strong_wolfe")
+        evals = 0
+
+        def closure() -> Tensor:
+            nonlocal evals
+            lbfgs.zero_grad()
+            loss = objective()
+            loss.backward()
+            evals += 1
+            return loss
+
+        lbfgs.step(closure)
+        with torch.enable_grad():
+            final = float(objective().detach())
+        return x.detach(), final, evals
+
+    def _start(self, X: Tensor, masked: Tensor) -> Tensor:
+        """The closed form with seeded noise on the masked rows: they come out equal, a saddle of the match."""
+        gen = torch.Generator().manual_seed(int(self.opt("seed")))
+        x = X.clone()
+        x[masked] += 0.05 * torch.randn(int(masked.sum()), x.shape[1], generator=gen, dtype=x.dtype)
+        return x
+
+    def _lm(self, twin: Twin, obs: Observation, target: dict[str, Tensor], masked: Tensor, X0: Tensor,
+            mech: dict[str, Any], geom: tuple[int, int, int]) -> tuple[Tensor, float, int]:
+        """Step 4 for small inputs: Levenberg-Marquardt on the input layers' residual (below)."""
+        label = recover_labels(obs, 1)
+        twin.masked = masked
+        m = twin.model
+        pos = target[twin.name(m.position_table())]
+        G = pos.reshape(-1, pos.shape[-1])[1:]
+        dW = weight_as_matrix(target[twin.name(m.token_embedding().weight)])
+        S = target.get("mjp.unk", torch.zeros(1, G.shape[1], dtype=G.dtype)).reshape(-1)
+        use_rows = mech.get("aux") != "drl"
+
+        def residual(flat: Tensor) -> Tensor:
+            """Per candidate: [G_U(x) - G_U, sum_M G(x) - S, G(x)^T x - dW], each block scaled by its norm."""
+            X = flat.view(-1, *X0.shape)
+            Gx = twin.rows(X, label, geom)
+            parts = [((torch.einsum("bnd,bnp->bdp", Gx, X) - dW) / dW.norm()).flatten(1)]
+            if use_rows:
+                parts.append(((Gx[:, ~masked] - G[~masked]) / G[~masked].norm()).flatten(1))
+            if bool(masked.any()):
+                parts.append((Gx[:, masked].sum(1) - S) / S.norm().clamp(min=1e-30))
+            return torch.cat(parts, 1)
+
+        x, cost, evals = levenberg_marquardt(residual, X0.flatten(), int(self.opt("iterations")))
+        return x.view_as(X0), cost, evals
+
+    def _matched_names(self, twin: Twin, target: dict[str, Tensor], mech: dict[str, Any]) -> list[str]:
+        layers = str(self.opt("layers"))
+        if layers not in ("all", "input"):
+            raise VeilError(f"april-mjp: layers must be 'all' or 'input', got {layers!r}")
+        m = twin.model
+        pos_name = twin.name(m.position_table())
+        if layers == "input":
+            keep = {twin.name(q) for q in m.token_embedding().parameters()} | {pos_name, "mjp.unk"}
+        else:
+            keep = set(target)
+        if mech.get("aux") == "drl":  # DRL's sampled pairs are not replayable: its rows stay unknown
+            keep.discard(pos_name)
+        floor = 1e-6 * max(float(t.norm()) for t in target.values())  # rounding noise (e.g. key biases: softmax is shift invariant)
+        return [n for n in target if n in keep and float(target[n].norm()) > floor]
+
+
+def levenberg_marquardt(residual: Callable[[Tensor], Tensor], x0: Tensor, iterations: int, chunk: int = 128,
+                        h: float = 1e-7) -> tuple[Tensor, float, int]:
+    """min ||r(x)||^2 by Levenberg-Marquardt (Marquardt's diagonal scaling); the Jacobian by forward
+    differences, all n perturbed points in batched calls of `residual` ((B, n) -> (B, R)).
+    Returns x, the final cost and the number of points evaluated."""
+    x = x0.clone()
+    n = x.numel()
+    r = residual(x[None])[0]
+    cost, lam, evals = float(r @ r), 1e-3, 1
+    eye = torch.eye(n, dtype=x.dtype)
+    for _ in range(iterations):
+        J = torch.cat([(residual(x + h * eye[i:i + chunk]) - r) / h for i in range(0, n, chunk)]).t()  # (R, n)
+        evals += n
+        A, g = J.t() @ J, J.t() @ r
+        scale = torch.diag(A.diagonal().clamp(min=1e-30))
+        before = cost
+        for _ in range(12):
+            step = torch.linalg.solve(A + lam * scale, -g)
+            r_new = residual((x + step)[None])[0]
+            evals += 1
+            if float(r_new @ r_new) < cost:
+                x, r, cost, lam = x + step, r_new, float(r_new @ r_new), max(lam / 3, 1e-12)
+                break
+            lam *= 4
+        else:
+            break  # no step lowers the cost: converged to rounding
+        if cost < 1e-30 or before - cost < 1e-2 * before:
+            break  # at the rounding floor of the float32 update
+    return x, cost, evals
+
+
+def structured_solve(G: Tensor, masked: Tensor, S: Tensor, dW: Tensor, rcond: float = 1e-7) -> Tensor:
+    """Step 3: X~ (N, P) = pinv(G^T) dW with the masked rows of G replaced by S / m (float64)."""
+    G = G.double().clone()
+    m = int(masked.sum())
+    if m:
+        G[masked] = S.double() / m
+    return torch.linalg.pinv(G.t(), rtol=rcond) @ dW.double()
+
+
+ATTACKS.register("april-mjp", "APRIL knowing MJP: masked slots from zero rows, DAL removed, masked set by gradient matching, "
+                              "jigsaw-placed (ViT, batch 1)")(AprilMJP)
