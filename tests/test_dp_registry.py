@@ -8,6 +8,7 @@ DP step only 4 of MiniLM's 105 parameters were still the optimiser's.
 """
 from __future__ import annotations
 
+import copy
 from pathlib import Path
 
 import pytest
@@ -98,26 +99,51 @@ def test_per_sample_grads_equal_an_autograd_loop(name: str) -> None:
         assert want.norm() > 0 and _rel(got, want) <= TOL, f"{name}: sample {i} relative error {_rel(got, want):.2e}"
 
 
+def _tied(model: VeilModel) -> bool:
+    return len(list(model.named_parameters(remove_duplicate=False))) > len(list(model.parameters()))
+
+
+@pytest.mark.parametrize("mode", ["auto", *(pytest.param(m, marks=pytest.mark.slow) for m in ("ghost", "hooks", "functorch"))])
 @pytest.mark.parametrize("name", list_models())
-def test_dp_gradient_is_the_clipped_per_sample_mean(name: str) -> None:
-    """Noise 0 and a clip below every per-sample norm: DPSGD's gradient must be
-    mean_i C g_i / ||g_i|| with g_i from the per-sample loop (Abadi et al., Algorithm 1)."""
+def test_dp_gradient_is_the_clipped_per_sample_mean(name: str, mode: str, request: pytest.FixtureRequest) -> None:
+    """Noise 0 and a clip below every per-sample norm: DPSGD's gradient, in every engine mode, must
+    be mean_i C g_i / ||g_i|| with g_i from the per-sample loop (Abadi et al., Algorithm 1), over
+    the parameters the mode trains (ghost / hooks freeze what Opacus cannot attribute). The
+    explicit modes run in the slow set (`auto` picks one of them per model in the default run)."""
     model, batch = _model(name, torch.float64)
     model.eval()
-    ref = _loop_grads(model, batch)
+    if mode == "ghost" and _tied(model):  # Opacus: "Parameter tying is not supported with Ghost Clipping"
+        request.applymarker(pytest.mark.xfail(raises=NotImplementedError, strict=True,
+                                              reason="dpsgd mode=ghost on tied weights fails inside the forward; should be a VeilError"))
+        with pytest.raises(VeilError):
+            dp = DPSGD(noise_multiplier=0.0, mode=mode)
+            dp.attach(model)
+            client_step(model, batch, [dp])
+        return
+    probe = DPSGD(noise_multiplier=0.0, mode=mode)
+    ref_model = copy.deepcopy(model)
+    probe.attach(ref_model)
+    frozen = set(probe.frozen)
+    probe.detach()
+    ref_model = copy.deepcopy(model)
+    for n, p in ref_model.named_parameters():
+        p.requires_grad_(n not in frozen)
+    ref = _loop_grads(ref_model, batch)
     norms = [torch.cat([v.flatten() for v in r.values()]).norm() for r in ref]
     clip = 1e-3 * float(min(norms))
     want = {k: sum(r[k] * (clip / float(nm)) for r, nm in zip(ref, norms)) / len(ref) for k in ref[0]}
-    dp = DPSGD(clip=clip, noise_multiplier=0.0)
+    dp = DPSGD(clip=clip, noise_multiplier=0.0, mode=mode)
     dp.attach(model)
     try:
         client_step(model, batch, [dp])
+        trained = _trainable(model)
     finally:
         dp.detach()
-    assert all(p.grad is not None for p in _trainable(model).values()), f"{name}: a trainable parameter got no DP gradient"
-    got = torch.cat([p.grad.flatten() for p in _trainable(model).values()])
-    flat = torch.cat([want[k].flatten() for k in _trainable(model)])
-    assert _rel(got, flat) <= TOL, f"{name}: DP gradient vs clipped loop mean, relative error {_rel(got, flat):.2e}"
+    assert set(trained) == set(want), f"{name}/{mode}: trains {len(trained)} parameters, the reference {len(want)}"
+    assert all(p.grad is not None for p in trained.values()), f"{name}/{mode}: a trainable parameter got no DP gradient"
+    got = torch.cat([trained[k].grad.flatten() for k in want])
+    flat = torch.cat([want[k].flatten() for k in want])
+    assert _rel(got, flat) <= TOL, f"{name}/{mode}: DP gradient vs clipped loop mean, relative error {_rel(got, flat):.2e}"
 
 
 # ---- checkpoints of the aliased layout -----------------------------------------------------
