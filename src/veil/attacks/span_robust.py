@@ -1,0 +1,228 @@
+"""Span attack under client dropout (DAGER, Petrov et al., NeurIPS 2024, "DAGER: Exact Gradient
+Inversion for Large Language Models", sec. 3-4, made robust to dropout).
+
+DAGER (eq. 2-3): a linear layer ``Y = X W^T`` fed the rows ``x_i`` of ``X`` (every real token of
+every sentence) gets ``dL/dW = sum_i g_i x_i^T``, so the row space of ``dL/dW`` is ``span{x_i}``,
+of rank ``<= B*T``; a candidate input ``x`` is a token of the batch iff its span distance
+``d(x) = ||x - P P^T x|| / ||x||`` is zero (P: orthonormal basis of the row space of the first
+block's stacked Q/K/V weight gradients). Layer 1's input is a known function of a token and its
+position, so every (token, position) pair is tested (`veil.attacks.span`); layer 2 orders them
+into sentences (`veil.attacks.span_search`).
+
+What dropout changes. In train mode with rate p the first block's input is
+``x'_i = m_i * x_i / (1 - p)``, m_i an unknown 0/1 mask per coordinate (post-LN encoders: the
+dropout follows the embedding LayerNorm, x = LN(E_tok[v] + E_pos[t] + s); pre-LN decoders: it
+precedes block 0's ``ln_1``, x = E_tok[v] + E_pos[t]). The gradient is still exactly
+``sum_i g_i x'_i^T``: its row space is exactly ``S = span{x'_i}``, still of rank <= B*T, but the
+clean vector x of a true pair is no longer in it (measured distance 0.2-0.35 on MiniLM, no better
+than wrong pairs), so the exact check of `span` passes nothing. The attacker who knows that
+dropout is used (the rate from the model config) but not the masks asks instead whether SOME
+mask puts x in S:
+
+    r(x) = min over a, and over a drop set K of <= k_max coordinates, of
+           || (x - P a)_{not K} || / ||x_{not K}||      with  (P a)_K ~ 0,
+
+i.e. a robust regression of x on the basis P in which ~p*width coordinates are outliers whose
+fitted value is 0. For a true pair ``P a = (1 - p) x'`` fits every kept coordinate exactly, so
+r(x) is again zero up to float rounding (~1e-7), while a wrong pair keeps a residual >= ~0.05
+(MiniLM, batch 1 and 4). It is solved per candidate, batched over the candidates, by iteratively
+reweighted least squares for the L1 regression ``min_a ||x - P a||_1`` (sparse outliers), then a
+few hard steps that drop the coordinates nearer 0 than x and refit on the rest (k_max = p*width
++ 5 standard deviations of the binomial drop count). For pre-LN decoders x' is seen through
+``ln_1``: ``(h - beta) / gamma = (x' - mean) / std``, so the basis used is that of
+``{(S - beta) / gamma, 1}`` (two more directions) and the target is x itself.
+
+Layer 2 (the second block's Q/K/V gradients) then assigns the passing pairs to sentences and
+lengths: its input mixes the sentence, and dropout inside block 0 (attention probabilities and
+hidden states) is not sparse per coordinate, so there it is a ranking, not a test: the
+encoder assignment search and the decoder's left-to-right beam of `veil.attacks.span_search`
+minimise the clean model's summed layer-2 span distances (no sentence has to pass a threshold).
+
+Attacker knowledge: the weights it sent, the exported gradients (layers 1-2 Q/K/V; the token
+embedding's for the bag of tokens when exported), the batch size, the public vocabulary and
+special tokens, and that the client trains with dropout at the model config's rate; not the
+dropout masks, the labels or the batch. Budget in counted work: the (token, position) pairs
+tested at layer 1 and the sentences scored at layer 2 (settings), never seconds.
+"""
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import torch
+from torch import Tensor, nn
+
+from veil.attacks import ATTACKS
+from veil.attacks.base import Attack, Knowledge, Observation, Reconstruction
+from veil.attacks.presence import special_ids
+from veil.attacks.span import Span, _Specials, _vocabulary, layer_span, qkv_modules
+from veil.attacks.span_peel import _row_span
+from veil.errors import VeilError
+from veil.models.base import VeilModel, linear_weight
+
+
+# ----------------------------------------------------------------------------- the dropped span
+def dropout_rate(model: VeilModel, given: float | None = None) -> float:
+    """The client's dropout rate: `given`, else the largest rate of the model's dropout modules."""
+    if given is not None:
+        p = float(given)
+    else:
+        p = max((float(m.p) for m in model.modules() if isinstance(m, nn.Dropout)), default=0.0)
+        cfg = getattr(getattr(model, "hf", None), "config", None)
+        p = max([p] + [float(getattr(cfg, k, 0.0) or 0.0) for k in ("hidden_dropout_prob", "embd_pdrop")])
+    if not 0.0 <= p < 1.0:
+        raise VeilError(f"span-robust: dropout rate must be in [0, 1), got {p}")
+    return p
+
+
+def max_dropped(width: int, p: float, sigmas: float = 5.0) -> int:
+    """Most coordinates a dropout mask of rate p zeroes (mean + `sigmas` binomial std devs)."""
+    if p <= 0:
+        return 0
+    return min(width - 1, int(math.ceil(p * width + sigmas * math.sqrt(width * p * (1 - p)))))
+
+
+def first_span(obs: Observation, max_rank: int | None = None) -> Span:
+    """The first block's input span in the space where dropout acts (see the module docstring)."""
+    model = obs.model
+    att = model.attention_layers()[0]
+    names = {id(p): n for n, p in model.named_parameters()}
+    grads = [linear_weight(m, obs.grads[names[id(m.weight)]]) for m in qkv_modules(att) if obs.has_grad(m)]
+    if not grads:
+        obs.grad(att.q)  # raises the one-line error naming the missing gradient
+    span = _row_span(torch.cat(grads).double())
+    if max_rank is not None and span.rank > max_rank:
+        span = _row_span(torch.cat(grads).double(), k=max_rank)
+    norm = model.layer_input_norms()[0]
+    if not isinstance(norm, nn.LayerNorm):
+        return span
+    gamma = norm.weight.detach().double() if norm.weight is not None else torch.ones(span.width, dtype=torch.float64)
+    beta = norm.bias.detach().double() if norm.bias is not None else torch.zeros(span.width, dtype=torch.float64)
+    gamma = torch.where(gamma.abs() < 1e-12, torch.full_like(gamma, 1e-12), gamma)
+    vecs = torch.cat([span.basis.T / gamma, (beta / gamma)[None], torch.ones(1, span.width, dtype=torch.float64)])
+    return _row_span(vecs, tol=1e-10)
+
+
+def clean_inputs(model: VeilModel, ids: Tensor, positions: Tensor) -> Tensor:
+    """The pre-dropout first-block input of each pair (ids[k], positions[k]): (len(ids), width)."""
+    tok = model.token_embedding().weight[ids]
+    pos = model.position_table().reshape(-1, tok.shape[-1])[positions]
+    return model.assemble(tok.unsqueeze(1), pos.unsqueeze(1), {})[:, 0]
+
+
+# ----------------------------------------------------------------------------- the robust test
+def robust_residuals(y: Tensor, basis: Tensor, k_max: int, irls: int = 20, hard: int = 4) -> Tensor:
+    """r(y) of every row of `y` (C, D) against the span of `basis` (D, N), allowing <= k_max
+    coordinates to be dropped (module docstring). float64; vectorised over the rows."""
+    y = y.double()
+    Q = basis.double()
+    if k_max == 0 or Q.shape[1] == 0:
+        return (y - (y @ Q) @ Q.T).norm(dim=1) / y.norm(dim=1).clamp_min(1e-300)
+    eye = torch.eye(Q.shape[1], dtype=torch.float64)
+    floor = 1e-7 * y.abs().amax(1, keepdim=True).clamp_min(1e-300)
+    w = torch.ones_like(y)
+
+    def fit(weights: Tensor) -> Tensor:
+        m = (Q.T.unsqueeze(0) * weights.unsqueeze(1)) @ Q  # (C, N, N)
+        a = torch.linalg.solve(m + 1e-12 * eye, ((y * weights) @ Q).unsqueeze(-1)).squeeze(-1)
+        return a @ Q.T
+
+    for _ in range(irls):  # L1 regression by IRLS: the dropped coordinates are sparse outliers
+        s = fit(w)
+        w = 1.0 / (y - s).abs().clamp_min(floor)
+        w = w / w.amax(1, keepdim=True)
+    keep = torch.ones_like(y)
+    for _ in range(hard):  # drop the coordinates whose fit is nearer 0 than y, refit on the rest
+        gain = ((y - s) ** 2 - s**2).clamp_min(0)
+        top = gain.topk(k_max, dim=1)
+        keep = torch.ones_like(y).scatter_(1, top.indices, (top.values <= 0).double())
+        s = fit(keep)
+    return ((y - s) * keep).norm(dim=1) / (y * keep).norm(dim=1).clamp_min(1e-300)
+
+
+def layer1_residuals(model: VeilModel, span: Span, vocab: Tensor, max_len: int, k_max: int,
+                     chunk: int = 192, **fit: Any) -> Tensor:
+    """r(x(v, t)) for every position t < max_len and token v of `vocab`: (max_len, len(vocab))."""
+    pairs = torch.cartesian_prod(torch.arange(max_len), torch.arange(len(vocab)))  # (P*V, 2)
+    out = torch.empty(len(pairs), dtype=torch.float64)
+    for i in range(0, len(pairs), chunk):
+        t, j = pairs[i:i + chunk].T
+        out[i:i + chunk] = robust_residuals(clean_inputs(model, vocab[j], t), span.basis, k_max, **fit)
+    return out.view(max_len, len(vocab))
+
+
+def position_sets(res: Tensor, vocab: Tensor, tol: float, per_position: int) -> list[Tensor]:
+    """Per position the tokens with r < tol, best first, at most `per_position`."""
+    out = []
+    for row in res:
+        idx = torch.nonzero(row < tol).flatten()
+        idx = idx[row[idx].argsort()][:per_position]
+        out.append(vocab[idx])
+    while out and not len(out[-1]):
+        out.pop()
+    return out
+
+
+# ----------------------------------------------------------------------------- the attack
+@ATTACKS.register("span-robust", help="DAGER-style span attack that survives client dropout (robust layer-1 test, layer-2 ranking)")
+class SpanRobustAttack(Attack):
+    """Settings: ``p`` (dropout rate; default the model config's), ``tol1`` (0.02) robust layer-1
+    residual below which a (token, position) pair passes, ``per_position`` (4*B) most tokens kept
+    per position, ``irls`` (20) / ``hard`` (4) iterations of the robust fit, ``max_len``
+    (knowledge.seq_len), ``max_pairs`` (200,000) layer-1 budget in (token, position) pairs,
+    ``restarts`` (4) / ``sweeps`` (12) / ``budget`` (500,000 sentences scored) of the encoder search, ``beam`` (4*B) of the decoder search,
+    ``seed``."""
+
+    name = "span-robust"
+    modality = "text"
+
+    def applies_to(self, model: VeilModel) -> str | None:
+        reason = super().applies_to(model)
+        if reason is None and len(model.attention_layers()) < 2:
+            return "span-robust needs at least two attention layers to order tokens into sentences"
+        return reason
+
+    def _reconstruct(self, obs: Observation, know: Knowledge) -> Reconstruction:
+        from veil.attacks.span_search import decoder_search, encoder_search
+
+        model, s = obs.model, self.settings
+        B = int(know.batch_size or 1)
+        width = model.position_table().shape[-1]
+        limit = model.position_table().reshape(-1, width).shape[0]
+        max_len = int(s.get("max_len") or know.seq_len or limit)
+        if max_len > limit:
+            raise VeilError(f"span-robust: max_len {max_len} exceeds the model's {limit} positions")
+        p = dropout_rate(model, s.get("p"))
+        k_max = max_dropped(width, p)
+        was = model.training
+        model.eval()
+        try:
+            with torch.no_grad():
+                span1 = first_span(obs, max_rank=B * max_len)
+                vocab = _vocabulary(obs, know)
+                if vocab is None:
+                    vocab = torch.arange(model.token_embedding().weight.shape[0])
+                max_pairs = int(s.get("max_pairs", 200_000))
+                if len(vocab) * max_len > max_pairs:
+                    raise VeilError(f"span-robust: {len(vocab)} tokens x {max_len} positions exceed max_pairs={max_pairs}; "
+                                    "raise it or export the token-embedding gradient (the bag filter)")
+                res = layer1_residuals(model, span1, vocab, max_len, k_max, irls=int(s.get("irls", 20)), hard=int(s.get("hard", 4)))
+                cands = position_sets(res, vocab, float(s.get("tol1", 0.02)), int(s.get("per_position", 4 * B)))
+                specials = _Specials.of(model, know)
+                span2 = layer_span(obs, 1, float(s.get("rank_tol", 1e-6)))
+                seed = int(s.get("seed", know.seed))
+                if model.task == "lm":
+                    seqs, info = decoder_search(model, span2, cands, specials, tol2=float("inf"), seed=seed, batch_size=B, beam=s.get("beam"))
+                else:
+                    seqs, info = encoder_search(model, span2, cands, specials, tol2=-1.0, seed=seed, batch_size=B,
+                                                restarts=int(s.get("restarts", 4)), sweeps=int(s.get("sweeps", 12)), budget=int(s.get("budget", 500_000)))
+        finally:
+            model.train(was)
+        info.pop("sentences_exact", None)  # tol2 < 0: nothing is declared exact at layer 2 under dropout
+        stats = {"dropout_p": p, "k_max": k_max, "rank1": span1.rank, "rank2": span2.rank, "width": width,
+                 "pairs_tested": int(res.numel()), "vocabulary": len(vocab),
+                 "candidates_per_position": [len(c) for c in cands], **info}
+        if not seqs:
+            seqs = [[] for _ in range(B)]
+        bag = {int(v) for c in cands for v in c.tolist()} - set(special_ids(model, know.tokenizer))  # as `presence` scores it
+        return Reconstruction(token_ids=seqs, token_set=bag, stats=stats)
