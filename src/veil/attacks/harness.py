@@ -46,6 +46,7 @@ def recorded_order(model: VeilModel) -> Iterator[dict[str, Tensor]]:
         out_tok, out_pos = inner(tok, pos, movable)
         d = torch.cdist(out_tok.detach().float(), tok.detach().float())  # (B, N_out, N_in)
         record["order"] = d.argmin(-1)  # slot j holds input token order[b, j]
+        record.update(mask_state(inner, movable))
         return out_tok, out_pos
 
     model._embedding_transform = spy
@@ -53,6 +54,19 @@ def recorded_order(model: VeilModel) -> Iterator[dict[str, Tensor]]:
         yield record
     finally:
         model._embedding_transform = inner
+
+
+def mask_state(transform: Any, movable: Tensor) -> dict[str, Tensor]:
+    """The truth of an MJP step, for scoring only: ``mjp_mask`` (B, N) the masked (selected) slots,
+    ``mjp_perm`` (B, N) the index map (slot j holds token perm[b, j]); nothing if the transform
+    is not MJP's. With gamma 0 nothing is masked or moved."""
+    state = getattr(getattr(transform, "__self__", None), "last", None)
+    if state is None or not hasattr(state, "perm"):
+        return {}
+    if state.mask is None:
+        B, N = movable.shape
+        return {"mjp_mask": torch.zeros(B, N, dtype=torch.bool), "mjp_perm": torch.arange(N).expand(B, N).clone()}
+    return {"mjp_mask": state.mask.detach().cpu().clone(), "mjp_perm": state.perm.detach().cpu().clone()}
 
 
 @contextmanager
@@ -104,6 +118,7 @@ def attack_once(attack: Attack, model: VeilModel, batch: dict[str, Tensor], defe
     with recorded_order(model) as rec:
         obs = observe(model, batch, defenses)
     ref = shuffled_reference(model, batch, rec.get("order")) if reference == "shuffled" else batch
+    ref = {**ref, **{k: v for k, v in rec.items() if k.startswith("mjp_")}}  # the evaluator's truth, never the attack's
     with attacker_view(model):
         out = attack.reconstruct(obs, knowledge_for(batch, data, defenses, seed, grant))
     model.zero_grad(set_to_none=True)
@@ -117,7 +132,10 @@ def score(rec: Reconstruction, ref: dict[str, Tensor], data: Any) -> dict[str, f
 
     out: dict[str, float] = {}
     if rec.images is not None:
-        out.update({k: float(v) for k, v in image_report(ref["pixels"], rec.images).items() if k != "order"})
+        report = image_report(ref["pixels"], rec.images)
+        out.update({k: float(v) for k, v in report.items() if k != "order"})
+        if "mjp_mask" in ref:
+            out.update(shuffle_scores(ref, rec.images, report["order"]))
     if rec.token_ids is not None:
         out.update({k: float(v) for k, v in text_report(sequences(ref), rec.token_ids, ignore=special_ids(data)).items() if k != "order"})
     if rec.token_set is not None:
@@ -130,6 +148,21 @@ def score(rec: Reconstruction, ref: dict[str, Tensor], data: Any) -> dict[str, f
     out["seconds"] = float(rec.stats.get("seconds", 0.0))
     if "iterations_per_second" in rec.stats:
         out["iterations_per_second"] = float(rec.stats["iterations_per_second"])
+    return out
+
+
+def shuffle_scores(ref: dict[str, Tensor], images: Tensor, order: list[int]) -> dict[str, float]:
+    """What leaks from an MJP image update (`veil.metrics.image.patch_report`), on the images the
+    whole-image scores paired: masked / moved patch counts of the update, the unmasked patches at
+    their positions, the masked patches as a set. The whole-image psnr / ssim are bounded by the
+    masked patches' order, which the update does not hold."""
+    from veil.metrics.image import patch_report
+
+    mask, perm = ref["mjp_mask"], ref["mjp_perm"]
+    out = {"masked_patches": float(mask.sum()), "moved_patches": float((perm != torch.arange(perm.shape[1])).sum())}
+    pairs = [(i, j) for i, j in enumerate(order) if j >= 0]
+    rows, cols = [i for i, _ in pairs], [j for _, j in pairs]
+    out.update(patch_report(ref["pixels"][rows], images[cols].detach().clamp(0, 1), mask[rows]))
     return out
 
 

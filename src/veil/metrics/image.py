@@ -24,6 +24,23 @@ Definitions:
   one vector per image), then mean over the batch. 1 means identical spectra; higher is better.
 * LPIPS (Zhang et al. 2018) needs pretrained backbone weights that cannot be loaded offline;
   `lpips` returns ``None`` and `LPIPS_UNAVAILABLE` says why.
+
+What leaks under a patch shuffle (MJP), `patch_report`, given the true (B, N) mask of masked
+(shuffled) slots on the row-major patch grid, which only the evaluator knows:
+
+* psnr_unshuffled: PSNR over the pixels of the unmasked patches, each at its own position
+  (they never move), per image, then the batch mean.
+* ssim_unshuffled: SSIM of the original against the reconstruction with its masked patches
+  replaced by the original's: only the errors of the unmasked patches count.
+* psnr_masked_set: the masked patches as a set: the original's patches at the masked slots and the
+  reconstruction's are paired by Hungarian matching on per-patch MSE (`veil.metrics.matching`);
+  PSNR of the mean matched MSE, per image, then the batch mean (images with a masked slot only).
+* The whole-image ``psnr`` / ``ssim`` above score the masked patches' order too, which the update
+  does not determine (the network's output is the same for any order of the masked patches):
+  under MJP they are bounded by the hidden order, not by what leaks.
+
+These PSNRs floor the MSE at ``PATCH_MSE_FLOOR`` = 1e-16 (160 dB): a set of background patches
+recovered exactly (after clamping) would otherwise score infinity.
 """
 from __future__ import annotations
 
@@ -44,6 +61,7 @@ __all__ = [
     "lpips",
     "pairwise_mse",
     "image_report",
+    "patch_report",
 ]
 
 LPIPS_UNAVAILABLE = "not available offline"
@@ -197,3 +215,65 @@ def image_report(
     }
     report["order"] = order_from_match(rows, cols, n)
     return report
+
+
+PATCH_MSE_FLOOR = 1e-16
+
+
+def _grid_patches(x: torch.Tensor, n: int) -> torch.Tensor:
+    """(B, C, H, W) -> (B, n, C*p*p) on a square grid of n patches, row-major."""
+    B, C, H, W = x.shape
+    k = int(round(n ** 0.5))
+    if k * k != n or H % k or W % k:
+        raise MetricInputError(f"patch_report: a mask of {n} slots is not a square grid dividing {H}x{W} images")
+    p, q = H // k, W // k
+    return x.reshape(B, C, k, p, k, q).permute(0, 2, 4, 1, 3, 5).reshape(B, n, C * p * q)
+
+
+def _psnr_of(mse_value: torch.Tensor) -> float:
+    return float(10.0 * torch.log10(1.0 / mse_value.clamp_min(PATCH_MSE_FLOOR)))
+
+
+def patch_report(original: torch.Tensor, reconstruction: torch.Tensor, masked: torch.Tensor) -> dict[str, float]:
+    """Scores of what leaks under a patch shuffle; items are compared b with b (pair them first).
+
+    Args:
+        original, reconstruction: (B, C, H, W) in [0, 1].
+        masked: (B, N) bool, the slots that were masked (shuffled) in the client's step.
+
+    Returns ``psnr_unshuffled`` and ``ssim_unshuffled`` (when some slot is unmasked) and
+    ``psnr_masked_set`` (when some slot is masked); see the module docstring.
+    """
+    x, y = _check_pair(original, reconstruction)
+    masked = torch.as_tensor(masked, dtype=torch.bool, device=x.device)
+    if masked.ndim != 2 or masked.shape[0] != x.shape[0]:
+        raise MetricInputError(f"patch_report: masked must be (B, N) with B = {x.shape[0]}, got shape {tuple(masked.shape)}")
+    px, py = _grid_patches(x.double(), masked.shape[1]), _grid_patches(y.double(), masked.shape[1])
+    out: dict[str, float] = {}
+    err = (px - py).pow(2).mean(-1)  # (B, N) per-patch MSE
+    keep = ~masked
+    has = keep.any(1)
+    if bool(has.any()):
+        per = (err * keep).sum(1)[has] / keep.sum(1)[has]
+        out["psnr_unshuffled"] = sum(_psnr_of(v) for v in per) / len(per)
+        filled = torch.where(masked.unsqueeze(-1), px, py)
+        out["ssim_unshuffled"] = ssim(x[has], _ungrid(filled, x.shape)[has].to(x.dtype))
+    sets = [_masked_set_mse(px[b][masked[b]], py[b][masked[b]]) for b in range(x.shape[0]) if bool(masked[b].any())]
+    if sets:  # one Hungarian matching per image (B is small: one client update)
+        out["psnr_masked_set"] = sum(_psnr_of(v) for v in sets) / len(sets)
+    return out
+
+
+def _ungrid(patches: torch.Tensor, shape: torch.Size) -> torch.Tensor:
+    B, C, H, W = shape
+    n = patches.shape[1]
+    k = int(round(n ** 0.5))
+    p, q = H // k, W // k
+    return patches.reshape(B, k, k, C, p, q).permute(0, 3, 1, 4, 2, 5).reshape(B, C, H, W)
+
+
+def _masked_set_mse(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    """Mean per-patch MSE of the best one-to-one pairing of patch sets a and b, (m, P) each."""
+    cost = torch.cdist(a, b).pow(2) / a.shape[1]
+    rows, cols = hungarian_match(cost)
+    return cost[torch.as_tensor(rows), torch.as_tensor(cols)].mean()
