@@ -40,7 +40,7 @@ def test_text_worst_case_counts_words_and_positions() -> None:
     wc = worst_case(leak, KNOWS)
     assert (wc["attack"], wc["metric"], wc["value"], wc["region"]) == ("span-mjp", "presence_f1", 0.98, "bag of words")
     assert wc["score"] == pytest.approx(1.68)
-    assert wc["beside"] == {"rouge1": 0.96, "token_recovery": 0.7, "exact_recovery": 0.0}
+    assert wc["beside"] == {"token_recovery": 0.7, "exact_recovery": 0.0}
     assert wc["ranking"] == ["span-mjp", "span", "presence", "tag"]
     assert cell_leakage(leak["span"])["score"] == pytest.approx(0.969 + 0.336)
 
@@ -79,7 +79,7 @@ def test_report_leads_each_task_with_the_worst_case_and_shows_blocked_attacks(tm
     verdict, utility, every = (md.index(h, task) for h in ("### Worst case per defense", "### Utility and cost", "### Every attack"))
     assert task < verdict < utility < every  # the verdict first, the naive rows after
     rows = md[verdict:utility]
-    assert "| none | span | rouge1 1.000 (bag of words); presence_f1 0.970, token_recovery 1.000 | naive | — |" in rows
+    assert "| none | span | rouge1 1.000 (bag of words); token_recovery 1.000 | naive | — |" in rows
     assert "| aegis | tag | rouge1 0.273 (bag of words); token_recovery 0.206 | naive | span |" in rows
     assert "Blocked: `span` could not run against `aegis`" in md and "still worked against `aegis`: `tag`: rouge1 0.273" in md
     html = (tmp_path / "report.html").read_text()

@@ -42,10 +42,11 @@ def privacy_utility(points: list[tuple[str, str, float, float]], ylabel: str, pa
     """x = accuracy, y = worst-case leakage: one point per defense, labelled with the attack that won there."""
     defenses = sorted({d for d, _, _, _ in points})
     colour = {d: f"C{i % 10}" for i, d in enumerate(defenses)}
-    fig, ax = plt.subplots(figsize=(4.6, 3.4))
+    fig, ax = plt.subplots(figsize=(5.6, 3.6))
     for d, a, x, y in points:
         ax.scatter([x], [y], color=colour[d])
         ax.annotate(f"{d}\n({a})", (x, y), fontsize=7, xytext=(3, 3), textcoords="offset points")
+    ax.margins(x=0.35, y=0.15)  # room for the labels
     ax.set_xlabel("test accuracy (higher: more utility)", fontsize=7)
     ax.set_ylabel(f"{ylabel} (higher: more leakage)", fontsize=7)
     ax.tick_params(labelsize=7)

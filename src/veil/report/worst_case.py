@@ -25,7 +25,7 @@ from typing import Any
 IMAGE_REGIONS = (("psnr_unshuffled", "ssim_unshuffled", "unshuffled patches"), ("psnr", "ssim", "whole image"))
 BAG = ("rouge1", "presence_f1")
 IMAGE_BESIDE = ("psnr", "psnr_masked_set", "ssim_masked_set", "masked_patches", "moved_patches")
-TEXT_BESIDE = ("token_recovery", "exact_recovery", "unshuffled_recovery", "bag_recall", "bag_precision", "moved_tokens")
+TEXT_BESIDE = ("token_recovery", "unshuffled_recovery", "exact_recovery", "bag_recall", "moved_tokens")
 #: the keys of every worst_case entry in summary.json
 KEYS = ("attack", "knows", "metric", "value", "region", "score", "beside", "ranking", "blocked")
 
@@ -48,7 +48,7 @@ def cell_leakage(metrics: dict[str, Any]) -> dict[str, Any] | None:
     in_place = _num(metrics, "token_recovery")
     if bags or in_place is not None:
         bag, key = max(bags) if bags else (0.0, "token_recovery")
-        beside = {k: metrics[k] for k in (*BAG, *TEXT_BESIDE) if k != key and _num(metrics, k) is not None}
+        beside = {k: metrics[k] for k in TEXT_BESIDE if k != key and _num(metrics, k) is not None}
         value = bag if bags else float(in_place or 0.0)
         return {"tier": 1, "score": bag + (in_place or 0.0), "metric": key, "value": value,
                 "region": "bag of words" if bags else "tokens in place", "beside": beside}
