@@ -26,7 +26,11 @@ def run(args: argparse.Namespace) -> int:
         raise VeilError(f"--jobs must be an integer >= 1, got {args.jobs}")
     scenario = load_scenario(args.scenario)
     summary = run_audit(scenario, args.out, progress=not args.quiet, jobs=args.jobs)
+    from veil.report.worst_case import describe
+
     for name, t in summary["tasks"].items():
-        print(f"{name}: " + ", ".join(f"{d} acc {u['test_accuracy_mean']:.3f}" for d, u in t["utility"].items()))
+        print(f"{name}:")
+        for d, u in t["utility"].items():  # the verdict per defense: the attack that rebuilt the most
+            print(f"  {d}: acc {u['test_accuracy_mean']:.3f}; worst case {describe(t['worst_case'][d]).replace('`', '')}")
     print(f"report: {args.out}/report.html")
     return 0
