@@ -274,6 +274,6 @@ def test_metric_keys():
     assert METRIC_KEYS == (
         "mse", "psnr", "ssim", "fft2d", "rouge1", "rouge2", "rougeL", "sacrebleu", "google_bleu",
         "token_accuracy", "token_recovery", "presence_precision", "presence_recall", "presence_f1",
-        "exact_recovery", "seconds",
+        "exact_recovery", "bag_recall", "bag_precision", "unshuffled_recovery", "moved_tokens", "seconds",
     )
     assert set(IMAGE_KEYS) | set(TEXT_KEYS) | set(PRESENCE_KEYS) | {"seconds"} == set(METRIC_KEYS)

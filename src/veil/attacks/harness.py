@@ -4,7 +4,10 @@ to the attack, and score the reconstruction against the private batch afterwards
 
 The server runs the plain model: the client's embedding transform (e.g. MJP's random shuffle)
 is not replayed during the attack (`attacker_view`). For MJP setting (b) the shuffled input is
-recorded during the client's step (`recorded_order`) and used as the scoring reference.
+recorded during the client's step (`recorded_order`) and used as the scoring reference. For text
+the evaluator also keeps which slots the shuffle selected and which tokens it moved
+(`shuffle_record`; never given to the attacker): `score` reports unshuffled_recovery and
+moved_tokens from them.
 """
 from __future__ import annotations
 
@@ -119,10 +122,25 @@ def attack_once(attack: Attack, model: VeilModel, batch: dict[str, Tensor], defe
         obs = observe(model, batch, defenses)
     ref = shuffled_reference(model, batch, rec.get("order")) if reference == "shuffled" else batch
     ref = {**ref, **{k: v for k, v in rec.items() if k.startswith("mjp_")}}  # the evaluator's truth, never the attack's
+    if "input_ids" in batch and rec.get("order") is not None:  # text: which slots the client's shuffle touched
+        ref = {**ref, **shuffle_record(batch, rec["order"], defenses)}
     with attacker_view(model):
         out = attack.reconstruct(obs, knowledge_for(batch, data, defenses, seed, grant))
     model.zero_grad(set_to_none=True)
     return out, ref, obs
+
+
+def shuffle_record(batch: dict[str, Tensor], order: Tensor, defenses: list) -> dict[str, Tensor]:
+    """Text: ``moved`` (B, T), the slots whose token the client's shuffle changed, and ``shuffled``,
+    the slots the defense selected (MJP's own record of the step, `JigsawState.mask`; a selected
+    token the permutation left in place is shuffled but not moved). The evaluator's knowledge."""
+    ids = batch["input_ids"]
+    out = {"moved": torch.gather(ids, 1, order) != ids}
+    for d in defenses:
+        mask = getattr(getattr(d, "last", None), "mask", None)
+        if isinstance(mask, Tensor) and mask.shape == ids.shape:
+            out["shuffled"] = mask.detach().cpu().bool()
+    return out
 
 
 # ---- scoring -------------------------------------------------------------------------------------
@@ -137,10 +155,12 @@ def score(rec: Reconstruction, ref: dict[str, Tensor], data: Any) -> dict[str, f
         if "mjp_mask" in ref:
             out.update(shuffle_scores(ref, rec.images, report["order"]))
     if rec.token_ids is not None:
-        out.update({k: float(v) for k, v in text_report(sequences(ref), rec.token_ids, ignore=special_ids(data)).items() if k != "order"})
-    if rec.token_set is not None:
+        flags = {k: sequences({**ref, "input_ids": ref[k]}) for k in ("moved", "shuffled") if k in ref}
+        out.update({k: float(v) for k, v in text_report(sequences(ref), rec.token_ids, ignore=special_ids(data), **flags).items() if k != "order"})
+    if rec.token_set is not None or rec.token_ids is not None:  # a text attack's bag: its token set, else its sentences' tokens
         true = {int(t) for t in ref["input_ids"][ref["attention_mask"].bool()].tolist()} - set(special_ids(data))
-        out.update({f"presence_{k}" if not k.startswith("presence") else k: float(v) for k, v in presence(true, rec.token_set).items()})
+        bag = rec.token_set if rec.token_set is not None else {int(t) for s in rec.token_ids for t in s} - set(special_ids(data))
+        out.update({f"presence_{k}" if not k.startswith("presence") else k: float(v) for k, v in presence(true, bag).items()})
     if rec.labels is not None and "labels" in ref:
         from veil.attacks.labels import label_accuracy
 

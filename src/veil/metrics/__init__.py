@@ -3,7 +3,9 @@
 Images (`veil.metrics.image`): MSE, PSNR, SSIM (Wang et al. 2004), FFT2D (MJP: cosine similarity
 of 2-D FFT magnitude spectra); LPIPS is unavailable offline. Text (`veil.metrics.text`):
 ROUGE-1/2/L (Lin 2004), sacreBLEU (Papineni et al. 2002; Post 2018), Google-BLEU (Wu et al. 2016),
-token accuracy, position-aware token recovery, bag-of-tokens presence P/R/F1, exact recovery.
+token accuracy, position-aware token recovery, bag-of-tokens presence P/R/F1, exact recovery, the
+words as a pooled multiset (bag recall/precision), and the tokens a shuffling defense left
+outside its shuffle at their positions (unshuffled recovery, with the count of moved tokens).
 Batches are paired with Hungarian matching (`veil.metrics.matching`) before scoring.
 
 `METRIC_KEYS` lists every stable key a metrics record may carry (``seconds`` is the attack's
@@ -27,6 +29,7 @@ from veil.metrics.matching import MetricInputError, hungarian_match, order_from_
 from veil.metrics.text import (
     PRESENCE_KEYS,
     TEXT_KEYS,
+    bag_scores,
     exact_recovery,
     google_bleu,
     pairwise_rouge_l,
@@ -56,6 +59,10 @@ METRIC_KEYS: tuple[str, ...] = (
     "presence_recall",
     "presence_f1",
     "exact_recovery",
+    "bag_recall",
+    "bag_precision",
+    "unshuffled_recovery",
+    "moved_tokens",
     "seconds",
 )
 
@@ -84,6 +91,7 @@ __all__ = [
     "token_recovery",
     "presence",
     "exact_recovery",
+    "bag_scores",
     "pairwise_rouge_l",
     "pairwise_token_accuracy",
     "text_report",
