@@ -1,7 +1,8 @@
 """Leakage metrics: how close an attack's reconstruction is to the private inputs.
 
 Images (`veil.metrics.image`): MSE, PSNR, SSIM (Wang et al. 2004), FFT2D (MJP: cosine similarity
-of 2-D FFT magnitude spectra); LPIPS is unavailable offline. Text (`veil.metrics.text`):
+of 2-D FFT magnitude spectra); LPIPS is unavailable offline. Text (`veil.metrics.text`,
+`veil.metrics.text_leak`):
 ROUGE-1/2/L (Lin 2004), sacreBLEU (Papineni et al. 2002; Post 2018), Google-BLEU (Wu et al. 2016),
 token accuracy, position-aware token recovery, bag-of-tokens presence P/R/F1, exact recovery, the
 words as a pooled multiset (bag recall/precision), and the tokens a shuffling defense left
@@ -29,7 +30,6 @@ from veil.metrics.matching import MetricInputError, hungarian_match, order_from_
 from veil.metrics.text import (
     PRESENCE_KEYS,
     TEXT_KEYS,
-    bag_scores,
     exact_recovery,
     google_bleu,
     pairwise_rouge_l,
@@ -42,6 +42,7 @@ from veil.metrics.text import (
     token_accuracy,
     token_recovery,
 )
+from veil.metrics.text_leak import bag_scores, moved_tokens, unshuffled_recovery
 
 METRIC_KEYS: tuple[str, ...] = (
     "mse",
@@ -92,6 +93,8 @@ __all__ = [
     "presence",
     "exact_recovery",
     "bag_scores",
+    "unshuffled_recovery",
+    "moved_tokens",
     "pairwise_rouge_l",
     "pairwise_token_accuracy",
     "text_report",
