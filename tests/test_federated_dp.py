@@ -151,3 +151,24 @@ def test_killed_dp_run_resumes_to_the_same_weights_clip_and_epsilon(tmp_path: Pa
     keys = ("round", "dp_clip", "dp_epsilon", "test_accuracy")
     assert [{k: e[k] for k in keys} for e in rounds_cut] == [{k: e[k] for k in keys} for e in rounds_full]
     assert len({e["dp_clip"] for e in rounds_full}) == 3  # the clip did move every round
+
+
+@pytest.mark.slow
+def test_ray_simulation_runs_client_side_dp_like_the_inline_grid(tmp_path: Path) -> None:
+    """Flower's simulation engine (Ray): the clipping mod runs in the client processes, and with
+    seeded secrets and noise the run ends on the inline grid's weights and epsilons."""
+    import os
+    import subprocess
+    import sys
+
+    dp = ["federated.dp=client-fixed", "federated.dp_noise=0.7", "federated.dp_clip=0.05"]
+    _, inline, rounds_inline = run(tmp_path, "inline", *dp)
+    args = [str(tmp_path / "fed.yaml"), *TINY, *dp, "federated.backend=ray", "federated.timeout=120", "--out", str(tmp_path / "ray"), "--quiet"]
+    done = subprocess.run([sys.executable, "-m", "veil.cli", "federate", *args], env={**os.environ, "FLWR_TELEMETRY_ENABLED": "0"},
+                          capture_output=True, text=True, timeout=900)
+    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
+    ray = load_file(str(tmp_path / "ray" / "checkpoints" / "model.safetensors"))
+    events = [json.loads(x) for x in (tmp_path / "ray" / "metrics.jsonl").read_text().splitlines()]
+    assert torch.equal(flat(ray), flat(inline))
+    assert [e["dp_epsilon"] for e in events if e["event"] == "round"] == [e["dp_epsilon"] for e in rounds_inline]
+    assert json.loads((tmp_path / "ray" / "summary.json").read_text())["dp"]["epsilon"] > 0
