@@ -172,3 +172,18 @@ def test_ray_simulation_runs_client_side_dp_like_the_inline_grid(tmp_path: Path)
     assert torch.equal(flat(ray), flat(inline))
     assert [e["dp_epsilon"] for e in events if e["event"] == "round"] == [e["dp_epsilon"] for e in rounds_inline]
     assert json.loads((tmp_path / "ray" / "summary.json").read_text())["dp"]["epsilon"] > 0
+
+
+def test_adaptive_epsilon_accounts_the_noisy_count_at_sensitivity_one(tmp_path: Path) -> None:
+    """z = 0.5, count std s = 1: update noise z_D = (z^-2 - (2s)^-2)^-1/2 (Flower) and the count
+    noise s compose to (z_D^-2 + s^-2)^-1/2 = (4 + 0.75)^-1/2 = 0.4588, below z."""
+    from veil.federated import dp
+
+    fed = spec(tmp_path, "federated.dp=client-adaptive", "federated.dp_noise=0.5", "federated.dp_count_std=1.0").fed
+    z_d = (0.5 ** -2 - 2.0 ** -2) ** -0.5
+    assert dp.accounted_noise(fed) == pytest.approx((z_d ** -2 + 1.0) ** -0.5, rel=1e-12) == pytest.approx(4.75 ** -0.5)
+    acc = RDPAccountant()
+    acc.history = [(4.75 ** -0.5, 1.0, 3)]
+    fixed = spec(tmp_path, "federated.dp=client-fixed", "federated.dp_noise=0.5").fed
+    assert dp.epsilon(fed, 3) == pytest.approx(acc.get_epsilon(0.5), rel=1e-9)
+    assert dp.epsilon(fed, 3) > dp.epsilon(fixed, 3)

@@ -17,8 +17,9 @@ when every update is clipped); `_Andrew` counts the unclipped ones, as the paper
 whose k sampled clients did not all reply releases nothing (`_AllOrNothing`; Flower only warns).
 
 Accounting: Opacus's RDP accountant of the sub-sampled Gaussian mechanism, one step per round,
-sample rate q = k / N (k = ceil(N * fraction) clients of N), noise multiplier z; epsilon at
-``dp_delta`` (0: delta = 1 / N). Every round counts, whether it released an update or not.
+sample rate q = k / N (k = ceil(N * fraction) clients of N), noise multiplier z (adaptive: a
+smaller one, `accounted_noise`: Flower's noisy count has sensitivity 1, not the 1/2 its z_Delta
+assumes); epsilon at ``dp_delta`` (0: delta = 1 / N). Every round counts, released or not.
 
 What it protects, and what not (read before quoting an epsilon): the guarantee is client-level
 DP of the *global models the server releases*, against the clients and anyone who sees a model.
@@ -162,6 +163,20 @@ def delta(fed: Any) -> float:
     return fed.dp_delta or 1.0 / fed.clients
 
 
+def accounted_noise(fed: Any) -> float:
+    """The noise multiplier the accountant composes per round.
+
+    Fixed clipping: z. Adaptive: the update noise z_Delta = (z^-2 - (2 s)^-2)^(-1/2) (Flower) and
+    the count noise s (``dp_count_std``, default k / 20) compose to a Gaussian mechanism with
+    (z_Delta^-2 + s^-2)^(-1/2) = (z^-2 + 3 / (4 s^2))^(-1/2): Flower counts 0/1 indicators, whose
+    sum moves by 1 when a client is added, not by the 1/2 of Andrew et al.'s centred indicators
+    that its z_Delta assumes; so the pair costs more than z alone."""
+    if not fed.dp.endswith("adaptive") or fed.dp_noise == 0:
+        return fed.dp_noise
+    s = fed.dp_count_std or sampled_clients(fed.clients, fed.fraction) / 20
+    return (fed.dp_noise ** -2 + 3 / (4 * s * s)) ** -0.5
+
+
 def epsilon(fed: Any, rounds: int) -> float | None:
     """Epsilon after `rounds` rounds at `delta(fed)`; None when the noise is 0 (no guarantee)."""
     from opacus.accountants import RDPAccountant
@@ -169,7 +184,7 @@ def epsilon(fed: Any, rounds: int) -> float | None:
     if fed.dp_noise == 0:
         return None
     acc = RDPAccountant()
-    acc.history = [(fed.dp_noise, sampled_clients(fed.clients, fed.fraction) / fed.clients, rounds)]
+    acc.history = [(accounted_noise(fed), sampled_clients(fed.clients, fed.fraction) / fed.clients, rounds)]
     return float(acc.get_epsilon(delta(fed)))
 
 
@@ -205,7 +220,8 @@ def summary(fed: Any, rounds: int) -> dict[str, Any]:
     if fed.dp == "none":
         return {"kind": "none"}
     k = sampled_clients(fed.clients, fed.fraction)
-    return {"kind": fed.dp, "noise_multiplier": fed.dp_noise, "clip": fed.dp_clip, "sampled_clients": k,
+    return {"kind": fed.dp, "noise_multiplier": fed.dp_noise, "accounted_noise_multiplier": accounted_noise(fed), "clip": fed.dp_clip,
+            "sampled_clients": k,
             "sample_rate": k / fed.clients, "rounds": rounds, "delta": delta(fed), "epsilon": epsilon(fed, rounds),
             "accountant": "opacus RDP, sub-sampled Gaussian, one step per round",
             "unit": "client (add/remove one client's data)",
