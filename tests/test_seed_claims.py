@@ -67,3 +67,13 @@ def test_image_verdict_rule(claims: ModuleType) -> None:
     assert claims.image_verdict(97.0, 11.52) == "refuted"
     assert claims.image_verdict(13.0, 11.52) == "confirmed"
     assert claims.image_verdict(20.0, 11.52) == "partly"
+
+
+def test_mjp_text_reads_the_adaptive_text_cache(claims: ModuleType) -> None:
+    (claims.RUNS / "adaptive_text").mkdir(parents=True)
+    figs = lambda r, b, t: {"rouge1": r, "bag_recall": b, "token_recovery": t, "unshuffled_recovery": 1.0}  # noqa: E731
+    (claims.RUNS / "adaptive_text" / "init_span_16.json").write_text(json.dumps(figs(0.67, 0.5, 0.48)))
+    (claims.RUNS / "adaptive_text" / "init_span-mjp_16.json").write_text(json.dumps(figs(1.0, 1.0, 0.82)))
+    row = claims.mjp_text(None)
+    assert "span, init: ROUGE-1 0.67" in row["naive"] and "`span-mjp`, init: ROUGE-1 1.00" in row["adaptive"]
+    assert row["verdict"] == "refuted"
