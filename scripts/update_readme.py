@@ -45,7 +45,7 @@ def headline(summary: dict) -> str:
         parts = []
         for d, u in t["utility"].items():
             wc = t.get("worst_case", {}).get(d)
-            leak = f"; worst case {describe(wc)}" if wc else ""
+            leak = f"; worst case {describe(wc, 3, ('token_recovery', 'psnr'))}" if wc else ""
             parts.append(f"**{d}**: accuracy {u['test_accuracy_mean']:.3f}{leak}")
         lines.append(f"- `{name}` ({t['model']} on {t['data']}) — " + " · ".join(parts))
     return "\n".join(lines)

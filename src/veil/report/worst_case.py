@@ -73,15 +73,15 @@ def worst_case(leakage: dict[str, dict[str, Any]], knows: dict[str, str], blocke
     return out
 
 
-def leak_text(wc: dict[str, Any], digits: int = 3) -> str:
-    """The winner's leakage in words: rouge1 0.960 (bag of words); token_recovery 0.990."""
+def leak_text(wc: dict[str, Any], digits: int = 3, keep: tuple[str, ...] | None = None) -> str:
+    """The winner's leakage in words: rouge1 0.960 (bag of words); token_recovery 0.990 (`keep`: only those beside)."""
     fmt = lambda v: "inf" if v == float("inf") else f"{v:.{digits}f}" if abs(v) < 1000 else f"{v:.0f}"  # noqa: E731
-    beside = ", ".join(f"{k} {fmt(float(v))}" for k, v in wc["beside"].items())
+    beside = ", ".join(f"{k} {fmt(float(v))}" for k, v in wc["beside"].items() if keep is None or k in keep)
     return f"{wc['metric']} {fmt(float(wc['value']))} ({wc['region']})" + (f"; {beside}" if beside else "")
 
 
-def describe(wc: dict[str, Any], digits: int = 3) -> str:
+def describe(wc: dict[str, Any], digits: int = 3, keep: tuple[str, ...] | None = None) -> str:
     """One line: `span-mjp`: rouge1 0.960 (bag of words); token_recovery 0.990."""
     if wc.get("attack") is None:
         return "no attack measured leakage"
-    return f"`{wc['attack']}`: {leak_text(wc, digits)}"
+    return f"`{wc['attack']}`: {leak_text(wc, digits, keep)}"
