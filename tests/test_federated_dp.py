@@ -111,7 +111,7 @@ def test_a_round_missing_a_client_releases_nothing(tmp_path: Path) -> None:
 
 
 @pytest.mark.parametrize("override,match", [
-    ("federated.dp=local", "federated.dp must be one of none, client-fixed"),
+    ("federated.dp=gaussian", "federated.dp must be one of none, client-fixed"),
     ("federated.dp_noise=0.5", "federated.dp_noise is set but federated.dp is none"),
     ("federated.dp=client-fixed federated.dp_noise=-1", "federated.dp_noise must be a noise multiplier >= 0"),
     ("federated.dp=server-fixed federated.dp_clip=0", "federated.dp_clip must be a clipping norm > 0"),
@@ -187,3 +187,35 @@ def test_adaptive_epsilon_accounts_the_noisy_count_at_sensitivity_one(tmp_path: 
     fixed = spec(tmp_path, "federated.dp=client-fixed", "federated.dp_noise=0.5").fed
     assert dp.epsilon(fed, 3) == pytest.approx(acc.get_epsilon(0.5), rel=1e-9)
     assert dp.epsilon(fed, 3) > dp.epsilon(fixed, 3)
+
+
+def test_local_dp_noises_each_update_with_std_2zC(tmp_path: Path) -> None:
+    """`local`: each client adds N(0, (2 z C)^2) to its clipped update; the global model is the
+    mean of two, so its noise std is 2 z C / sqrt(2). Epsilon: RDP at q = 1 even when fraction < 1."""
+    _, plain, _ = run(tmp_path, "none", "federated.rounds=1")
+    s, dp, rounds = run(tmp_path, "dp", "federated.rounds=1", "federated.dp=local", "federated.dp_noise=0.01", "federated.dp_clip=10")
+    noise = flat(dp) - flat(plain)
+    assert abs(float(noise.std()) / (2 * 0.01 * 10 / math.sqrt(2)) - 1) < 0.1, float(noise.std())
+    acc = RDPAccountant()
+    acc.history = [(0.01, 1.0, 1)]
+    assert rounds[0]["dp_epsilon"] == pytest.approx(acc.get_epsilon(0.5), rel=1e-12) == s["dp"]["epsilon"]
+    half = spec(tmp_path, "federated.dp=local", "federated.dp_noise=2.0", "federated.fraction=0.5").fed
+    from veil.federated import dp as fdp
+
+    acc.history = [(2.0, 1.0, 5)]
+    assert fdp.sample_rate(half) == 1.0 and fdp.epsilon(half, 5) == pytest.approx(acc.get_epsilon(0.5), rel=1e-12)
+
+
+def test_local_dp_noise_follows_the_client_secret(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Seeded: two runs add the same noise (and so could a server that knows the seed). Random:
+    the noise is not the seeded one, and a new client process (a fresh process secret) draws new noise."""
+    from veil.federated import client_secret
+
+    dp = ["federated.rounds=1", "federated.dp=local", "federated.dp_noise=0.5", "federated.dp_clip=0.1"]
+    _, s1, _ = run(tmp_path, "s1", *dp, "federated.secret=seeded")
+    _, s2, _ = run(tmp_path, "s2", *dp, "federated.secret=seeded")
+    _, r1, _ = run(tmp_path, "r1", *dp, "federated.secret=random")
+    monkeypatch.setattr(client_secret, "_process_secret", None)  # as in a new client process
+    _, r2, _ = run(tmp_path, "r2", *dp, "federated.secret=random")
+    assert torch.equal(flat(s1), flat(s2))
+    assert not torch.equal(flat(r1), flat(s1)) and not torch.equal(flat(r1), flat(r2))

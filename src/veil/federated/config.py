@@ -22,8 +22,10 @@
       secret: random         # random: clients seed their noise / shuffles from a secret the server never
                              # sees; seeded: from the run seed (exact reruns; the server can regenerate them)
       dp: none               # client-level DP (veil/federated/dp.py): none | client-fixed | client-adaptive |
-                             # server-fixed | server-adaptive (Flower's DP wrappers; where the update is clipped)
-      dp_noise: 1.0          # noise multiplier z: the server adds N(0, (z C / k)^2) to the mean of k clipped updates
+                             # server-fixed | server-adaptive (central: the server adds the noise; where the update
+                             # is clipped) | local (each client clips and noises its own update)
+      dp_noise: 1.0          # noise multiplier z: central, N(0, (z C / k)^2) on the mean of k clipped updates;
+                             # local, N(0, (2 z C)^2) on each clipped update
       dp_clip: 1.0           # clipping norm C of a client's update (adaptive: the initial one)
       dp_delta: 0.0          # delta of the reported epsilon (0: 1 / clients)
       dp_quantile: 0.5       # adaptive: target fraction of updates under the clip

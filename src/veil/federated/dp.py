@@ -1,5 +1,6 @@
 """Client-level differential privacy for `veil federate`: Flower's DP strategy wrappers and client
-mods, configured from ``federated.dp*``, with the privacy accounting Flower leaves out.
+mods (central DP) and its local DP mod, configured from ``federated.dp*``, with the privacy
+accounting Flower leaves out.
 
 Mechanism (DP-FedAvg, McMahan et al., ICLR 2018, "Learning Differentially Private Recurrent
 Language Models", Alg. 1 with the flat clip): each sampled client's update Delta_k = w_k - w is
@@ -21,7 +22,13 @@ sample rate q = k / N (k = ceil(N * fraction) clients of N), noise multiplier z 
 smaller one, `accounted_noise`: Flower's noisy count has sensitivity 1, not the 1/2 its z_Delta
 assumes); epsilon at ``dp_delta`` (0: delta = 1 / N). Every round counts, released or not.
 
-What it protects, and what not (read before quoting an epsilon): the guarantee is client-level
+Local DP (``local``, `flwr.clientapp.mod.LocalDpMod`): each client clips its own update to C and
+adds N(0, (2 z C)^2) before sending it, z the noise multiplier at sensitivity 2C (two clipped
+updates differ by at most 2C); the noise is seeded from the client's secret. Against the server
+this is a Gaussian mechanism per round with no amplification (the server knows whom it sampled):
+RDP at q = 1, every round counted for every client (an upper bound when fraction < 1).
+
+What the central variants protect, and what not (read before quoting an epsilon): client-level
 DP of the *global models the server releases*, against the clients and anyone who sees a model.
 The server adds the noise, so it sees each update un-noised: clipped by the client (client-*) or
 raw (server-*). Against the curious server that veil's auditor plays, central DP gives nothing;
@@ -38,11 +45,11 @@ import json
 import math
 import os
 from pathlib import Path
-from typing import Any, Iterable
+from typing import Any, Callable, Iterable
 
 import numpy as np
 from flwr.app import ArrayRecord, Context, Message, MetricRecord
-from flwr.clientapp.mod import adaptiveclipping_mod, fixedclipping_mod
+from flwr.clientapp.mod import LocalDpMod, adaptiveclipping_mod, fixedclipping_mod
 from flwr.clientapp.typing import ClientAppCallable
 from flwr.serverapp.strategy import (
     DifferentialPrivacyClientSideAdaptiveClipping,
@@ -54,7 +61,7 @@ from flwr.serverapp.strategy import (
 
 from veil.errors import VeilError
 
-KINDS = ("none", "client-fixed", "client-adaptive", "server-fixed", "server-adaptive")
+KINDS = ("none", "client-fixed", "client-adaptive", "server-fixed", "server-adaptive", "local")
 WEIGHT_KEY = "dp-weight"  # the unit weight each reply carries under DP: uniform aggregation
 
 
@@ -131,7 +138,7 @@ class ServerAdaptive(_Andrew, DifferentialPrivacyServerSideAdaptiveClipping):
 
 def wrap_strategy(inner: Strategy, fed: Any) -> Strategy:
     """`inner` (FedAvg / FedProx weighted by `WEIGHT_KEY`) behind the DP wrapper `fed.dp` names."""
-    if fed.dp == "none":
+    if fed.dp in ("none", "local"):
         return inner
     k = sampled_clients(fed.clients, fed.fraction)
     if fed.dp.endswith("fixed"):
@@ -146,12 +153,34 @@ def clipping_mod(msg: Message, ctx: Context, call_next: ClientAppCallable) -> Me
     client-side clipping, a pass-through otherwise."""
     from veil.federated.task import spec_from_text
 
-    kind = spec_from_text(str(msg.content["config"]["spec"])).fed.dp
+    spec = spec_from_text(str(msg.content["config"]["spec"]))
+    kind = spec.fed.dp
     if kind == "client-fixed":
         return fixedclipping_mod(msg, ctx, call_next)
     if kind == "client-adaptive":
         return adaptiveclipping_mod(msg, ctx, call_next)
+    if kind == "local":
+        return local_mod(spec.fed, spec.cfg.train.seed)(msg, ctx, call_next)
     return call_next(msg, ctx)
+
+
+def local_mod(fed: Any, seed: int) -> Callable[[Message, Context, ClientAppCallable], Message]:
+    """Flower's `LocalDpMod` with sensitivity 2C and noise std 2 z C, its numpy noise seeded from
+    this (round, client)'s secret (`veil.federated.client_secret`; the server cannot regenerate it
+    unless ``secret: seeded``). LocalDpMod takes (epsilon, delta) of the classical Gaussian
+    mechanism, std = sensitivity sqrt(2 ln(1.25 / delta)) / epsilon: they are set to give 2 z C."""
+    from veil.federated.client_secret import derive, round_secret
+
+    cal_delta = 1e-5
+    eps = math.sqrt(2 * math.log(1.25 / cal_delta)) / fed.dp_noise if fed.dp_noise > 0 else math.inf
+    dp_mod = LocalDpMod(fed.dp_clip, 2 * fed.dp_clip, eps, cal_delta)
+
+    def mod(msg: Message, ctx: Context, call_next: ClientAppCallable) -> Message:
+        rnd, pid = int(msg.content["config"]["server-round"]), int(ctx.node_config.get("partition-id", 0))
+        np.random.seed(np.random.SeedSequence(derive(round_secret(fed.secret, seed, rnd, pid), 1)).generate_state(4))
+        return dp_mod(msg, ctx, call_next)
+
+    return mod
 
 
 def reply_metrics(fed: Any) -> dict[str, int]:
@@ -172,7 +201,7 @@ def accounted_noise(fed: Any) -> float:
     sum moves by 1 when a client is added, not by the 1/2 of Andrew et al.'s centred indicators
     that its z_Delta assumes; so the pair costs more than z alone."""
     if not fed.dp.endswith("adaptive") or fed.dp_noise == 0:
-        return fed.dp_noise
+        return fed.dp_noise  # local: z of the Gaussian mechanism at sensitivity 2C
     s = fed.dp_count_std or sampled_clients(fed.clients, fed.fraction) / 20
     return (fed.dp_noise ** -2 + 3 / (4 * s * s)) ** -0.5
 
@@ -184,13 +213,18 @@ def epsilon(fed: Any, rounds: int) -> float | None:
     if fed.dp_noise == 0:
         return None
     acc = RDPAccountant()
-    acc.history = [(accounted_noise(fed), sampled_clients(fed.clients, fed.fraction) / fed.clients, rounds)]
+    acc.history = [(accounted_noise(fed), sample_rate(fed), rounds)]
     return float(acc.get_epsilon(delta(fed)))
+
+
+def sample_rate(fed: Any) -> float:
+    """q of the accountant: k / N; 1 for local DP (the server knows whom it sampled)."""
+    return 1.0 if fed.dp == "local" else sampled_clients(fed.clients, fed.fraction) / fed.clients
 
 
 def seed_noise(fed: Any, seed: int, rnd: int) -> None:
     """Seed numpy's global RNG, which Flower's DP wrappers draw from, for round `rnd`."""
-    if fed.dp == "none":
+    if fed.dp in ("none", "local"):
         return
     if fed.secret == "seeded":
         np.random.seed((seed * 1_000_003 + rnd * 10_007 + 977) % 2**32)
@@ -202,6 +236,8 @@ def round_fields(fed: Any, strategy: Strategy, rnd: int) -> dict[str, Any]:
     """The DP fields of round `rnd`'s metrics event: epsilon so far and the clip for the next round."""
     if fed.dp == "none":
         return {}
+    if fed.dp == "local":
+        return {"dp_epsilon": epsilon(fed, rnd), "dp_delta": delta(fed), "dp_clip": fed.dp_clip, "dp_released": True}
     return {"dp_epsilon": epsilon(fed, rnd), "dp_delta": delta(fed), "dp_clip": float(strategy.clipping_norm),
             "dp_released": bool(getattr(strategy, "released", False))}
 
@@ -219,13 +255,14 @@ def summary(fed: Any, rounds: int) -> dict[str, Any]:
     """summary.json's ``dp`` entry."""
     if fed.dp == "none":
         return {"kind": "none"}
-    k = sampled_clients(fed.clients, fed.fraction)
+    local = fed.dp == "local"
     return {"kind": fed.dp, "noise_multiplier": fed.dp_noise, "accounted_noise_multiplier": accounted_noise(fed), "clip": fed.dp_clip,
-            "sampled_clients": k,
-            "sample_rate": k / fed.clients, "rounds": rounds, "delta": delta(fed), "epsilon": epsilon(fed, rounds),
-            "accountant": "opacus RDP, sub-sampled Gaussian, one step per round",
-            "unit": "client (add/remove one client's data)",
-            "protects": "the released global models, against clients and third parties; not against the server, "
+            "sampled_clients": sampled_clients(fed.clients, fed.fraction), "sample_rate": sample_rate(fed), "rounds": rounds,
+            "delta": delta(fed), "epsilon": epsilon(fed, rounds),
+            "accountant": "opacus RDP, sub-sampled Gaussian, one step per round" + (" (every round counted for every client)" if local else ""),
+            "unit": "client (replace one client's data: sensitivity 2C)" if local else "client (add/remove one client's data)",
+            "protects": "each client's updates, against the server and everyone else" if local else
+                        "the released global models, against clients and third parties; not against the server, "
                         "which sees every update before its noise",
             "noise_seed": "run seed (reproducible; not private against whoever holds the config)" if fed.secret == "seeded"
-                          else "OS entropy per round"}
+                          else ("each client's secret" if local else "OS entropy per round")}
