@@ -173,3 +173,16 @@ def test_unknown_key_and_empty_trainable_and_unscheduled_target() -> None:
     d = DPSGD(target_epsilon=3.0).attach(model)
     with pytest.raises(VeilError, match="needs the training schedule"):
         client_step(model, b, [d])
+
+
+def test_the_report_states_epsilon() -> None:
+    from pathlib import Path
+
+    from veil.report.render import task_blocks
+
+    priv = {"epsilon": 7.99, "delta": 1 / 8000, "accountant": "rdp", "noise_multiplier": 0.72, "sample_rate": 0.064, "steps": 80, "mode": "ghost"}
+    t = {"model": "m", "data": "d", "protocol": "single-step", "dropout": 0.0, "knowledge": {}, "samples": 1,
+         "utility": {"dpsgd": {"test_accuracy_mean": 0.8, "test_accuracy_std": 0.0, "privacy": priv}},
+         "leakage": {}, "skipped": {}, "blocked": {}, "overhead": {}, "step_seconds": {}, "attacker_knows": {}, "worst_case": {}}
+    text = " ".join(b[1] for b in task_blocks("x", t, Path(".")) if b[0] == "p")
+    assert "Privacy of `dpsgd`: epsilon = 7.99 at delta = 0.000125 (rdp accountant, noise multiplier 0.720" in text

@@ -58,6 +58,12 @@ def task_blocks(name: str, t: dict[str, Any], out: Path) -> list[Block]:
     blocks += worst_case_blocks(t)
     blocks.append(("h3", "Utility and cost"))
     blocks.append(("table", ["defense", "test accuracy (mean ± std over seeds)", "perplexity", "step time vs none", "step s"], rows))
+    for d, u in t["utility"].items():
+        if u.get("privacy"):
+            pv = u["privacy"]
+            blocks.append(("p", f"Privacy of `{d}`: epsilon = {pv['epsilon']} at delta = {pv['delta']:.3g} ({pv['accountant']} accountant, "
+                                f"noise multiplier {pv['noise_multiplier']:.3f}, sample rate {pv['sample_rate']:.4g}, {pv['steps']} steps, "
+                                f"per-sample gradients: {pv['mode']})."))
     blocks.append(("h3", "Every attack (defense × attack, naive and adaptive)"))
     metrics = [m for m in SHOWN if any(m in cell for att in t["leakage"].values() for cell in att.values())]
     rows = [[d, a, *[fmt(cell.get(m, "—")) for m in metrics]] for d, att in t["leakage"].items() for a, cell in att.items()]

@@ -1,7 +1,8 @@
 """The audit's numbers with stable keys; report.md and report.html are rendered from this alone.
 
 summary["tasks"][task]:
-  utility[defense]          test_accuracy_mean / _std / values (+ test_perplexity_* for LMs)
+  utility[defense]          test_accuracy_mean / _std / values (+ test_perplexity_* for LMs;
+                            + privacy: DP-SGD's epsilon, delta, noise multiplier, mode, accountant)
   leakage[defense][attack]  every metric, mean over seeds (each cell already averages samples)
   skipped[attack]           why an attack did not apply (to the model: decided before training)
   blocked[defense][attack]  why an attack could not run on a defended update (e.g. AEGIS froze
@@ -53,6 +54,9 @@ def build_summary(s: Scenario, out: Path, cells: list[Any], utility: dict[str, A
                     m, sd = _mean_std(vals)
                     u.update({f"{key}_mean": m, f"{key}_std": sd, f"{key}_values": vals})
             u["train_seconds_mean"] = statistics.fmean(r["train_seconds"] for r in runs)
+            privacy = [r["privacy"] for r in runs if r.get("privacy")]
+            if privacy:  # DP-SGD: the accountant's epsilon (the largest over seeds) at delta
+                u["privacy"] = max(privacy, key=lambda p: float(p["epsilon"]) if p.get("epsilon") is not None else -1.0)
             t["utility"][d] = u
         by_cell: dict[tuple[str, str], list[dict[str, float]]] = {}
         for c in cells:
