@@ -24,10 +24,17 @@ so the exported update holds (Eq. 2-3 with DAL, Eq. 4):
    update (norm clipping) shows as dL/dg = c * (DAL's dL/dg): c is fitted and divided out.
 3. Structured closed form (APRIL's solve with the masked rows filled by their mean): G_M ~ 1 S/m,
    S = dL/dE_unk, then X~ = pinv(G^T) dL/dW. Exact when m <= 1; otherwise a start for 4.
+   3b (`masked_span`, when m < P): with Q spanning the complement of the known rows G_U in R^D,
+   Q^T dL/dW = Q^T G_M^T X~_M has rank m and the row space of X~_M, V (m x P); so
+   X_U (I - V^T V) = pinv(G_U^T) dL/dW (I - V^T V) exactly, and only X_U V^T and X~_M = C V
+   (u x m + m x m numbers) stay unknown.
 4. Gradient matching on a float64 copy of the model with E_unk at the masked slots (the client's
-   forward, less the order among the masked slots, which the output does not depend on):
-   min_X  sum_l ||dL(X)/dθ_l - g_l||^2 / ||g_l||^2  over every exported tensor (DAL's parts removed),
-   L-BFGS with strong Wolfe line search. Recovers the unmasked patches at their slots and the
+   forward, less the order among the masked slots, which the output does not depend on). With
+   G(X) = dL/dZ of the copy at slot patches X, the residual of the input layers
+       r(X) = [ G(X)_U - G_U ,  sum_{j in M} G(X)_j - S ,  G(X)^T X - dL/dW ]   (each block / its norm)
+   is driven to zero by Levenberg-Marquardt (forward-difference Jacobian, all perturbations in
+   batched passes) when X has at most `lm_max` entries (vit-digits: 64), else by L-BFGS on
+   ||r||^2 over the unknowns 3b leaves. Recovers the unmasked patches at their slots and the
    masked patches as a set.
 5. Placement of the masked set among the masked slots by an edge-continuity jigsaw prior
    (`veil.attacks.jigsaw_solver`): the hidden order is the only thing MJP keeps.
@@ -37,21 +44,22 @@ attack is exact APRIL; (b) scored against the shuffled input, (c) against the or
 reconstruction is the same in (b) and (c): the attacker cannot know the shuffle. The harness
 scores what leaks in every setting: `psnr_unshuffled` (unmasked patches), `psnr_masked_set`.
 
-Options: iterations (L-BFGS steps, 0 = closed form only; default 200), layers ("all" exported
-tensors or "input": patch embedding, positions, E_unk), place ("solver" or "slots": the masked
-patches in the order the matching left them), rcond, clamp, seed (symmetry-breaking noise).
+Options: iterations (LM / L-BFGS iterations, 0 = closed form only; default 200), solver ("auto",
+"lm", "lbfgs"), lm_max (1024), place ("solver" or "slots": the masked patches in the order the
+matching left them), rcond, clamp, seed (symmetry-breaking noise on the start).
 DRL (sampled pairs) cannot be replayed: with aux=drl the position rows are left out of the match.
 """
 from __future__ import annotations
 
 import copy
+from dataclasses import dataclass
 from typing import Any, Callable
 
 import torch
 from torch import Tensor
 
 from veil.attacks import ATTACKS
-from veil.attacks.analytic_vit import April, patch_geometry, weight_as_matrix
+from veil.attacks.analytic_vit import April, patch_geometry, position_rows, weight_as_matrix
 from veil.attacks.base import Knowledge, Observation, Reconstruction
 from veil.attacks.jigsaw_solver import place
 from veil.attacks.labels import recover_labels
@@ -59,7 +67,7 @@ from veil.errors import VeilError
 from veil.models.base import VeilModel
 from veil.models.vit import unpatchify
 
-DEFAULTS: dict[str, Any] = {"iterations": 200, "solver": "auto", "lm_max": 1024, "layers": "input", "weighting": "relative", "place": "solver", "rcond": 1e-7, "clamp": True, "seed": 0}
+DEFAULTS: dict[str, Any] = {"iterations": 200, "solver": "auto", "lm_max": 1024, "place": "solver", "rcond": 1e-7, "clamp": True, "seed": 0}
 
 
 class Twin:
@@ -91,11 +99,11 @@ class Twin:
         batch = {"pixels": pixels, "labels": label}
         return self.model.loss(self.model(batch), batch)
 
-    def rows(self, X: Tensor, label: Tensor, geom: tuple[int, int, int]) -> Tensor:
+    def rows(self, X: Tensor, label: Tensor, geom: tuple[int, int, int], create_graph: bool = False) -> Tensor:
         """(B, N, D) dL/dZ of each of B candidate slot-patch matrices X (B, N, P), one batched pass."""
         B = X.shape[0]
         loss = self.loss(unpatchify(X, *geom), label.expand(B)) * B  # the sum of the per-image losses
-        return torch.autograd.grad(loss, self.tok)[0]
+        return torch.autograd.grad(loss, self.tok, create_graph=create_graph)[0]
 
     def dal(self, masked: Tensor, mech: dict[str, Any]) -> dict[str, Tensor]:
         """DAL's gradient (batch 1, unmasked slots weighted aux_lambda / count) by parameter name."""
@@ -113,6 +121,31 @@ class Twin:
         return {self.name(p): g for p, g in zip(params, torch.autograd.grad(loss, params))}
 
 
+@dataclass
+class Problem:
+    """What step 4 matches: the cleaned input-layer gradients and the masks found in step 1."""
+
+    twin: Twin
+    G: Tensor  # (N, D) dL/dE_pos patch rows, DAL removed (masked rows 0)
+    dW: Tensor  # (D, P)
+    S: Tensor  # (D,) dL/dE_unk
+    masked: Tensor  # (N,) bool
+    label: Tensor
+    geom: tuple[int, int, int]
+    use_rows: bool  # False under DRL: its sampled term stays in the rows
+
+    def residual(self, X: Tensor, create_graph: bool = False) -> Tensor:
+        """(B, R) per candidate X (B, N, P): [G_U(X) - G_U, sum_M G(X) - S, G(X)^T X - dW], each block / its norm."""
+        Gx = self.twin.rows(X, self.label, self.geom, create_graph)
+        keep = ~self.masked
+        parts = [((torch.einsum("bnd,bnp->bdp", Gx, X) - self.dW) / self.dW.norm()).flatten(1)]
+        if self.use_rows:
+            parts.append(((Gx[:, keep] - self.G[keep]) / self.G[keep].norm()).flatten(1))
+        if bool(self.masked.any()):
+            parts.append((Gx[:, self.masked].sum(1) - self.S) / self.S.norm().clamp(min=1e-30))
+        return torch.cat(parts, 1)
+
+
 class AprilMJP(April):
     """APRIL with MJP's mechanism known: masked slots found, DAL removed, masked set matched, placed."""
 
@@ -127,32 +160,32 @@ class AprilMJP(April):
         model = obs.model
         p, chans, size = patch_geometry(model)
         mech = dict(know.defense.get("mjp") or {})
-        twin = Twin(model)
-        pos_name = twin.name(twin.model.position_table())
-        rows = obs.grads[pos_name].double().reshape(-1, obs.grads[pos_name].shape[-1])[1:]
+        rows = position_rows(obs).double()  # one-line errors when the update lacks these gradients
+        obs.grad(model.token_embedding())
         if rows.shape[0] != model.grid ** 2:
             raise VeilError(f"april-mjp: position gradient has {rows.shape[0]} patch rows, the model has {model.grid ** 2} patches")
+        solver, place_how = str(self.opt("solver")), str(self.opt("place"))
+        if solver not in ("auto", "lm", "lbfgs") or place_how not in ("solver", "slots"):
+            raise VeilError(f"april-mjp: solver must be 'auto', 'lm' or 'lbfgs' and place must be 'solver' or 'slots', got {solver!r}, {place_how!r}")
+        twin = Twin(model)
         masked = rows.abs().amax(-1) == 0  # step 1
         target, scale, dal = self._target(twin, obs, masked, mech)  # step 2
-        G = target[pos_name].reshape(-1, rows.shape[-1])[1:]
+        pos = target[twin.name(twin.model.position_table())]
+        G = pos.reshape(-1, pos.shape[-1])[1:]
         dW = weight_as_matrix(target[twin.name(twin.model.token_embedding().weight)])
         S = target.get("mjp.unk", torch.zeros(1, G.shape[1], dtype=G.dtype)).reshape(-1)
         X = structured_solve(G, masked, S, dW, float(self.opt("rcond")))  # step 3
         stats: dict[str, Any] = {"masked_found": int(masked.sum()), "dal_removed": bool(dal), "scale": scale, "iterations": 0}
         batch = int(know.batch_size or 1)
-        solver = str(self.opt("solver"))
-        if solver not in ("auto", "lm", "lbfgs"):
-            raise VeilError(f"april-mjp: solver must be 'auto', 'lm' or 'lbfgs', got {solver!r}")
-        if solver == "auto":
-            solver = "lm" if X.numel() <= int(self.opt("lm_max")) else "lbfgs"
         if int(self.opt("iterations")) > 0 and batch == 1:
-            match = self._lm if solver == "lm" else self._match
-            X, stats["match_loss"], stats["iterations"] = match(twin, obs, target, masked, self._start(X, masked), mech, (p, chans, size))
+            prob = Problem(twin, G, dW, S, masked, recover_labels(obs, 1), (p, chans, size), mech.get("aux") != "drl")
+            twin.masked = masked
+            if solver == "auto":
+                solver = "lm" if X.numel() <= int(self.opt("lm_max")) else "lbfgs"
+            X, stats["match_loss"], stats["iterations"] = (self._lm if solver == "lm" else self._lbfgs)(prob, self._start(X, masked))
             stats["solver"] = solver
-        if self.opt("place") == "solver":
+        if place_how == "solver":
             X = X[place(X.view(-1, chans, p, p), masked, tuple(model.grid_shape))]
-        elif self.opt("place") != "slots":
-            raise VeilError(f"april-mjp: place must be 'solver' or 'slots', got {self.opt('place')!r}")
         img = unpatchify(X.unsqueeze(0), p, chans, size).float()
         if self.opt("clamp"):
             img = img.clamp(0.0, 1.0)
@@ -172,42 +205,6 @@ class AprilMJP(April):
         out = {n: g / scale - dal.get(n, 0.0) for n, g in grads.items() if not n.startswith("mjp.loc")}
         return out, scale, dal
 
-    def _match(self, twin: Twin, obs: Observation, target: dict[str, Tensor], masked: Tensor, X0: Tensor,
-               mech: dict[str, Any], geom: tuple[int, int, int]) -> tuple[Tensor, float, int]:
-        """Step 4: L-BFGS on the slot patches so the twin's gradient equals the (cleaned) update."""
-        p, chans, size = geom
-        label = recover_labels(obs, 1)
-        twin.masked = masked
-        names = self._matched_names(twin, target, mech)
-        params = [dict(twin.model.named_parameters())[n] for n in names]
-        goal = [target[n] for n in names]
-        total = sum(float((t * t).sum()) for t in goal)
-        weights = [1.0 / float((t * t).sum()) if self.opt("weighting") == "relative" else 1.0 / total for t in goal]
-        x = X0.clone().requires_grad_(True)
-
-        def objective() -> Tensor:
-            g = torch.autograd.grad(twin.loss(unpatchify(x.unsqueeze(0), p, chans, size), label), params, create_graph=True,
-                                    allow_unused=True)
-            return sum(w * ((gi - t) ** 2).sum() if gi is not None else w * (t * t).sum() for gi, t, w in zip(g, goal, weights))
-
-        its = int(self.opt("iterations"))
-        lbfgs = torch.optim.LBFGS([x], lr=1.0, max_iter=its, max_eval=its * 5 // 4, history_size=50, tolerance_grad=1e-16,
-                                  tolerance_change=1e-20, line_search_fn="strong_wolfe")
-        evals = 0
-
-        def closure() -> Tensor:
-            nonlocal evals
-            lbfgs.zero_grad()
-            loss = objective()
-            loss.backward()
-            evals += 1
-            return loss
-
-        lbfgs.step(closure)
-        with torch.enable_grad():
-            final = float(objective().detach())
-        return x.detach(), final, evals
-
     def _start(self, X: Tensor, masked: Tensor) -> Tensor:
         """The closed form with seeded noise on the masked rows: they come out equal, a saddle of the match."""
         gen = torch.Generator().manual_seed(int(self.opt("seed")))
@@ -215,46 +212,59 @@ class AprilMJP(April):
         x[masked] += 0.05 * torch.randn(int(masked.sum()), x.shape[1], generator=gen, dtype=x.dtype)
         return x
 
-    def _lm(self, twin: Twin, obs: Observation, target: dict[str, Tensor], masked: Tensor, X0: Tensor,
-            mech: dict[str, Any], geom: tuple[int, int, int]) -> tuple[Tensor, float, int]:
-        """Step 4 for small inputs: Levenberg-Marquardt on the input layers' residual (below)."""
-        label = recover_labels(obs, 1)
-        twin.masked = masked
-        m = twin.model
-        pos = target[twin.name(m.position_table())]
-        G = pos.reshape(-1, pos.shape[-1])[1:]
-        dW = weight_as_matrix(target[twin.name(m.token_embedding().weight)])
-        S = target.get("mjp.unk", torch.zeros(1, G.shape[1], dtype=G.dtype)).reshape(-1)
-        use_rows = mech.get("aux") != "drl"
-
-        def residual(flat: Tensor) -> Tensor:
-            """Per candidate: [G_U(x) - G_U, sum_M G(x) - S, G(x)^T x - dW], each block scaled by its norm."""
-            X = flat.view(-1, *X0.shape)
-            Gx = twin.rows(X, label, geom)
-            parts = [((torch.einsum("bnd,bnp->bdp", Gx, X) - dW) / dW.norm()).flatten(1)]
-            if use_rows:
-                parts.append(((Gx[:, ~masked] - G[~masked]) / G[~masked].norm()).flatten(1))
-            if bool(masked.any()):
-                parts.append((Gx[:, masked].sum(1) - S) / S.norm().clamp(min=1e-30))
-            return torch.cat(parts, 1)
-
-        x, cost, evals = levenberg_marquardt(residual, X0.flatten(), int(self.opt("iterations")))
+    def _lm(self, prob: Problem, X0: Tensor) -> tuple[Tensor, float, int]:
+        """Step 4 for small inputs: Levenberg-Marquardt on every slot patch."""
+        x, cost, evals = levenberg_marquardt(lambda flat: prob.residual(flat.view(-1, *X0.shape)), X0.flatten(), int(self.opt("iterations")))
         return x.view_as(X0), cost, evals
 
-    def _matched_names(self, twin: Twin, target: dict[str, Tensor], mech: dict[str, Any]) -> list[str]:
-        layers = str(self.opt("layers"))
-        if layers not in ("all", "input"):
-            raise VeilError(f"april-mjp: layers must be 'all' or 'input', got {layers!r}")
-        m = twin.model
-        pos_name = twin.name(m.position_table())
-        if layers == "input":
-            keep = {twin.name(q) for q in m.token_embedding().parameters()} | {pos_name, "mjp.unk"}
-        else:
-            keep = set(target)
-        if mech.get("aux") == "drl":  # DRL's sampled pairs are not replayable: its rows stay unknown
-            keep.discard(pos_name)
-        floor = 1e-6 * max(float(t.norm()) for t in target.values())  # rounding noise (e.g. key biases: softmax is shift invariant)
-        return [n for n in target if n in keep and float(target[n].norm()) > floor]
+    def _lbfgs(self, prob: Problem, X0: Tensor) -> tuple[Tensor, float, int]:
+        """Step 4 for large inputs: L-BFGS on ||r||^2 over the unknowns step 3b leaves (all of X when P <= m)."""
+        keep, masked = ~prob.masked, prob.masked
+        V = masked_span(prob.G[keep], prob.dW, int(masked.sum()))
+        if V is None:
+            fixed, a, C = None, X0[keep].clone(), X0[masked].clone()
+        else:  # X_U = fixed + a V (fixed exact), X_M = C V
+            fixed = (torch.linalg.pinv(prob.G[keep].t()) @ prob.dW) @ (torch.eye(V.shape[1], dtype=V.dtype) - V.t() @ V)
+            a, C = X0[keep] @ V.t(), X0[masked] @ V.t()
+        a.requires_grad_(True)
+        C.requires_grad_(True)
+
+        def build() -> Tensor:
+            XU, XM = (a, C) if V is None else (fixed + a @ V, C @ V)
+            return torch.zeros_like(X0).index_put((keep.nonzero().flatten(),), XU).index_put((masked.nonzero().flatten(),), XM)
+
+        its = int(self.opt("iterations"))
+        lbfgs = torch.optim.LBFGS([a, C], lr=1.0, max_iter=its, max_eval=its * 5 // 4, history_size=50, tolerance_grad=1e-16,
+                                  tolerance_change=1e-20, line_search_fn="strong_wolfe")
+        evals = 0
+
+        def closure() -> Tensor:
+            nonlocal evals
+            lbfgs.zero_grad()
+            loss = prob.residual(build()[None], create_graph=True).pow(2).sum()
+            loss.backward()
+            evals += 1
+            return loss
+
+        lbfgs.step(closure)
+        X = build().detach()
+        return X, float(prob.residual(X[None]).pow(2).sum()), evals
+
+
+def masked_span(G_U: Tensor, dW: Tensor, m: int) -> Tensor | None:
+    """Step 3b: (m, P) orthonormal basis of the masked patches' span, or None when it is all of R^P.
+
+    With Q an orthonormal basis of the complement of the known rows G_U (in R^D), Q^T dL/dW =
+    (Q G_M^T)... = Q^T G_M^T X~_M has rank m, and its row space is the row space of X~_M. The
+    unmasked patches' part orthogonal to it then follows exactly: X_U (I - V^T V) =
+    pinv(G_U^T) dL/dW (I - V^T V); only X_U V^T (u x m) and X~_M = C V (C: m x m) stay unknown.
+    """
+    u, D = G_U.shape
+    P = dW.shape[1]
+    if m == 0 or m >= P or u + m > D:
+        return None
+    Q = torch.linalg.qr(G_U.t(), mode="complete")[0][:, u:]
+    return torch.linalg.svd(Q.t() @ dW, full_matrices=False)[2][:m]
 
 
 def levenberg_marquardt(residual: Callable[[Tensor], Tensor], x0: Tensor, iterations: int, chunk: int = 128,
