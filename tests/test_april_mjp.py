@@ -6,7 +6,8 @@ import math
 import pytest
 import torch
 
-from veil.attacks import create_attack
+from veil.attacks import create_attack, observe
+from veil.attacks.april_mjp import masked_span
 from veil.attacks.harness import attack_once, score, shuffle_scores
 from veil.attacks.jigsaw_solver import place
 from veil.data import load_data
@@ -14,6 +15,7 @@ from veil.defenses import create_defense
 from veil.errors import VeilError
 from veil.metrics.image import patch_report, ssim
 from veil.models import create_model
+from veil.models.vit import patchify
 
 
 @pytest.fixture(scope="module")
@@ -109,3 +111,23 @@ def test_mjp_text_with_small_gamma_always_moves_a_token():
     moved = perm != torch.arange(24)
     assert (moved.sum(1) >= 2).all() and not moved[~movable].any()
     assert torch.equal(perm // 8, torch.arange(24).expand(512, 24) // 8)  # still inside its window
+
+
+def test_masked_span_fixes_the_unmasked_patches_outside_it():
+    """Step 3b on a wide-patch ViT (P = 48 > m): the unmasked patches' part outside the masked
+    patches' span is exact from the closed form alone, and the span holds the masked patches."""
+    torch.manual_seed(0)
+    model = create_model("vit-tiny", image_size=16, depth=1, num_classes=4).double()
+    d = create_defense("mjp", gamma=0.3, seed=2, aux="none")
+    d.attach(model)
+    x = torch.rand(1, 3, 16, 16, dtype=torch.float64)
+    obs = observe(model.train(), {"pixels": x, "labels": torch.tensor([1])}, [d])
+    mask, perm = d.last.mask[0], d.last.perm[0]
+    G = obs.grads["pos.weight"][1:]
+    dW = obs.grads["patch_embed.weight"]
+    assert torch.equal(G.abs().amax(-1) == 0, mask)  # step 1: the masked slots are the zero rows
+    V = masked_span(G[~mask], dW, int(mask.sum()))
+    X = patchify(x, 4)[0][perm]
+    out = torch.eye(48, dtype=torch.float64) - V.t() @ V
+    torch.testing.assert_close(torch.linalg.pinv(G[~mask].t()) @ dW @ out, X[~mask] @ out, atol=1e-9, rtol=0)
+    torch.testing.assert_close(X[mask] @ out, torch.zeros_like(X[mask]), atol=1e-9, rtol=0)
