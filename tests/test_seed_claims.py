@@ -77,3 +77,13 @@ def test_mjp_text_reads_the_adaptive_text_cache(claims: ModuleType) -> None:
     row = claims.mjp_text(None)
     assert "span, init: ROUGE-1 0.67" in row["naive"] and "`span-mjp`, init: ROUGE-1 1.00" in row["adaptive"]
     assert row["verdict"] == "refuted"
+
+
+def test_dropout_row_reads_the_span_robust_cache(claims: ModuleType) -> None:
+    (claims.RUNS / "span_robust").mkdir(parents=True)
+    cell = lambda naive, robust: {"span": {"mean": {"token_recovery": naive}}, "span-robust": {"mean": {"token_recovery": robust}}}  # noqa: E731
+    (claims.RUNS / "span_robust" / "minilm_b1_t32_p0.1_n8.json").write_text(json.dumps(cell(0.0, 0.95)))
+    (claims.RUNS / "span_robust" / "minilm_b4_t32_p0.1_n8.json").write_text(json.dumps(cell(0.0, 0.6)))
+    row = claims.dropout()
+    assert row["naive"].endswith("token recovery 0.000") and "0.95 at batch 1, 0.60 at batch 4" in row["adaptive"]
+    assert row["verdict"] == "refuted"
