@@ -158,8 +158,6 @@ def position_sets(res: Tensor, vocab: Tensor, tol: float, per_position: int) -> 
         idx = torch.nonzero(row < tol).flatten()
         idx = idx[row[idx].argsort()][:per_position]
         out.append(vocab[idx])
-    while out and not len(out[-1]):
-        out.pop()
     return out
 
 
@@ -256,8 +254,9 @@ def encoder_assign(model: VeilModel, span2: Span, cands: list[Tensor], specials:
     layer-2 distance wins."""
     import numpy as np
 
-    from veil.attacks.span_search import _initial, _sweep
+    from veil.attacks.span_search import _initial, _last_position, _sweep
 
+    cands = cands[:_last_position(cands)]
     sep, pad = specials.sep, specials.pad if specials.pad is not None else 0
     pins = coverage_pins(cands, specials)
     sets = [c.tolist() for c in cands]
