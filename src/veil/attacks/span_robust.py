@@ -35,8 +35,8 @@ few hard steps that drop the coordinates nearer 0 than x and refit on the rest (
 Layer 2 (the second block's Q/K/V gradients) then assigns the passing pairs to sentences and
 lengths: its input mixes the sentence, and dropout inside block 0 (attention probabilities and
 hidden states) is not sparse per coordinate, so there it is a ranking, not a test: the
-encoder assignment search and the decoder's left-to-right beam of `veil.attacks.span_search`
-minimise the clean model's summed layer-2 span distances (no sentence has to pass a threshold).
+encoder assignment search (`encoder_assign`) and the decoder's left-to-right assignment (`decoder_assign`)
+minimise the clean model's layer-2 span distances (no sentence has to pass a threshold).
 
 Attacker knowledge: the weights it sent, the exported gradients (layers 1-2 Q/K/V; the token
 embedding's for the bag of tokens when exported), the batch size, the public vocabulary and
@@ -283,6 +283,47 @@ def encoder_assign(model: VeilModel, span2: Span, cands: list[Tensor], specials:
     return best[1], {"sentences_scored": scored, "layouts": len(lays), "mean_layer2_distance": best[0]}
 
 
+def decoder_assign(model: VeilModel, span2: Span, cands: list[Tensor], specials: Any, B: int) -> tuple[list[list[int]], dict[str, Any]]:
+    """Sentences of a causal decoder from the layer-1 pairs, left to right (DAGER alg. 1 with a
+    ranking instead of a threshold): layer 2's input at t depends only on tokens <= t, so at each
+    position the passing tokens are assigned to the live prefixes by the layer-2 distance of the
+    extended prefix's last position, every passing token used at least once. A sentence's last
+    token is never scored in a causal LM (no gradient), so the number of live sentences at t is
+    taken as the most tokens passing at any position >= t (ties of a shared token aside); the
+    prefixes left out end there and get the tokenizer's [SEP]."""
+    import itertools
+
+    import numpy as np
+
+    from veil.attacks.span_search import _assign, sentence_costs
+
+    counts = [len(c) for c in cands]
+    live_at = [max(counts[t:]) for t in range(len(counts))]
+    prefixes: list[list[int]] = [[] for _ in range(max(1, min(B, max(counts, default=0))))]
+    done: list[list[int]] = []
+    scored = 0
+    for t, c in enumerate(cands):
+        k = min(live_at[t], len(prefixes))
+        if k == 0 or not len(c):
+            break
+        toks = c.tolist()
+        ext = torch.tensor([p + [v] for p in prefixes for v in toks])
+        cost = sentence_costs(model, span2, ext, torch.ones_like(ext))[:, -1].view(len(prefixes), len(toks)).double().numpy()
+        scored += len(ext)
+        best: tuple[float, tuple[int, ...], np.ndarray] | None = None
+        for keep in itertools.combinations(range(len(prefixes)), k):
+            pick = _assign(cost[list(keep)], np.ones(len(toks), dtype=bool))
+            total = float(cost[list(keep), pick].sum())
+            if best is None or total < best[0]:
+                best = (total, keep, pick)
+        assert best is not None
+        _, keep, pick = best
+        done += [prefixes[i] for i in range(len(prefixes)) if i not in keep]
+        prefixes = [prefixes[i] + [toks[j]] for i, j in zip(keep, pick.tolist())]
+    seqs = [x + ([specials.sep] if specials.sep is not None else []) for x in done + prefixes if x]
+    return seqs, {"prefixes_scored": scored}
+
+
 # ----------------------------------------------------------------------------- the attack
 @ATTACKS.register("span-robust", help="DAGER-style span attack that survives client dropout (robust layer-1 test, layer-2 ranking)")
 class SpanRobustAttack(Attack):
@@ -291,7 +332,7 @@ class SpanRobustAttack(Attack):
     per position, ``irls`` (20) / ``hard`` (4) iterations of the robust fit, ``max_len``
     (knowledge.seq_len), ``max_pairs`` (200,000) layer-1 budget in (token, position) pairs,
     ``restarts`` (1) / ``sweeps`` (12) of the encoder assignment search and
-    ``refine`` (20) rounds of its pairwise refinement (`refine`), ``beam`` (4*B) of the decoder search,
+    ``refine`` (20) rounds of its pairwise refinement (`refine`),
     ``seed``."""
 
     name = "span-robust"
@@ -304,8 +345,6 @@ class SpanRobustAttack(Attack):
         return reason
 
     def _reconstruct(self, obs: Observation, know: Knowledge) -> Reconstruction:
-        from veil.attacks.span_search import decoder_search
-
         model, s = obs.model, self.settings
         B = int(know.batch_size or 1)
         width = model.position_table().shape[-1]
@@ -333,7 +372,7 @@ class SpanRobustAttack(Attack):
                 span2 = layer_span(obs, 1, float(s.get("rank_tol", 1e-6)))
                 seed = int(s.get("seed", know.seed))
                 if model.task == "lm":
-                    seqs, info = decoder_search(model, span2, cands, specials, tol2=float("inf"), seed=seed, batch_size=B, beam=s.get("beam"))
+                    seqs, info = decoder_assign(model, span2, cands, specials, B)
                 else:
                     seqs, info = encoder_assign(model, span2, cands, specials, B, seed=seed, restarts=int(s.get("restarts", 1)),
                                                 sweeps=int(s.get("sweeps", 12)), rounds=int(s.get("refine", 20)))
