@@ -186,3 +186,43 @@ def test_the_report_states_epsilon() -> None:
          "leakage": {}, "skipped": {}, "blocked": {}, "overhead": {}, "step_seconds": {}, "attacker_knows": {}, "worst_case": {}}
     text = " ".join(b[1] for b in task_blocks("x", t, Path(".")) if b[0] == "p")
     assert "Privacy of `dpsgd`: epsilon = 7.99 at delta = 0.000125 (rdp accountant, noise multiplier 0.720" in text
+
+
+@pytest.mark.slow
+def test_the_cached_encoder_screen_computes_veils_dp_update() -> None:
+    """scripts/screen_dp_minilm.py trains MiniLM's last layer + head with Opacus on cached last-layer
+    inputs; its clipped update must be veil's `dpsgd(trainable=...)` update on the whole model."""
+    import sys
+    from pathlib import Path
+
+    from opacus.grad_sample.grad_sample_module_fast_gradient_clipping import GradSampleModuleFastGradientClipping
+    from opacus.utils.fast_gradient_clipping_utils import DPLossFastGradientClipping
+    from opacus.optimizers import DPOptimizerFastGradientClipping
+
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "scripts"))
+    from screen_dp_minilm import Top
+
+    torch.manual_seed(0)
+    model = create_model("minilm", dropout=0.0, pooling="mean").train()
+    b = batch_for(model, batch_size=6, seq_len=12)
+    cap: dict[str, torch.Tensor] = {}
+    hook = model.hf.bert.encoder.layer[5].register_forward_pre_hook(lambda m, a: cap.__setitem__("h", a[0].detach()))
+    with torch.no_grad():
+        model(b)
+    hook.remove()
+    d = DPSGD(clip=0.3, noise_multiplier=0.0, trainable=r"layer\.5\.|classifier").attach(model)
+    veil = client_step(model, b, [d]).grads
+    d.detach()
+    import copy
+
+    top = Top(copy.deepcopy(model.hf.bert.encoder.layer[5]), copy.deepcopy(model.hf.classifier))
+    gsm = GradSampleModuleFastGradientClipping(top, max_grad_norm=0.3, use_ghost_clipping=True)
+    opt = DPOptimizerFastGradientClipping(torch.optim.SGD(top.parameters(), lr=0.0), noise_multiplier=0.0, max_grad_norm=0.3, expected_batch_size=6)
+    crit = DPLossFastGradientClipping(gsm, opt, torch.nn.CrossEntropyLoss(), "mean")
+    opt.zero_grad()
+    crit(gsm(cap["h"], b["attention_mask"]), b["labels"]).backward()
+    opt.pre_step()
+    theirs = {"hf.bert.encoder.layer.5." + n[len("layer."):] if n.startswith("layer.") else "hf." + n: p.grad for n, p in top.named_parameters()}
+    assert set(theirs) == set(veil) and _flat(veil).norm() > 1e-3
+    for k in veil:
+        assert torch.allclose(veil[k], theirs[k], atol=1e-6), k
