@@ -199,3 +199,20 @@ def test_span_with_dropout_reports_nothing_rather_than_crashing():
     model.train()
     rec = create_attack("span").reconstruct(observe(model, batch), Knowledge(batch_size=1, seq_len=32, tokenizer=tok))
     assert rec.token_ids == [[]] and "dropout" in rec.stats["note"]
+
+
+def test_span_search_does_not_depend_on_time(sst2, monkeypatch):
+    """The search is ordered and bounded by counted work: a clock that jumps 1000 s at every reading
+    (a machine slowed down without bound) changes nothing; the old seconds budget says what
+    replaced it."""
+    import time as _time
+
+    model = _tiny("transformer4")
+    batch = _batch(sst2, 3, max_real=14)
+    know = Knowledge(batch_size=3, seq_len=24, tokenizer=sst2.meta["tokenizer"])
+    ticks = iter(range(0, 10**9, 1000))
+    monkeypatch.setattr(_time, "perf_counter", lambda: float(next(ticks)))
+    rec = create_attack("span").reconstruct(observe(model, batch), know)
+    assert text_report(_refs(batch), rec.token_ids, ignore=SPECIAL)["exact_recovery"] == 1.0, rec.stats
+    with pytest.raises(VeilError, match="budget_s .* was replaced by budget"):
+        create_attack("span", budget_s=60).reconstruct(observe(model, batch), know)

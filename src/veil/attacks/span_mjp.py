@@ -159,6 +159,8 @@ class SpanMJPAttack(Attack):
             rec = self._span()._reconstruct(obs, know)
         stats = {"mjp": "E_unk at the zero rows of the position gradient", "selected_slots": torch.nonzero(selected).flatten().tolist(),
                  "length": n, "gamma": mjp.get("gamma"), "window": mjp.get("window"), "corpus": corpus}
+        if (know.batch_size or 1) > 1:
+            stats["note"] = "batch > 1: only slots every sentence shuffled are known; the others' shuffled tokens match no position"
         if corpus != "none" and know.tokenizer is not None and rec.token_ids:
             lm = public_ngram(corpus, know.tokenizer, int(s.get("order", 3)), float(s.get("discount", 0.75)))
             out = [reorder(lm, list(seq), selected, int(s.get("beam", 256))) for seq in rec.token_ids]
