@@ -29,7 +29,11 @@ def test_image_worst_case_is_the_best_region_of_the_strongest_attack() -> None:
 def test_whole_image_wins_when_it_is_higher_and_nan_regions_are_ignored() -> None:
     wc = worst_case({"april-mjp": {"psnr": 30.0, "psnr_unshuffled": float("nan")}, "april": {"psnr": 31.5}}, KNOWS)
     assert (wc["attack"], wc["metric"], wc["region"]) == ("april", "psnr", "whole image")
-    assert worst_case({"april": {"psnr": float("inf")}, "april-mjp": {"psnr_unshuffled": 119.0}}, KNOWS)["attack"] == "april"
+    # both exact (above 100 dB): a tie, named by the attack listed first (the naive one)
+    assert worst_case({"april": {"psnr": 115.4}, "april-mjp": {"psnr": 116.4}}, KNOWS)["attack"] == "april"
+    assert worst_case({"april-mjp": {"psnr": 116.4}, "april": {"psnr": float("inf")}}, KNOWS)["attack"] == "april-mjp"
+    assert worst_case({"april": {"psnr": 30.0004}, "ig": {"psnr": 30.0001}}, KNOWS)["attack"] == "april"  # equal at 3 decimals
+    assert worst_case({"april": {"psnr": 30.0}, "ig": {"psnr": 30.01}}, KNOWS)["attack"] == "ig"
 
 
 def test_text_worst_case_counts_words_and_positions() -> None:

@@ -13,6 +13,10 @@ Text — the client's words plus their positions: ``bag`` = max(rouge1, presence
   The reported metric is the bag metric, with token_recovery beside it.
 Labels only (``label_accuracy``, no input rebuilt) rank below every attack that rebuilds input.
 
+Ties: scores are compared at the report's precision (3 decimals) and PSNR above ``EXACT_DB`` (100 dB:
+a copy exact to float32 rounding) counts as equal; a tie goes to the attack listed first in the
+scenario (conventionally the naive one: it needed less knowledge).
+
 An attack the defense blocked (it raised: the defense removed what it reads) is listed beside the
 winner as blocked; a blocked or failed attack is never the verdict while another attack worked.
 """
@@ -26,6 +30,7 @@ IMAGE_REGIONS = (("psnr_unshuffled", "ssim_unshuffled", "unshuffled patches"), (
 BAG = ("rouge1", "presence_f1")
 IMAGE_BESIDE = ("psnr", "psnr_masked_set", "ssim_masked_set", "masked_patches", "moved_patches")
 TEXT_BESIDE = ("token_recovery", "unshuffled_recovery", "exact_recovery", "bag_recall", "moved_tokens")
+EXACT_DB = 100.0  # PSNR above this is an exact copy for ranking purposes
 #: the keys of every worst_case entry in summary.json
 KEYS = ("attack", "knows", "metric", "value", "region", "score", "beside", "ranking", "blocked")
 
@@ -64,7 +69,7 @@ def worst_case(leakage: dict[str, dict[str, Any]], knows: dict[str, str], blocke
     ``ranking`` lists every attack that measured leakage, strongest first; ``blocked`` the attacks
     the defense stopped, with the reason. ``attack`` is None when no attack measured anything."""
     scored = [(a, c) for a, m in leakage.items() if (c := cell_leakage(m)) is not None]
-    scored.sort(key=lambda ac: (ac[1]["tier"], ac[1]["score"]), reverse=True)  # stable: scenario order breaks ties
+    scored.sort(key=lambda ac: (ac[1]["tier"], round(min(ac[1]["score"], EXACT_DB), 3)), reverse=True)  # stable: scenario order breaks ties
     out: dict[str, Any] = dict.fromkeys(KEYS)
     out.update(ranking=[a for a, _ in scored], blocked=dict(blocked or {}), beside={})
     if scored:
