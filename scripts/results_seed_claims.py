@@ -22,7 +22,9 @@ Verdict rules (a claim of protection is refuted by the strongest attacker veil h
            near-identical copy); confirmed if the best attack stays within 3 dB of the paper's
            defended figure or below; partly otherwise.
   text     refuted if the adaptive bag of words (ROUGE-1 / presence F1) is >= 0.5 or token recovery
-           >= 0.5; confirmed if both <= 0.05; partly otherwise.
+           >= 0.5; confirmed if both <= 0.05; partly otherwise (AEGIS: partly too when one model leaks and
+           another, the pretrained MiniLM, does not).
+  "confirmed" means that no attack veil ran beat the claim: a lower bound on the leakage, never proof.
   features refuted if the adaptive PSNR on permuted features is within 3 dB of the unpermuted one;
            confirmed if it stays within 3 dB of the naive permuted figure; partly otherwise.
 """
@@ -193,8 +195,12 @@ def mjp_images_opt(audit: dict | None) -> Row:
     none, mjp = audit_cell(audit, "digits-vit", "none", "ig(iterations=150,restarts=1)"), audit_cell(audit, "digits-vit", "mjp", "ig(iterations=150,restarts=1)")
     naive = NM if not (none and mjp) else f"IG (150 it.), quickstart vit-digits (trained): {none['psnr']:.1f} dB undefended, {mjp['psnr']:.1f} dB with MJP γ 0.1"
     wc = audit_worst(audit, "digits-vit", "mjp")
-    best = float(wc["value"]) if wc and str(wc["metric"]).startswith("psnr") else None
-    adaptive = NM if best is None else f"worst case with MJP γ 0.1: `{wc['attack']}` {best:.1f} dB ({wc['region']})"  # type: ignore[index]
+    _, best = adaptive_image()
+    parts = [f"`april-mjp`'s mechanism-aware gradient matching (an optimisation attack; the row above): best {best:.1f} dB"] if best else []
+    if wc and str(wc["metric"]).startswith("psnr"):
+        parts.append(f"quickstart worst case with MJP γ 0.1: `{wc['attack']}` {float(wc['value']):.1f} dB ({wc['region']})")
+        best = max(best or 0.0, float(wc["value"]))
+    adaptive = "; ".join(parts) or NM
     return {"paper": "MJP", "claim": "an optimisation attack rebuilds less from MJP: PSNR 14.25 → 13.71 (Table IX)",
             "naive": naive, "adaptive": adaptive, "verdict": image_verdict(best, 13.71)}
 
@@ -266,7 +272,7 @@ def _attack_text(name: str, v: Any) -> str:
     if v == "blocked":
         return f"{name} blocked"
     tok, pres = v
-    return f"{name} " + (f"token recovery {tok:.3f}" if tok is not None else f"presence F1 {f1(pres, 3)}")
+    return f"{name}: " + (f"token recovery {tok:.3f}" if tok is not None else f"presence F1 {f1(pres, 3)}")
 
 
 def aegis(audit: dict | None) -> Row:
@@ -284,9 +290,12 @@ def aegis(audit: dict | None) -> Row:
     recov = [v[0] for v in a["attacks"].values() if v != "blocked" and v[0] is not None] + [v for v in (a["tag_t4"],) if v is not None]
     if wc:
         recov.append(float(wc["beside"].get("token_recovery", 0.0)))
+    verdict = text_verdict(None, max(recov)) if recov else "open"
+    if verdict == "refuted" and a["tag_minilm"] is not None and a["tag_minilm"] <= 0.05:
+        verdict = "partly"  # the models disagree: transformer4 leaks, the pretrained MiniLM does not
     return {"paper": "AEGIS", "claim": "token recovery near zero against analytical, optimisation and adaptive attacks with full knowledge of the mechanism",
             "naive": naive if naive == NM else f"transformer4, batch 4: {naive}", "adaptive": adaptive or NM,
-            "verdict": text_verdict(None, max(recov)) if recov else "open"}
+            "verdict": verdict}
 
 
 def pfesta() -> Row:
@@ -352,7 +361,8 @@ def render(audit_dir: Path) -> str:
              "strongest attacker veil has (the adaptive column: it knows the defense's mechanism); \"not measured\" means no cache "
              "holds the figure. Verdict rules: the script's docstring (images: refuted at >= 30 dB on a rebuilt region; text: refuted "
              "at >= 0.5 bag of words or token recovery, confirmed at <= 0.05; split learning: refuted within 3 dB of the unpermuted "
-             "inversion). veil's models and data are small stand-ins for the papers' (vit-digits for DeiT-S, transformer4 on SST-2 "
+             "inversion). \"confirmed\" only means that no attack veil ran beat the claim. veil's models and data are small "
+             "stand-ins for the papers' (vit-digits for DeiT-S, transformer4 on SST-2 "
              "for Transformer4 on Yelp): a verdict is about the mechanism, measured at veil's scale.", "",
              "| paper | headline privacy claim | veil, naive attack | veil, adaptive attack | verdict |", "|---|---|---|---|---|"]
     lines += [f"| {r['paper']} | {r['claim']} | {r['naive']} | {r['adaptive']} | **{r['verdict']}** |" for r in rows]

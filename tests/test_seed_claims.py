@@ -87,3 +87,14 @@ def test_dropout_row_reads_the_span_robust_cache(claims: ModuleType) -> None:
     row = claims.dropout()
     assert row["naive"].endswith("token recovery 0.000") and "0.95 at batch 1, 0.60 at batch 4" in row["adaptive"]
     assert row["verdict"] == "refuted"
+
+
+def test_aegis_is_partly_when_one_model_leaks_and_another_does_not(claims: ModuleType) -> None:
+    claims.DOC.write_text(
+        "<!-- aegis:start -->\n| model | defense | attack | presence F1 (random, same guesses) | token recovery | note |\n|---|---|---|---|---|---|\n"
+        "| transformer4 | aegis | presence | 0.003 (0.0026) | - | x |\n| transformer4 | aegis | span | 0 | 0 | blocked: frozen |\n<!-- aegis:end -->\n"
+        "<!-- aegis-tag:start -->\n| task | defense | test accuracy (%) | TAG token recovery |\n|---|---|---|---|\n"
+        "| sst2-text (transformer4) | aegis | 54.6 | 0.250 |\n| sst2-minilm (minilm) | aegis(lr_scale=3.0) | 79.8 | 0.000 |\n<!-- aegis-tag:end -->\n")
+    row = claims.aegis(None)
+    assert "span blocked" in row["naive"] and "0.250 on transformer4, 0.000 on MiniLM" in row["adaptive"]
+    assert row["verdict"] == "partly"
