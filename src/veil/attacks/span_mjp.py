@@ -47,6 +47,7 @@ position-gradient row); every other setting goes to the span attack.
 """
 from __future__ import annotations
 
+import weakref
 from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
@@ -63,7 +64,7 @@ from veil.models.base import VeilModel
 
 CORPORA = ("sst2-train", "agnews-train", "none")
 _OWN = ("corpus", "order", "discount", "beam", "zero_tol")
-_LM_CACHE: dict[tuple[Any, ...], NGram] = {}
+_LM_CACHE: "weakref.WeakKeyDictionary[Any, dict[tuple[Any, ...], NGram]]" = weakref.WeakKeyDictionary()
 
 
 def selected_slots(obs: Observation, zero_tol: float = 1e-12) -> tuple[Tensor, int]:
@@ -110,13 +111,14 @@ def public_text(name: str) -> list[str]:
 
 
 def public_ngram(name: str, tokenizer: Any, order: int = 3, discount: float = 0.75) -> NGram:
-    """The n-gram model of corpus `name` in `tokenizer`'s ids (cached per tokenizer)."""
-    key = (name, id(tokenizer), order, discount)
-    if key not in _LM_CACHE:
+    """The n-gram model of corpus `name` in `tokenizer`'s ids (cached while the tokenizer lives)."""
+    cache = _LM_CACHE.setdefault(tokenizer, {})
+    key = (name, order, discount)
+    if key not in cache:
         ids, mask = tokenizer.encode(public_text(name), 128)
         sents = [row[m.bool()].tolist() for row, m in zip(ids, mask)]
-        _LM_CACHE[key] = NGram(sents, tokenizer.vocab_size, bos=tokenizer.cls_id, order=order, discount=discount)
-    return _LM_CACHE[key]
+        cache[key] = NGram(sents, tokenizer.vocab_size, bos=tokenizer.cls_id, order=order, discount=discount)
+    return cache[key]
 
 
 def reorder(lm: NGram, sentence: list[int], selected: Tensor, beam: int) -> tuple[list[int], float]:
