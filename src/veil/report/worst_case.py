@@ -1,7 +1,7 @@
 """The audit's verdict: for each task x defense, the attack that rebuilt the most of the client's data.
 
 A leakage figure is only as strong as its attacker, so the verdict is the strongest attack that
-ran, never the naive one. Attacks of one task share a modality; the ordering within it:
+ran, naive or adaptive, never a chosen one. Attacks of one task share a modality; the ordering:
 
 Images — the PSNR (dB, pixels in [0, 1]) of what the attacker rebuilt, in the best region the
   attack scores: ``psnr_unshuffled`` (the patches the defense left in place, rebuilt at their own
