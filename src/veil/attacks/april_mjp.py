@@ -45,7 +45,7 @@ reconstruction is the same in (b) and (c): the attacker cannot know the shuffle.
 scores what leaks in every setting: `psnr_unshuffled` (unmasked patches), `psnr_masked_set`.
 
 Options: iterations (LM / L-BFGS iterations, 0 = closed form only; default 200), solver ("auto",
-"lm", "lbfgs"), lm_max (1024), place ("solver" or "slots": the masked patches in the order the
+"lm", "lbfgs"), lm_max (1024), restarts (LM only, default 6), place ("solver" or "slots": the masked patches in the order the
 matching left them), rcond, clamp, seed (symmetry-breaking noise on the start).
 DRL (sampled pairs) cannot be replayed: with aux=drl the position rows are left out of the match.
 """
@@ -67,7 +67,8 @@ from veil.errors import VeilError
 from veil.models.base import VeilModel
 from veil.models.vit import unpatchify
 
-DEFAULTS: dict[str, Any] = {"iterations": 200, "solver": "auto", "lm_max": 1024, "place": "solver", "rcond": 1e-7, "clamp": True, "seed": 0}
+LM_FLOOR = 1e-8  # residual cost below which the match is at the float32 update's rounding (1e-13 to 4e-9 measured)
+DEFAULTS: dict[str, Any] = {"iterations": 200, "restarts": 6, "solver": "auto", "lm_max": 1024, "place": "solver", "rcond": 1e-7, "clamp": True, "seed": 0}
 
 
 class Twin:
@@ -182,8 +183,11 @@ class AprilMJP(April):
             twin.masked = masked
             if solver == "auto":
                 solver = "lm" if X.numel() <= int(self.opt("lm_max")) else "lbfgs"
-            X, stats["match_loss"], stats["iterations"] = (self._lm if solver == "lm" else self._lbfgs)(prob, self._start(X, masked))
             stats["solver"] = solver
+            if solver == "lbfgs":
+                X, stats["match_loss"], stats["iterations"] = self._lbfgs(prob, self._start(X, masked, 0))
+            else:
+                X, stats["match_loss"], stats["iterations"], stats["restarts"] = self._lm(prob, X)
         if place_how == "solver":
             X = X[place(X.view(-1, chans, p, p), masked, tuple(model.grid_shape))]
         img = unpatchify(X.unsqueeze(0), p, chans, size).float()
@@ -205,17 +209,27 @@ class AprilMJP(April):
         out = {n: g / scale - dal.get(n, 0.0) for n, g in grads.items() if not n.startswith("mjp.loc")}
         return out, scale, dal
 
-    def _start(self, X: Tensor, masked: Tensor) -> Tensor:
+    def _start(self, X: Tensor, masked: Tensor, restart: int) -> Tensor:
         """The closed form with seeded noise on the masked rows: they come out equal, a saddle of the match."""
-        gen = torch.Generator().manual_seed(int(self.opt("seed")))
+        gen = torch.Generator().manual_seed(int(self.opt("seed")) + restart)
         x = X.clone()
         x[masked] += 0.05 * torch.randn(int(masked.sum()), x.shape[1], generator=gen, dtype=x.dtype)
         return x
 
-    def _lm(self, prob: Problem, X0: Tensor) -> tuple[Tensor, float, int]:
-        """Step 4 for small inputs: Levenberg-Marquardt on every slot patch."""
-        x, cost, evals = levenberg_marquardt(lambda flat: prob.residual(flat.view(-1, *X0.shape)), X0.flatten(), int(self.opt("iterations")))
-        return x.view_as(X0), cost, evals
+    def _lm(self, prob: Problem, X: Tensor) -> tuple[Tensor, float, int, int]:
+        """Step 4 for small inputs: Levenberg-Marquardt on every slot patch; restarts (new start
+        noise) while the cost stays above the rounding floor: a trained model has local minima."""
+        best: tuple[Tensor, float] | None = None
+        evals = 0
+        for r in range(max(1, int(self.opt("restarts")))):
+            x0 = self._start(X, prob.masked, r)
+            x, cost, n = levenberg_marquardt(lambda flat: prob.residual(flat.view(-1, *X.shape)), x0.flatten(), int(self.opt("iterations")))
+            evals += n
+            if best is None or cost < best[1]:
+                best = (x.view_as(X), cost)
+            if cost < LM_FLOOR:
+                break
+        return best[0], best[1], evals, r + 1
 
     def _lbfgs(self, prob: Problem, X0: Tensor) -> tuple[Tensor, float, int]:
         """Step 4 for large inputs: L-BFGS on ||r||^2 over the unknowns step 3b leaves (all of X when P <= m)."""
@@ -268,9 +282,10 @@ def masked_span(G_U: Tensor, dW: Tensor, m: int) -> Tensor | None:
 
 
 def levenberg_marquardt(residual: Callable[[Tensor], Tensor], x0: Tensor, iterations: int, chunk: int = 128,
-                        h: float = 1e-7) -> tuple[Tensor, float, int]:
+                        h: float = 1e-7, floor: float = LM_FLOOR) -> tuple[Tensor, float, int]:
     """min ||r(x)||^2 by Levenberg-Marquardt (Marquardt's diagonal scaling); the Jacobian by forward
-    differences, all n perturbed points in batched calls of `residual` ((B, n) -> (B, R)).
+    differences, all n perturbed points in batched calls of `residual` ((B, n) -> (B, R)). Stops
+    when no step lowers the cost, or when an iteration gains < 1% with the cost under `floor`.
     Returns x, the final cost and the number of points evaluated."""
     x = x0.clone()
     n = x.numel()
@@ -293,7 +308,7 @@ def levenberg_marquardt(residual: Callable[[Tensor], Tensor], x0: Tensor, iterat
             lam *= 4
         else:
             break  # no step lowers the cost: converged to rounding
-        if cost < 1e-30 or before - cost < 1e-2 * before:
+        if cost < 1e-30 or (before - cost < 1e-2 * before and cost < floor):
             break  # at the rounding floor of the float32 update
     return x, cost, evals
 
