@@ -24,9 +24,11 @@ expression over parameter names) restricts DP fine-tuning to the matching parame
 top layers and the head (parameter-efficient DP fine-tuning: Yu et al., ICLR 2022; Li et al.,
 ICLR 2022); frozen parameters are restored on `detach`.
 
-Step time on MiniLM-L6 (batch 16, 32 tokens, one thread, interleaved medians,
-``benchmarks/dp_step.py``): see docs/results.md (dp section) for the measured ratios of veil's
-ghost / hooks / functorch modes, Opacus' own ghost clipping and hooks, and an undefended step.
+Step time on MiniLM-L6 (batch 16, 32 tokens, one contended thread, medians of 6 interleaved steps,
+``benchmarks/dp_step.py``; all of MiniLM trained but the two raw-read tables and the unused
+pooler), relative to an undefended step: veil ghost 2.25x, Opacus' own ghost clipping 2.12x (veil
+/ Opacus 1.06), veil hooks 4.28x, Opacus hooks 4.35x, veil functorch 2.72x. (The old claim here,
+"torch.func ~2.3x vs Opacus ~4.2x", compared torch.func with Opacus' hooks, not its ghost clipping.)
 
 The hook replaces ``loss.backward()`` (`Defense.backward`): it sets ``p.grad`` for every trainable
 parameter to the noised clipped mean, which is both the local update and the exported update a
