@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import json
 import platform
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -38,8 +38,9 @@ def validate(s: Scenario) -> list[Cell]:
 
     cells: list[Cell] = []
     for task in s.tasks:
-        if task.protocol != "single-step":
-            _check_protocol(task)
+        if task.protocol != "single-step":  # trained and attacked by its protocol's module, not by cells
+            protocol_module(task).validate_task(task, s)
+            continue
         data = build_data(task.run)
         model = build_model(task.run, data)
         for d in task.defenses:
@@ -59,14 +60,11 @@ def validate(s: Scenario) -> list[Cell]:
     return cells
 
 
-def _check_protocol(task: Task) -> None:
+def protocol_module(task: Task) -> Any:
+    """The module that audits a non-single-step task: `validate_task(task, s)`, `run_task(task, s, out, progress)`."""
     import importlib
 
-    mod = {"fedavg": "veil.federated.audit", "split": "veil.federated.split_audit"}[task.protocol]
-    try:
-        importlib.import_module(mod)
-    except ModuleNotFoundError:
-        raise VeilError(f"protocol '{task.protocol}' of task '{task.name}' is not available in this build; use single-step") from None
+    return importlib.import_module({"fedavg": "veil.federated.audit", "split": "veil.federated.split_audit"}[task.protocol])
 
 
 def run_dir(out: Path, task: Task, defense: dict[str, Any], seed: int) -> Path:
@@ -88,10 +86,14 @@ def run_audit(s: Scenario, out: str | Path, progress: bool = True, jobs: int = 1
         raise VeilError(f"audit folder '{out}' holds a different scenario; pick a new --out or remove it")
     out.mkdir(parents=True, exist_ok=True)
     atomic_write_text(marker, dump_scenario(s))
-    utility = _train_all(s, out, progress, jobs)
+    single = replace(s, tasks=[t for t in s.tasks if t.protocol == "single-step"])
+    utility = _train_all(single, out, progress, jobs)
     _attack_all(cells, out, progress)
-    overhead = {t.name: _overhead(t, out, s.seeds[0]) for t in s.tasks}
-    summary = build_summary(s, out, cells, utility, overhead, versions())
+    overhead = {t.name: _overhead(t, out, s.seeds[0]) for t in single.tasks}
+    summary = build_summary(single, out, cells, utility, overhead, versions())
+    done = summary["tasks"]
+    protocol = {t.name: protocol_module(t).run_task(t, s, out, progress) for t in s.tasks if t.protocol != "single-step"}
+    summary["tasks"] = {t.name: done.get(t.name) or protocol[t.name] for t in s.tasks}  # scenario order
     atomic_write_text(out / "summary.json", json.dumps(summary, indent=2))
     write_reports(summary, out)
     return summary

@@ -189,14 +189,17 @@ class BatchOracle:
                                   spec.fed.local_epochs, steps))
 
     def __call__(self, rnd: int, pid: int, digest: str, rec: Reconstruction) -> dict[str, Any]:
-        from veil.metrics import image_report
+        """`veil.attacks.harness.score` against every distinct sample the client trained on this round
+        (images, text — tokens and their bag — and labels alike)."""
+        from veil.attacks.harness import score
 
         batches = self.batches(rnd, pid)
         out: dict[str, Any] = {"verified": batch_digest(batches) == digest}
-        if rec.images is None:
-            return out
-        truth = torch.cat([b["pixels"] for b in batches])
-        _, idx = np.unique(truth.flatten(1).numpy(), axis=0, return_index=True)  # epochs repeat samples
-        report = image_report(truth[np.sort(idx)], rec.images.detach().cpu().float().clamp(0, 1))
-        out.update({k: float(v) for k, v in report.items() if k != "order"})
+        truth = {k: torch.cat([b[k] for b in batches]) for k in batches[0]}
+        key = "pixels" if "pixels" in truth else "input_ids"
+        _, idx = np.unique(truth[key].flatten(1).numpy(), axis=0, return_index=True)  # epochs repeat samples
+        truth = {k: v[np.sort(idx)] for k, v in truth.items()}
+        if rec.images is not None:
+            rec.images = rec.images.detach().cpu().float().clamp(0, 1)
+        out.update({k: float(v) for k, v in score(rec, truth, self.world.data).items() if k != "seconds"})
         return out

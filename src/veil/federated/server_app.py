@@ -124,9 +124,13 @@ def make_auditor(spec: Spec, state: ServerState, oracle: bool) -> Auditor | None
     if not spec.fed.audit:
         return None
     w = state.world
-    shape = tuple(w.data.train["pixels"].shape[1:]) if "pixels" in w.data.train else None
+    text = "input_ids" in w.data.train
+    shape = tuple(w.data.train["input_ids" if text else "pixels"].shape[1:])
     bs = spec.cfg.train.batch_size
-    know = Knowledge(batch_size=bs, input_shape=shape, defense={"defenses": [d.describe() for d in w.defenses]}, seed=spec.cfg.train.seed)
+    # what veil's harness grants a server (`veil.attacks.harness.knowledge_for`): batch size, input shape,
+    # the public tokenizer, each defense's settings by name (adaptive attackers read them); never labels
+    know = Knowledge(batch_size=bs, input_shape=shape, seq_len=shape[0] if text else None, tokenizer=w.data.meta.get("tokenizer"),
+                     defense={d.name: d.describe() for d in w.defenses}, seed=spec.cfg.train.seed)
     return Auditor(state.model, spec.fed.audit, know, spec.fed.mode, spec.fed.audit_every, spec.fed.audit_clients,
                    BatchOracle(w) if oracle else None)
 

@@ -56,6 +56,10 @@ def task_blocks(name: str, t: dict[str, Any], out: Path) -> list[Block]:
         ppl = f"{u['test_perplexity_mean']:.2f}" if "test_perplexity_mean" in u else "—"
         rows.append([d, acc, ppl, f"{t['overhead'].get(d, float('nan')):.3f}", f"{t['step_seconds'].get(d, float('nan')):.4f}"])
     blocks += worst_case_blocks(t)
+    if t["protocol"] in ("fedavg", "split"):  # per round / per protocol (veil.federated.audit, split_audit)
+        import importlib
+
+        blocks += importlib.import_module({"fedavg": "veil.federated.audit", "split": "veil.federated.split_audit"}[t["protocol"]]).report_blocks(t, out)
     blocks.append(("h3", "Utility and cost"))
     blocks.append(("table", ["defense", "test accuracy (mean ± std over seeds)", "perplexity", "step time vs none", "step s"], rows))
     for d, u in t["utility"].items():

@@ -1,0 +1,292 @@
+"""`protocol: fedavg` in `veil audit` scenarios: the task trains on Flower (veil's ServerApp +
+ClientApp, `veil.federated.runner.federate`) once per defense and seed, the defenses on the
+clients, and the live auditor (`veil.federated.auditor`) — the honest-but-curious server — runs
+the task's attacks on the updates it really receives, at the rounds and clients the task names.
+
+    - name: digits-fedavg
+      protocol: fedavg
+      run: {model: vit-digits, data: digits, train: {batch_size: 32, lr: 0.003}}
+      defenses: [none, {name: mjp, gamma: 0.1}]
+      attacks: [ig, labels]              # the auditor's attacks (federated.audit is set from these)
+      federated: {clients: 10, rounds: 10, local_epochs: 2, audit_every: 1, audit_clients: 2}
+
+Every `federated` key of a run config is allowed except `audit`; the audit defaults to the
+in-process grid (`backend: inline`: every message is still serialised to Flower's protobuf, so
+the byte counts are exact) and to seeded client secrets (`secret: seeded`: a resumed audit
+recomputes identical rounds); a scenario may set `backend: ray` (Flower's simulation engine).
+
+What the attacks see. FedAvg: the pseudo-gradient (w_global - w_k) / (lr * s) of s local steps
+over several batches (`Observation.kind = "delta"`); FedSGD: one defended gradient. Attacks that
+solve a single gradient in closed form (APRIL, april-mjp) are skipped on FedAvg updates, with
+the reason, and run under ``mode: fedsgd``. The server is granted the configured batch size,
+input shape, the public tokenizer and the defenses' settings (adaptive attackers); never labels.
+
+Scoring. The auditor's evaluation channel re-derives the round's batches (simulation only) and
+scores each reconstruction against every distinct sample the client trained on that round.
+
+Resume. A run folder per (defense, seed) is the federated runner's own (checkpoint after every
+round, audit events in metrics.jsonl): a killed audit rerun resumes each run at its last
+finished round and skips finished runs, with identical numbers (seeded secrets).
+
+summary["tasks"][task] (beside the single-step keys utility / leakage / worst_case / ...):
+  rounds[defense]   per round: round, test_accuracy, train_loss, bytes_down, bytes_up, leakage
+                    {attack: metrics, mean over audited clients and seeds}, worst_case
+  clients[defense]  per audited client: {attack: its most-leaking round's metrics (with round)}
+  bytes[defense]    bytes_total (down + up, every round), bytes_per_round
+  leakage[defense][attack]  the attack's most-leaking audited round (key `round`), so the
+                    verdict worst_case[defense] is the worst round of the strongest attack
+"""
+from __future__ import annotations
+
+import json
+import statistics
+from collections import defaultdict
+from pathlib import Path
+from typing import Any
+
+from veil.errors import VeilError
+from veil.experiments.scenario import Scenario, Task, label
+
+#: attacks that invert one gradient in closed form: not applicable to a multi-step FedAvg update
+SINGLE_GRADIENT = {
+    "april": "APRIL solves one gradient in closed form (dL/dW = dL/dz x^T); a FedAvg update sums s local steps "
+             "taken at moving weights, which that equation does not model: audit it with federated.mode: fedsgd",
+    "april-mjp": "april-mjp solves one gradient in closed form; a FedAvg update sums s local steps taken at moving "
+                 "weights: audit it with federated.mode: fedsgd",
+}
+DEFAULTS = {"backend": "inline", "secret": "seeded"}
+SKIP_KEYS = {"round", "client", "event", "attack", "update", "verified"}
+
+
+def task_spec(task: Task, defense: dict[str, Any], seed: int, attacks: list[dict[str, Any]]) -> Any:
+    """The federated run of one (defense, seed): the task's run + its `federated` section + attacks."""
+    from veil.federated.task import spec_from_raw
+
+    raw = task.run_for(defense, seed).to_dict()
+    fed = {**DEFAULTS, **task.federated, "audit": attacks}
+    try:
+        return spec_from_raw({**raw, "federated": fed})
+    except VeilError as e:
+        raise VeilError(f"task '{task.name}': {e}") from None
+
+
+def plan(task: Task, s: Scenario) -> tuple[list[dict[str, Any]], dict[str, str]]:
+    """(the attacks the auditor runs, {attack: why skipped}); a task's own attack that cannot run is an error."""
+    from veil.experiments.build import build_data, build_model
+    from veil.experiments.cells import make_attack
+    from veil.federated.config import federated_config
+
+    if "audit" in task.federated:
+        raise VeilError(f"task '{task.name}': federated.audit is set from the task's attacks; remove it")
+    if task.knowledge.get("labels"):
+        raise VeilError(f"task '{task.name}': knowledge.labels cannot be granted under protocol {task.protocol} (the server sees only updates)")
+    fed = federated_config({**DEFAULTS, **task.federated})
+    model = build_model(task.run, build_data(task.run))
+    own = {label(a) for a in task.attacks}
+    run, skipped = [], {}
+    for a in task.attacks + [a for a in s.attacks if label(a) not in own]:
+        reason = make_attack(a).applies_to(model)
+        if reason is None and fed.mode == "fedavg" and a["name"] in SINGLE_GRADIENT:
+            reason = SINGLE_GRADIENT[a["name"]]
+        if reason is None and make_attack(a).needs != "gradient":
+            reason = f"{a['name']} reads split-learning features; a {fed.mode} server sees model updates"
+        if reason and label(a) in own and a["name"] not in SINGLE_GRADIENT:
+            raise VeilError(f"attack '{a['name']}' does not apply to task '{task.name}': {reason}")
+        if reason:
+            skipped[label(a)] = reason
+        else:
+            run.append(a)
+    names = [a["name"] for a in run]
+    if len(set(names)) != len(names):  # the live auditor logs events by attack name
+        raise VeilError(f"task '{task.name}': under protocol {task.protocol} each attack name may appear once, got {names}")
+    return run, skipped
+
+
+def validate_task(task: Task, s: Scenario) -> None:
+    """Every name and key checked before any training (the defenses through the run config)."""
+    from veil.experiments.build import build_defenses
+
+    attacks, _ = plan(task, s)
+    for d in task.defenses:
+        for seed in s.seeds:
+            build_defenses(task_spec(task, d, seed, attacks).cfg)
+
+
+def read_events(run_dir: Path, labels: dict[str, str]) -> list[dict[str, Any]]:
+    """The run's metrics.jsonl, each audit event's attack named by its scenario label (ig(iterations=200))."""
+    path = run_dir / "metrics.jsonl"
+    events = [json.loads(ln) for ln in path.read_text().splitlines() if ln] if path.is_file() else []
+    return [{**e, "attack": labels.get(e["attack"], e["attack"])} if e.get("event") == "audit" else e for e in events]
+
+
+def _numeric(e: dict[str, Any]) -> dict[str, float]:
+    return {k: float(v) for k, v in e.items() if k not in SKIP_KEYS and isinstance(v, (int, float)) and not isinstance(v, bool)}
+
+
+def _mean(rows: list[dict[str, float]]) -> dict[str, float]:
+    keys = sorted(set().union(*rows)) if rows else []
+    return {k: statistics.fmean(r[k] for r in rows if k in r) for k in keys}
+
+
+def per_round(events: list[list[dict[str, Any]]], knows: dict[str, str]) -> list[dict[str, Any]]:
+    """One row per round: accuracy and bytes (mean over seeds), each attack's mean leakage, the worst case."""
+    from veil.report.worst_case import worst_case
+
+    rounds: dict[int, list[dict[str, Any]]] = defaultdict(list)
+    audits: dict[int, dict[str, list[dict[str, float]]]] = defaultdict(lambda: defaultdict(list))
+    errors: dict[int, dict[str, str]] = defaultdict(dict)
+    for run in events:
+        for e in run:
+            if e.get("event") == "round":
+                rounds[e["round"]].append(e)
+            elif e.get("event") == "audit" and "error" in e:
+                errors[e["round"]][e["attack"]] = e["error"]
+            elif e.get("event") == "audit" and "skipped" not in e:
+                audits[e["round"]][e["attack"]].append(_numeric(e))
+    out = []
+    for r in sorted(rounds):
+        evs = rounds[r]
+        row: dict[str, Any] = {"round": r, **{k: statistics.fmean(float(e[k]) for e in evs) for k in ("test_accuracy", "bytes_down", "bytes_up")},
+                               "train_loss": statistics.fmean(float(e["train_loss"]) for e in evs) if all(e.get("train_loss") is not None for e in evs) else None}
+        leak = {a: _mean(rows) for a, rows in audits.get(r, {}).items()}
+        row["leakage"] = leak
+        row["worst_case"] = worst_case(leak, knows, errors.get(r)) if leak or errors.get(r) else None
+        out.append(row)
+    return out
+
+
+def most_leaking(rows: list[tuple[int, dict[str, float]]]) -> dict[str, float]:
+    """The (round, metrics) whose leakage scores highest (`veil.report.worst_case.cell_leakage`), with its round."""
+    from veil.report.worst_case import cell_leakage
+
+    def key(rm: tuple[int, dict[str, float]]) -> tuple[int, float, int]:
+        c = cell_leakage(rm[1])
+        return (c["tier"], c["score"], -rm[0]) if c else (-1, 0.0, -rm[0])
+
+    r, m = max(rows, key=key)
+    return {"round": float(r), **m}
+
+
+def per_client(events: list[list[dict[str, Any]]]) -> dict[str, dict[str, dict[str, float]]]:
+    """{client: {attack: metrics of its most-leaking audited round}} (seeds pooled)."""
+    rows: dict[str, dict[str, list[tuple[int, dict[str, float]]]]] = defaultdict(lambda: defaultdict(list))
+    for run in events:
+        for e in run:
+            if e.get("event") == "audit" and "skipped" not in e and "error" not in e:
+                rows[str(e["client"])][e["attack"]].append((e["round"], _numeric(e)))
+    return {c: {a: most_leaking(v) for a, v in by.items()} for c, by in sorted(rows.items())}
+
+
+def run_task(task: Task, s: Scenario, out: Path, progress: bool = False) -> dict[str, Any]:
+    """Train and audit every (defense, seed) on Flower; the task's summary entry (see the module doc)."""
+    from veil.experiments.audit import run_dir
+    from veil.experiments.cells import make_attack
+    from veil.federated.runner import federate
+    from veil.report.worst_case import worst_case
+
+    attacks, skipped = plan(task, s)
+    knows = {label(a): make_attack(a).knows for a in attacks}
+    t: dict[str, Any] = {"model": task.run.model["name"], "data": task.run.data["name"], "protocol": task.protocol,
+                         "dropout": float(task.run.model.get("dropout", 0.0) or 0.0), "knowledge": task.knowledge,
+                         "samples": 0, "utility": {}, "leakage": {}, "skipped": skipped, "blocked": {}, "overhead": {},
+                         "step_seconds": {}, "attacker_knows": knows, "worst_case": {}, "rounds": {}, "clients": {}, "bytes": {}}
+    for d in task.defenses:
+        runs, events = [], []
+        for seed in s.seeds:
+            spec = task_spec(task, d, seed, attacks)
+            folder = run_dir(out, task, d, seed)
+            runs.append(federate(spec, folder, resume=True, progress=progress))
+            events.append(read_events(folder, {a["name"]: label(a) for a in attacks}))
+        t["federated"] = {k: v for k, v in spec.fed.to_dict().items() if k not in ("audit", "fail")}
+        dn = label(d)
+        t["utility"][dn] = utility(runs)
+        t["rounds"][dn] = per_round(events, knows)
+        t["clients"][dn] = per_client(events)
+        t["bytes"][dn] = {"bytes_total": statistics.fmean(r["bytes_total"] for r in runs),
+                          "bytes_per_round": statistics.fmean(r["bytes_total"] / max(1, r["rounds"]) for r in runs)}
+        by_attack: dict[str, list[tuple[int, dict[str, float]]]] = defaultdict(list)
+        for row in t["rounds"][dn]:
+            for a, m in row["leakage"].items():
+                by_attack[a].append((row["round"], m))
+        t["leakage"][dn] = {a: most_leaking(v) for a, v in by_attack.items()}
+        failed = {a: "the attack raised on every audited update" for a in knows if a not in by_attack}
+        t["worst_case"][dn] = worst_case(t["leakage"][dn], knows, failed)
+    t["samples"] = int(t["federated"]["audit_clients"])
+    t["figure"] = plot_rounds(t["rounds"], out / "figures" / f"{_slug(task.name)}_rounds.png", task.name)
+    return t
+
+
+def utility(runs: list[dict[str, Any]]) -> dict[str, Any]:
+    acc = [float(r["test_accuracy"]) for r in runs]
+    u: dict[str, Any] = {"test_accuracy_mean": statistics.fmean(acc), "test_accuracy_std": statistics.stdev(acc) if len(acc) > 1 else 0.0,
+                         "test_accuracy_values": acc, "train_seconds_mean": statistics.fmean(float(r["train_seconds"]) for r in runs)}
+    if runs[0].get("dp"):
+        u["federated_dp"] = runs[0]["dp"]
+    return u
+
+
+def _slug(text: str) -> str:
+    return "".join(c if c.isalnum() or c in "-." else "_" for c in text).strip("_")
+
+
+def plot_rounds(rounds: dict[str, list[dict[str, Any]]], path: Path, title: str) -> str | None:
+    """Accuracy and worst-case leakage per round, one line per defense; the path, relative to the audit folder."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    if not any(rounds.values()):
+        return None
+    fig, (acc, leak) = plt.subplots(1, 2, figsize=(9.5, 3.4))
+    ylab = "worst-case leakage"
+    for d, rows in rounds.items():
+        acc.plot([r["round"] for r in rows], [r["test_accuracy"] for r in rows], marker=".", label=d)
+        pts = [(r["round"], min(float(r["worst_case"]["value"]), 100.0)) for r in rows if r["worst_case"] and r["worst_case"]["attack"]]
+        if pts:
+            metrics = {r["worst_case"]["metric"] for r in rows if r["worst_case"] and r["worst_case"]["attack"]}
+            ylab = "worst-case " + "/".join(sorted(metrics))
+            leak.plot(*zip(*pts), marker="o", label=d)
+    acc.set(xlabel="round", ylabel="test accuracy", title=f"{title}: utility")
+    leak.set(xlabel="round", ylabel=ylab, title="leakage of the strongest attack (up = worse)")
+    acc.legend(fontsize=8)
+    leak.legend(fontsize=8)
+    fig.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+    return str(Path("figures") / path.name)
+
+
+def report_blocks(t: dict[str, Any], out: Path) -> list[tuple]:
+    """report.md / report.html: the federated settings, accuracy and worst case per round, bytes, per client."""
+    from veil.report.render import fmt
+    from veil.report.worst_case import cell_leakage, leak_text
+
+    f = t.get("federated", {})
+    blocks: list[tuple] = [("h3", "Federated training, audited round by round"),
+                           ("p", f"{f.get('mode')} with {f.get('strategy')} on Flower ({f.get('backend')} backend): {f.get('clients')} clients, "
+                                 f"{f.get('partition')} partition (alpha {f.get('alpha')}), {f.get('rounds')} rounds, local epochs "
+                                 f"{f.get('local_epochs')}, local steps {f.get('local_steps') or 'all batches'}; the server audits "
+                                 f"{f.get('audit_clients')} client(s) every {f.get('audit_every')} round(s) on the updates it received.")]
+    if t.get("figure"):
+        blocks.append(("img", out / t["figure"], "Accuracy (left) and the strongest attack's leakage (right) per round, one line per defense."))
+    rows = []
+    for d, rs in t["rounds"].items():
+        for r in rs:
+            wc = r["worst_case"]
+            leak = f"`{wc['attack']}`: {leak_text(wc)}" if wc and wc["attack"] else "—"
+            rows.append([d, r["round"], fmt(r["test_accuracy"]), fmt(r["train_loss"]) if r["train_loss"] is not None else "—",
+                         int(r["bytes_down"] + r["bytes_up"]), leak])
+    blocks.append(("table", ["defense", "round", "test accuracy", "train loss", "bytes", "worst case this round"], rows))
+    rows = [[d, int(b["bytes_total"]), int(b["bytes_per_round"])] for d, b in t["bytes"].items()]
+    blocks.append(("table", ["defense", "bytes (all rounds, down + up)", "bytes per round"], rows))
+    rows = []
+    for d, by in t["clients"].items():
+        for c, att in by.items():
+            for a, m in att.items():
+                cl = cell_leakage(m)
+                rows.append([d, c, a, int(m.get("round", 0)), leak_text(cl) if cl else "no metric"])
+    blocks.append(("table", ["defense", "client", "attack", "most-leaking round", "leakage"], rows))
+    return blocks
+
