@@ -87,3 +87,14 @@ def test_bad_settings_say_so(sst2):
         _attack("transformer4", sst2, 1, 0, 0.1, p=1.0)
     with pytest.raises(VeilError, match="max_pairs"):
         _attack("transformer4", sst2, 1, 0, 0.1, max_pairs=10)
+
+
+def test_batch_size_not_granted_is_read_from_the_pairs(sst2):
+    """Without the batch size, B is the most pairs passing at one position (1 here): still exact."""
+    torch.manual_seed(0)
+    model = create_model("transformer4", max_len=24, dim=96, depth=3, dropout=0.1)
+    batch = _batch(sst2, 1, 0)
+    model.train()
+    torch.manual_seed(0)
+    rec = create_attack("span-robust").reconstruct(observe(model, batch), Knowledge(seq_len=24, tokenizer=sst2.meta["tokenizer"]))
+    assert text_report(_refs(batch), rec.token_ids, ignore=SPECIAL)["exact_recovery"] == 1.0
