@@ -1,0 +1,195 @@
+"""`protocol: split` in `veil audit` scenarios: split learning (SL), FeSTA and p-FeSTA (Park et al.,
+p-FeSTA, Tables IV-V; the engine is `veil.federated.split`) trained over Flower messages, each
+protocol's task metrics and measured bytes beside the paper's formulas, and the feature-space
+attacks a curious server runs on the smashed data it receives (`veil.attacks.features`).
+
+    - name: digits-split
+      protocol: split
+      run: {model: vit-digits, data: digits, train: {batch_size: 16, lr: 0.001}}
+      defenses: [sl, festa, pfesta, {name: pfesta, permute: false}]   # the split protocols (+ split overrides)
+      attacks: [{name: feature_inversion, unshuffle: false}, feature_inversion, fsha]
+      federated: {tasks: [classify, zones, segment], clients_per_task: 2, epochs: 10, victims: 64}
+
+`defenses` name the protocols (sl | festa | pfesta | fl | central), each a mapping of `split`
+keys beside its name; `federated` holds the shared `split` section (every key but `protocol`)
+and `victims`, the private images attacked (default 64).
+
+Threat model of the feature attacks (the server): it receives a client's head features (patch
+embeddings) — under SL / FeSTA in patch order, under p-FeSTA permuted per sample with a
+client-only key when `permute` is on; it holds auxiliary public images (the digits test split,
+disjoint from every client's training data) and query access to the head at its initialisation
+(p-FeSTA's frozen, shared head; under SL / FeSTA the features of the first step come from that
+head); it knows its own protocol (`Knowledge.defense` names the permutation when it is on), so
+`feature_inversion` un-shuffles through the head before decoding unless `unshuffle: false`
+(the naive decoder the paper's claim rests on). FL and central send no features: not attacked.
+Scores: PSNR / SSIM / MSE of the rebuilt batch against the private one (Hungarian-matched).
+
+Resume: each protocol run is a folder reused when its resolved config matches
+(`split_compare.cached_run`); each feature-attack cell is a JSON file under cells/.
+"""
+from __future__ import annotations
+
+import json
+import statistics
+from pathlib import Path
+from typing import Any
+
+from veil.errors import VeilError
+from veil.experiments.scenario import Scenario, Task, label
+
+PROTOCOLS = ("sl", "festa", "pfesta", "fl", "central")
+SENDS_FEATURES = ("sl", "festa", "pfesta")
+
+
+def task_spec(task: Task, protocol: dict[str, Any], seed: int) -> Any:
+    """The split run of one protocol and seed: the task's run + its `federated` (split) section + the protocol entry."""
+    from veil.federated.split import split_spec_from_raw
+
+    if protocol["name"] not in PROTOCOLS:
+        raise VeilError(f"task '{task.name}': unknown split protocol '{protocol['name']}' in defenses; allowed: {', '.join(PROTOCOLS)}")
+    shared = {k: v for k, v in task.federated.items() if k != "victims"}
+    if "protocol" in shared:
+        raise VeilError(f"task '{task.name}': federated.protocol is set by each defenses entry (sl, festa, pfesta, ...); remove it")
+    raw = task.run_for({"name": "none"}, seed).to_dict()
+    split = {**shared, **{k: v for k, v in protocol.items() if k != "name"}, "protocol": protocol["name"]}
+    try:
+        return split_spec_from_raw({**raw, "split": split})
+    except VeilError as e:
+        raise VeilError(f"task '{task.name}': {e}") from None
+
+
+def attacks_of(task: Task, s: Scenario) -> tuple[list[dict[str, Any]], dict[str, str]]:
+    """(feature attacks to run, {attack: why skipped}); a task's own attack that is not a feature attack is an error."""
+    from veil.experiments.cells import make_attack
+
+    own = {label(a) for a in task.attacks}
+    run, skipped = [], {}
+    for a in task.attacks + [a for a in s.attacks if label(a) not in own]:
+        if make_attack(a).needs == "features":
+            run.append(a)
+        elif label(a) in own:
+            raise VeilError(f"attack '{a['name']}' does not apply to task '{task.name}': a split-learning server sees head features, "
+                            f"not gradients; use feature_inversion or fsha")
+        else:
+            skipped[label(a)] = "a split-learning server sees head features, not parameter updates"
+    return run, skipped
+
+
+def validate_task(task: Task, s: Scenario) -> None:
+    victims = task.federated.get("victims", 64)
+    if not isinstance(victims, int) or victims < 1:
+        raise VeilError(f"task '{task.name}': federated.victims must be a positive integer, got {victims!r}")
+    attacks_of(task, s)
+    for d in task.defenses:
+        for seed in s.seeds:
+            task_spec(task, d, seed)
+
+
+def attack_cell(spec: Any, attack: dict[str, Any], permuted: bool, victims: int) -> dict[str, float]:
+    """One feature attack on the first client's private images as the server receives them."""
+    import torch
+
+    from veil.attacks import Knowledge, Observation
+    from veil.defenses.permutation import PatchPermutation
+    from veil.experiments.cells import make_attack
+    from veil.federated.split_client import build_parts, split_world
+    from veil.metrics import image_report
+
+    torch.manual_seed(spec.cfg.train.seed)
+    world = split_world(spec.text())
+    head, _ = build_parts(spec, spec.split.tasks[0])
+    head.requires_grad_(False)
+    private = world.clients[0][1]["pixels"][:victims]
+    aux = world.tests[spec.split.tasks[0]]["pixels"]
+    with torch.no_grad():
+        feats = head(private)
+    module = PatchPermutation(True, seed=spec.cfg.train.seed + 4242)
+    if permuted:
+        feats = module.before_send(feats, {})
+    know = Knowledge(batch_size=len(private), input_shape=tuple(private.shape[1:]), aux_data={"pixels": aux, "head": head},
+                     defense={module.name: module.describe()} if permuted else {}, seed=spec.cfg.train.seed)
+    rec = make_attack(attack).reconstruct(Observation(model=None, features=feats, kind="features"), know)  # type: ignore[arg-type]
+    rep = image_report(private, rec.images.clamp(0, 1))
+    return {"psnr": float(rep["psnr"]), "ssim": float(rep["ssim"]), "mse": float(rep["mse"]), "seconds": float(rec.stats["seconds"])}
+
+
+def run_task(task: Task, s: Scenario, out: Path, progress: bool = False) -> dict[str, Any]:
+    """Every protocol (defense) and seed: metrics, bytes, and the feature attacks; the task's summary entry."""
+    from veil.experiments.audit import run_dir
+    from veil.experiments.cells import make_attack
+    from veil.federated.split_compare import cached_run
+    from veil.report.worst_case import worst_case
+    from veil.training.checkpoint import atomic_write_text
+
+    attacks, skipped = attacks_of(task, s)
+    victims = int(task.federated.get("victims", 64))
+    knows = {label(a): make_attack(a).knows for a in attacks}
+    t: dict[str, Any] = {"model": task.run.model["name"], "data": task.run.data["name"], "protocol": task.protocol, "dropout": 0.0,
+                         "knowledge": task.knowledge, "samples": victims, "utility": {}, "leakage": {}, "skipped": skipped,
+                         "blocked": {}, "overhead": {}, "step_seconds": {}, "attacker_knows": knows, "worst_case": {}, "split": {}}
+    for d in task.defenses:
+        dn, runs, cells = label(d), [], []
+        for seed in s.seeds:
+            spec = task_spec(task, d, seed)
+            runs.append(cached_run(spec, run_dir(out, task, d, seed)))
+            if d["name"] not in SENDS_FEATURES:
+                continue
+            permuted = d["name"] == "pfesta" and spec.split.permute
+            row = {}
+            for a in attacks:
+                path = out / "cells" / task.name / dn / label(a) / f"seed{seed}.json"
+                if not path.is_file():
+                    path.parent.mkdir(parents=True, exist_ok=True)
+                    atomic_write_text(path, json.dumps({"metrics": attack_cell(spec, a, permuted, victims), "permuted": permuted}))
+                row[label(a)] = json.loads(path.read_text())["metrics"]
+            cells.append(row)
+        t["split"][dn] = split_entry(runs)
+        t["utility"][dn] = utility(runs)
+        if cells:
+            t["leakage"][dn] = {a: {k: statistics.fmean(c[a][k] for c in cells) for k in cells[0][a]} for a in cells[0]}
+            t["worst_case"][dn] = worst_case(t["leakage"][dn], knows)
+        else:
+            t["skipped"][f"every feature attack against {dn}"] = f"{d['name']} sends no features to the server"
+    return t
+
+
+def utility(runs: list[dict[str, Any]]) -> dict[str, Any]:
+    """The first task's metric (accuracy for classify) as test_accuracy, every task's metric beside it."""
+    first = runs[0]["tasks"][0]
+    vals = [float(r["metrics"][first]) for r in runs]
+    return {"test_accuracy_mean": statistics.fmean(vals), "test_accuracy_std": statistics.stdev(vals) if len(vals) > 1 else 0.0,
+            "test_accuracy_values": vals, "metric": runs[0]["metric_names"][first],
+            "train_seconds_mean": statistics.fmean(float(r["seconds"]) for r in runs)}
+
+
+def split_entry(runs: list[dict[str, Any]]) -> dict[str, Any]:
+    """Per-task metrics (mean over seeds), bytes per client measured and by the paper's formula."""
+    r0 = runs[0]
+    out: dict[str, Any] = {"metrics": {k: statistics.fmean(float(r["metrics"][k]) for r in runs) for k in r0["metrics"]},
+                           "metric_names": r0["metric_names"], "protocol": r0["protocol"], "permute": r0.get("permute")}
+    if "bytes_per_client" in r0:
+        out["bytes_per_client"] = statistics.fmean(float(r["bytes_per_client"]) for r in runs)
+        paper = r0["paper_bytes_per_client"]
+        out["paper_bytes_per_client"] = paper.get(r0["protocol"])
+    return out
+
+
+def report_blocks(t: dict[str, Any], out: Path) -> list[tuple]:
+    """report.md / report.html: each protocol's metrics and bytes, and the feature attacks' PSNR side by side."""
+    from veil.report.render import fmt
+
+    tasks = sorted({k for e in t["split"].values() for k in e["metrics"]})
+    attacks = sorted({a for leak in t["leakage"].values() for a in leak})
+    rows = []
+    for d, e in t["split"].items():
+        leak = t["leakage"].get(d, {})
+        rows.append([d, *[fmt(e["metrics"].get(k, "—")) for k in tasks], fmt(e.get("bytes_per_client", "—")),
+                     fmt(e.get("paper_bytes_per_client", "—")), *[fmt(leak[a]["psnr"]) if a in leak else "—" for a in attacks]])
+    names = next(iter(t["split"].values()))["metric_names"] if t["split"] else {}
+    head = ["protocol", *[f"{k} ({names.get(k, '')})" for k in tasks], "bytes per client", "paper formula",
+            *[f"PSNR {a}" for a in attacks]]
+    return [("h3", "Split learning: protocols, bytes and feature-space attacks"),
+            ("p", "Each protocol trained over Flower messages (bytes measured from the serialised messages, beside the paper's formula); "
+                  "the feature attacks rebuild a client's private images from the head features the server receives "
+                  "(permuted under p-FeSTA when permute is on). PSNR in dB; FL and central send no features."),
+            ("table", head, rows)]
