@@ -112,6 +112,10 @@ def parse_task(raw: Any, index: int) -> Task:
 
 
 def parse_scenario(raw: Any, default_name: str = "scenario") -> Scenario:
+    if isinstance(raw, dict) and "split" in raw and "tasks" not in raw:  # a `veil split` run config: its protocols, audited
+        from veil.federated.split_audit import scenario_from_run_config
+
+        raw = scenario_from_run_config(raw, default_name)
     if not isinstance(raw, dict):
         raise VeilError("a scenario must be a YAML mapping with keys: " + ", ".join(sorted(SCENARIO_KEYS)))
     _unknown(set(raw), SCENARIO_KEYS, "scenario")

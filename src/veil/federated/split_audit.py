@@ -148,8 +148,8 @@ def run_task(task: Task, s: Scenario, out: Path, progress: bool = False) -> dict
         if cells:
             t["leakage"][dn] = {a: {k: statistics.fmean(c[a][k] for c in cells) for k in cells[0][a]} for a in cells[0]}
             t["worst_case"][dn] = worst_case(t["leakage"][dn], knows)
-        else:
-            t["skipped"][f"every feature attack against {dn}"] = f"{d['name']} sends no features to the server"
+        else:  # nothing to attack: the verdict says no attack measured leakage
+            t["worst_case"][dn] = worst_case({}, knows)
     return t
 
 
@@ -193,3 +193,19 @@ def report_blocks(t: dict[str, Any], out: Path) -> list[tuple]:
                   "the feature attacks rebuild a client's private images from the head features the server receives "
                   "(permuted under p-FeSTA when permute is on). PSNR in dB; FL and central send no features."),
             ("table", head, rows)]
+
+
+#: the rows of p-FeSTA's Tables IV-V, and the feature attacks of `veil.federated.feature_audit`
+TABLE_PROTOCOLS = ["central", "fl", "sl", "festa", "pfesta"]
+TABLE_ATTACKS: list[Any] = ["feature_inversion", {"name": "feature_inversion", "unshuffle": False}, "fsha"]
+
+
+def scenario_from_run_config(raw: dict[str, Any], name: str) -> dict[str, Any]:
+    """A `veil split` run config (model / data / train / split) as an audit scenario: one split task
+    over every protocol of Tables IV-V, attacked with the feature attacks (so `veil audit` takes it)."""
+    base = {k: v for k, v in raw.items() if k in ("model", "data", "train", "defense")}
+    split = {k: v for k, v in (raw.get("split") or {}).items() if k != "protocol"}
+    seed = int((raw.get("train") or {}).get("seed", 0))
+    return {"name": name, "seeds": [seed], "tasks": [{"name": f"{name}-split", "protocol": "split", "run": base,
+                                                      "defenses": list(TABLE_PROTOCOLS), "attacks": list(TABLE_ATTACKS),
+                                                      "federated": split}]}
