@@ -38,7 +38,7 @@ ATTACKS: list[tuple[str, str, dict[str, Any]]] = [
     ("span-mjp", "span-mjp", {}),
 ]
 KEYS = ("token_recovery", "unshuffled_recovery", "bag_recall", "bag_precision", "rouge1", "presence_f1", "exact_recovery",
-        "moved_tokens", "seconds")
+        "moved_tokens")
 
 
 def models(trained: bool) -> tuple[Any, Any, list]:
@@ -76,7 +76,7 @@ def table(state: str, samples: int, fresh: bool) -> tuple[list[str], dict[str, d
 def _fmt(v: float | None, key: str) -> str:
     if v is None:
         return "—"
-    return f"{v:.1f}" if key in ("moved_tokens", "seconds") else f"{v:.3f}"
+    return f"{v:.1f}" if key == "moved_tokens" else f"{v:.3f}"
 
 
 def verdict(got: dict[str, dict[str, float]]) -> str:
@@ -95,7 +95,7 @@ def main() -> None:
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
     head = ("| model | attack | token_recovery | unshuffled_recovery | bag_recall | bag_precision | ROUGE-1 | presence F1 | exact | "
-            "moved tokens / sentence | s / sentence |")
+            "moved tokens / sentence |")
     lines = [head, "|" + "---|" * (len(KEYS) + 2)]
     rows, init = table("init", args.samples, args.fresh)
     lines += rows
