@@ -119,14 +119,21 @@ def robust_residuals(y: Tensor, basis: Tensor, k_max: int, irls: int = 20, hard:
     Q = basis.double()
     if k_max == 0 or Q.shape[1] == 0:
         return (y - (y @ Q) @ Q.T).norm(dim=1) / y.norm(dim=1).clamp_min(1e-300)
-    eye = torch.eye(Q.shape[1], dtype=torch.float64)
+    n = Q.shape[1]
+    eye = torch.eye(n, dtype=torch.float64)
+    outer = (Q[:, :, None] * Q[:, None, :]).reshape(len(Q), n * n)  # row d: q_d q_d^T, so W @ outer = Q^T diag(w) Q
     floor = 1e-7 * y.abs().amax(1, keepdim=True).clamp_min(1e-300)
     w = torch.ones_like(y)
 
     def fit(weights: Tensor) -> Tensor:
-        m = (Q.T.unsqueeze(0) * weights.unsqueeze(1)) @ Q  # (C, N, N)
-        a = torch.linalg.solve(m + 1e-12 * eye, ((y * weights) @ Q).unsqueeze(-1)).squeeze(-1)
-        return a @ Q.T
+        m = (weights @ outer).view(-1, n, n) + 1e-12 * eye  # (C, N, N), symmetric positive definite
+        rhs = ((y * weights) @ Q).unsqueeze(-1)
+        chol, info = torch.linalg.cholesky_ex(m)
+        a = torch.cholesky_solve(rhs, chol)
+        bad = info != 0
+        if bool(bad.any()):
+            a[bad] = torch.linalg.solve(m[bad], rhs[bad])
+        return a.squeeze(-1) @ Q.T
 
     for _ in range(irls):  # L1 regression by IRLS: the dropped coordinates are sparse outliers
         s = fit(w)
