@@ -268,8 +268,8 @@ class AprilMJP(April):
 def masked_span(G_U: Tensor, dW: Tensor, m: int) -> Tensor | None:
     """Step 3b: (m, P) orthonormal basis of the masked patches' span, or None when it is all of R^P.
 
-    With Q an orthonormal basis of the complement of the known rows G_U (in R^D), Q^T dL/dW =
-    (Q G_M^T)... = Q^T G_M^T X~_M has rank m, and its row space is the row space of X~_M. The
+    With Q an orthonormal basis of the complement of the known rows G_U (in R^D), Q^T G_U^T = 0, so
+    Q^T dL/dW = Q^T G_M^T X~_M has rank m, and its row space is the row space of X~_M. The
     unmasked patches' part orthogonal to it then follows exactly: X_U (I - V^T V) =
     pinv(G_U^T) dL/dW (I - V^T V); only X_U V^T (u x m) and X~_M = C V (C: m x m) stay unknown.
     """
