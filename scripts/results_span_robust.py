@@ -98,9 +98,9 @@ def table(samples: int, cells: tuple[Cell, ...]) -> str:
              "is its exact check failing, not protection. Limits: the robust test needs the batch's real tokens plus the "
              "dropped coordinates (~p*width + 5 sd, 68 of 384 on MiniLM) well below the width; at ~100 tokens in a MiniLM "
              "batch of 4 a few true pairs already miss the 0.02 tolerance (2 of 99 on one batch), and the layer-2 "
-             "ordering is a ranking whose errors are the remaining tokens (exact sentences 0.59 at batch 4). Layer 1 "
-             "dominates the time (one batched robust regression per (token, position) pair of the bag, ~2,000 pairs at "
-             "batch 4).")
+             "ordering is a ranking whose errors are the remaining tokens (exact sentences 0.59 at batch 4). The time is "
+             "the layer-1 regression (one per (token, position) pair of the bag, ~2,000 pairs at batch 4) and the layer-2 "
+             "assignment search.")
     return "\n".join(lines) + "\n\n" + notes
 
 
