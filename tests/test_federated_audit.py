@@ -1,0 +1,147 @@
+"""`veil audit` with `protocol: fedavg` / `protocol: split`: the live auditor's per-round leakage and
+the split protocols' feature attacks land in the same summary / report as single-step tasks; a
+killed federated audit resumes with identical numbers; bad protocols are one-line errors."""
+from __future__ import annotations
+
+import copy
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+
+from veil.errors import VeilError
+from veil.experiments.audit import run_audit, validate
+from veil.experiments.scenario import parse_scenario
+
+TINY_RUN = {"model": {"name": "vit-digits", "dim": 16, "depth": 1, "heads": 2},
+            "data": {"name": "digits", "train_size": 240, "test_size": 100}, "train": {"batch_size": 16, "lr": 0.003, "seed": 0}}
+FEDAVG = {"name": "fed", "seeds": [0], "tasks": [
+    {"name": "avg", "protocol": "fedavg", "run": TINY_RUN, "defenses": ["none", {"name": "gaussian", "sigma": 0.1}],
+     "attacks": ["april", {"name": "ig", "iterations": 3}, "labels"],
+     "federated": {"clients": 2, "rounds": 2, "local_steps": 2, "audit_clients": 2}},
+    {"name": "sgd", "protocol": "fedavg", "run": {**TINY_RUN, "model": {**TINY_RUN["model"], "dim": 32}, "train": {"batch_size": 1, "lr": 0.003, "seed": 0, "clip": 0.0}},
+     "attacks": ["april"], "federated": {"clients": 2, "rounds": 1, "mode": "fedsgd", "audit_clients": 1}}]}
+SPLIT = {"name": "split", "seeds": [0], "tasks": [
+    {"name": "sp", "protocol": "split", "run": {**TINY_RUN, "data": {"name": "digits"}, "train": {"batch_size": 64, "lr": 0.001, "seed": 0}},
+     "defenses": ["sl", "pfesta", "fl"],
+     "attacks": [{"name": "feature_inversion", "steps": 20}, {"name": "feature_inversion", "unshuffle": False, "steps": 20}],
+     "federated": {"tasks": ["classify", "segment"], "clients_per_task": 1, "epochs": 1, "victims": 8}}]}
+TIMING = {"seconds", "iterations_per_second", "train_seconds", "train_seconds_mean"}
+
+
+def untimed(x: Any) -> Any:
+    """`x` without wall-clock fields (the only numbers a rerun may change)."""
+    if isinstance(x, dict):
+        return {k: untimed(v) for k, v in x.items() if k not in TIMING}
+    if isinstance(x, list):
+        return [untimed(v) for v in x]
+    return x
+
+
+def test_fedavg_audit_reports_per_round_leakage_and_worst_case(tmp_path: Path) -> None:
+    torch.set_num_threads(1)
+    s = run_audit(parse_scenario(copy.deepcopy(FEDAVG)), tmp_path / "out", progress=False)
+    t = s["tasks"]["avg"]
+    assert t["protocol"] == "fedavg" and set(t["rounds"]) == {"none", "gaussian(sigma=0.1)"}
+    assert "fedsgd" in t["skipped"]["april"]  # APRIL's closed form does not model a multi-step update: not applicable, with the reason
+    for d, rows in t["rounds"].items():
+        assert [r["round"] for r in rows] == [1, 2]
+        for r in rows:  # every round: accuracy, bytes, and each attack's leakage on the updates the server received
+            assert 0.0 <= r["test_accuracy"] <= 1.0 and r["bytes_up"] > 0 and r["bytes_down"] > 0
+            assert set(r["leakage"]) == {"ig(iterations=3)", "labels"} and "psnr" in r["leakage"]["ig(iterations=3)"]
+            assert r["worst_case"]["attack"] == "ig(iterations=3)"  # the image rebuild outranks labels only
+        assert set(t["clients"][d]) == {"0", "1"} and t["bytes"][d]["bytes_total"] > 0
+        wc = t["worst_case"][d]
+        assert wc["attack"] == "ig(iterations=3)" and wc["value"] == t["leakage"][d]["ig(iterations=3)"]["psnr"]
+        best = max(r["leakage"]["ig(iterations=3)"]["psnr"] for r in rows)  # the verdict is the worst round
+        assert t["leakage"][d]["ig(iterations=3)"]["psnr"] == best
+    # FedSGD at batch 1: the server's update is one raw gradient, and APRIL rebuilds the image exactly
+    sgd = s["tasks"]["sgd"]
+    assert sgd["worst_case"]["none"]["attack"] == "april" and sgd["worst_case"]["none"]["value"] > 30
+    report = (tmp_path / "out" / "report.md").read_text()
+    assert "Federated training, audited round by round" in report and "figures/avg_rounds.png" in report
+    assert (tmp_path / "out" / "figures" / "avg_rounds.png").stat().st_size > 1000
+
+
+def test_killed_fedavg_audit_resumes_with_identical_numbers(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from veil.federated import server_app
+
+    torch.set_num_threads(1)
+    raw = copy.deepcopy(FEDAVG)
+    raw["tasks"] = raw["tasks"][:1]
+    full = run_audit(parse_scenario(copy.deepcopy(raw)), tmp_path / "full", progress=False)
+    original = server_app.ServerState.save
+    calls = {"n": 0}
+
+    def killed_in_second_run(self: server_app.ServerState) -> None:
+        original(self)
+        calls["n"] += 1
+        if calls["n"] == 3:  # defense none finished (2 rounds), the gaussian run killed after its round 1
+            raise KeyboardInterrupt("audit killed")
+
+    monkeypatch.setattr(server_app.ServerState, "save", killed_in_second_run)
+    with pytest.raises(KeyboardInterrupt):
+        run_audit(parse_scenario(copy.deepcopy(raw)), tmp_path / "cut", progress=False)
+    monkeypatch.setattr(server_app.ServerState, "save", original)
+    finished = (tmp_path / "cut" / "runs" / "avg" / "none" / "seed0" / "metrics.jsonl").read_text()
+    resumed = run_audit(parse_scenario(copy.deepcopy(raw)), tmp_path / "cut", progress=False)
+    assert (tmp_path / "cut" / "runs" / "avg" / "none" / "seed0" / "metrics.jsonl").read_text() == finished  # reused, not rerun
+    assert untimed(resumed["tasks"]) == untimed(full["tasks"])
+
+
+def test_split_audit_reports_protocols_bytes_and_feature_attacks(tmp_path: Path) -> None:
+    torch.set_num_threads(1)
+    s = run_audit(parse_scenario(copy.deepcopy(SPLIT)), tmp_path / "out", progress=False)
+    t = s["tasks"]["sp"]
+    adaptive, naive = "feature_inversion(steps=20)", "feature_inversion(steps=20,unshuffle=False)"
+    assert set(t["split"]) == {"sl", "pfesta", "fl"}
+    assert t["split"]["pfesta"]["bytes_per_client"] < t["split"]["sl"]["bytes_per_client"]  # features sent once, not every step
+    assert set(t["leakage"]) == {"sl", "pfesta"} and t["worst_case"]["fl"]["attack"] is None  # FL sends no features
+    # un-shuffling through the head undoes p-FeSTA's permutation exactly: the same PSNR as on SL's plain features
+    assert t["leakage"]["pfesta"][adaptive]["psnr"] == pytest.approx(t["leakage"]["sl"][adaptive]["psnr"], abs=1e-4)
+    assert t["leakage"]["pfesta"][naive]["psnr"] < t["leakage"]["pfesta"][adaptive]["psnr"]
+    assert t["worst_case"]["pfesta"]["attack"] == adaptive
+    assert "Split learning: protocols, bytes and feature-space attacks" in (tmp_path / "out" / "report.md").read_text()
+
+
+def test_unknown_protocol_is_a_one_line_error() -> None:
+    raw = copy.deepcopy(FEDAVG)
+    raw["tasks"][0]["protocol"] = "gossip"
+    with pytest.raises(VeilError, match="unknown protocol 'gossip' in tasks\\[0\\]; allowed: single-step, fedavg, split") as e:
+        parse_scenario(raw)
+    assert "\n" not in str(e.value)
+
+
+@pytest.mark.parametrize("change, message", [
+    (lambda t: t["federated"].update(audit=["ig"]), "federated.audit is set from the task's attacks"),
+    (lambda t: t["federated"].update(clients=0), "federated.clients and federated.rounds must be at least 1"),
+    (lambda t: t["federated"].update(colour=1), "unknown config key 'federated.colour'"),
+    (lambda t: t.update(knowledge={"labels": True}), "knowledge.labels cannot be granted"),
+    (lambda t: t.update(attacks=["feature_inversion"]), "does not apply to task 'avg'"),
+])
+def test_bad_fedavg_task_is_refused_before_training(change: Any, message: str) -> None:
+    raw = copy.deepcopy(FEDAVG)
+    change(raw["tasks"][0])
+    with pytest.raises(VeilError, match=message):
+        validate(parse_scenario(raw))
+
+
+def test_bad_split_task_is_refused_before_training() -> None:
+    raw = copy.deepcopy(SPLIT)
+    raw["tasks"][0]["defenses"] = ["sl", "gossip"]
+    with pytest.raises(VeilError, match="unknown split protocol 'gossip'"):
+        validate(parse_scenario(raw))
+    raw = copy.deepcopy(SPLIT)
+    raw["tasks"][0]["attacks"] = ["april"]
+    with pytest.raises(VeilError, match="sees head features, not gradients"):
+        validate(parse_scenario(raw))
+
+
+def test_split_run_config_is_audited_as_its_protocol_table() -> None:
+    from veil.experiments.scenario import load_scenario
+
+    s = load_scenario(Path(__file__).parent.parent / "configs" / "paper" / "pfesta_tables4_5.yaml")
+    (task,) = s.tasks
+    assert task.protocol == "split" and [d["name"] for d in task.defenses] == ["central", "fl", "sl", "festa", "pfesta"]
+    assert {a["name"] for a in task.attacks} == {"feature_inversion", "fsha"} and "protocol" not in task.federated
