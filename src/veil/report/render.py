@@ -83,7 +83,7 @@ def task_blocks(name: str, t: dict[str, Any], out: Path) -> list[Block]:
               for d, wc in t.get("worst_case", {}).items() if wc.get("attack") and d in t["utility"]]
     if points:
         image = any(t["worst_case"][d]["metric"].startswith("psnr") for d, *_ in points)
-        ylabel = "worst-case PSNR, dB (inf shown at 100)" if image else "worst-case words + in place (0-2)"
+        ylabel = "worst-case PSNR, dB (capped at 100: an exact copy)" if image else "worst-case words + in place (0-2)"
         path = privacy_utility(points, ylabel, out / "figures" / f"{slug(name)}_privacy_utility.png", f"{name}: privacy vs utility")
         blocks.append(("img", path, "Privacy-utility: each point is a defense at its worst case (the strongest attack, named); "
                                     "up is more leakage, right is more accuracy."))
