@@ -226,3 +226,20 @@ def test_the_cached_encoder_screen_computes_veils_dp_update() -> None:
     assert set(theirs) == set(veil) and _flat(veil).norm() > 1e-3
     for k in veil:
         assert torch.allclose(veil[k], theirs[k], atol=1e-6), k
+
+
+def test_default_noise_is_unknown_to_the_config_and_resume_never_replays() -> None:
+    model, b = _model("hf-bert")
+    draws = []
+    for _ in range(2):  # no seed: each instance draws from its own OS-entropy seed
+        d = DPSGD(clip=1.0, noise_multiplier=1.0, mode="ghost").attach(model)
+        draws.append(_flat(client_step(model, b, [d]).grads))
+        d.detach()
+    assert not torch.allclose(draws[0], draws[1])
+    d = DPSGD(clip=1.0, noise_multiplier=1.0, seed=3, mode="ghost").attach(model)
+    run = [_flat(client_step(model, b, [d]).grads) for _ in range(3)]
+    d.detach()
+    d = DPSGD(clip=1.0, noise_multiplier=1.0, seed=3, mode="ghost").attach(model)
+    d.resume(2)  # a run resumed after 2 steps continues with the third draw
+    assert torch.allclose(_flat(client_step(model, b, [d]).grads), run[2], atol=1e-6) and d.steps == 3
+    d.detach()

@@ -32,12 +32,18 @@ pooler), relative to an undefended step: veil ghost 2.25x, Opacus' own ghost cli
 
 The hook replaces ``loss.backward()`` (`Defense.backward`): it sets ``p.grad`` for every trainable
 parameter to the noised clipped mean, which is both the local update and the exported update a
-server sees (`client_step`). The noise is seeded and fresh every call, like AEGIS's.
+server sees (`client_step`). The noise is fresh every step. Its generator is keyed by ``seed`` (and
+the client's ``secret`` when there is one): by default (``seed: null``) a seed drawn from the OS's
+entropy at construction, never written anywhere, so whoever holds the config cannot regenerate the
+noise; an explicit ``seed`` makes runs repeatable but lets anyone who knows it subtract the noise
+(tests, debugging). A resumed run continues the noise sequence where the checkpoint left it
+(`resume`), never replaying an earlier step's draw.
 """
 from __future__ import annotations
 
 import math
 import re
+import secrets
 from typing import Any
 
 import torch
@@ -84,7 +90,7 @@ class DPSGD(Defense):
 
     def __init__(self, clip: float = 1.0, noise_multiplier: float | None = None, target_epsilon: float | None = None,
                  delta: float | None = None, accountant: str = "rdp", mode: str = "auto", trainable: str | None = None,
-                 chunk: int = 64, seed: int = 0) -> None:
+                 chunk: int = 64, seed: int | None = None) -> None:
         super().__init__()
         self.clip = _positive("clip", clip)
         self.noise_multiplier = None if noise_multiplier is None else check_scale("noise_multiplier", noise_multiplier)
@@ -101,8 +107,9 @@ class DPSGD(Defense):
                 re.compile(trainable)
             except (re.error, TypeError):
                 raise VeilError(f"dpsgd trainable must be a regular expression over parameter names, got {trainable!r}") from None
-        if isinstance(seed, bool) or not isinstance(seed, int):
-            raise VeilError(f"seed must be an integer, got {seed!r}")
+        if seed is not None and (isinstance(seed, bool) or not isinstance(seed, int)):
+            raise VeilError(f"seed must be an integer or null (a secret seed from the OS), got {seed!r}")
+        seed = secrets.randbits(62) if seed is None else seed
         if isinstance(chunk, bool) or not isinstance(chunk, int) or chunk < 1:
             raise VeilError(f"chunk must be an integer >= 1 (samples per physical micro-batch), got {chunk!r}")
         if (noise_multiplier is None) == (target_epsilon is None):
@@ -159,6 +166,10 @@ class DPSGD(Defense):
 
             self.noise_multiplier = float(get_noise_multiplier(target_epsilon=self.target_epsilon, target_delta=self.delta,
                                                                sample_rate=self.sample_rate, steps=steps, accountant=self.accountant))
+
+    def resume(self, step: int) -> None:
+        """Continue after `step` finished steps (a resumed run): the accountant's count and the noise sequence."""
+        self.steps = self._calls = step
 
     def privacy(self, steps: int | None = None) -> dict[str, Any]:
         """epsilon spent after `steps` (default: the steps taken) at delta, with what it rests on."""

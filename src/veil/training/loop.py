@@ -176,6 +176,8 @@ def train(cfg: RunConfig, out_dir: str | Path, model: VeilModel | None = None, d
         for _ in range(loop["step"]):
             sched.step()
     _truncate_events(out / "metrics.jsonl", loop["step"])
+    for d in _private(defenses):
+        d.resume(loop["step"])
 
     bar = tqdm(total=total, initial=loop["step"], disable=not progress, desc="train", unit="step", leave=False)
     model.train()
