@@ -27,7 +27,9 @@ exact per-sentence test from the last block's Q gradient, and each found sentenc
 subtracted from the observation), which keeps working when B*T approaches the width.
 
 Dropout makes the layer inputs ``mask * x / (1 - p)``: no longer in the span of clean vectors.
-``tol1``/``tol2`` are then the tolerance to raise (see the report for measured effects).
+The exact check here then passes nothing (token recovery 0.000 is the check failing, not
+protection): `veil.attacks.span_robust` (``span-robust``) replaces it with a test that searches
+for the dropped coordinates, and recovers such updates.
 """
 from __future__ import annotations
 
