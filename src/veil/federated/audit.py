@@ -268,7 +268,11 @@ def report_blocks(t: dict[str, Any], out: Path) -> list[tuple]:
                            ("p", f"{f.get('mode')} with {f.get('strategy')} on Flower ({f.get('backend')} backend): {f.get('clients')} clients, "
                                  f"{f.get('partition')} partition (alpha {f.get('alpha')}), {f.get('rounds')} rounds, local epochs "
                                  f"{f.get('local_epochs')}, local steps {f.get('local_steps') or 'all batches'}; the server audits "
-                                 f"{f.get('audit_clients')} client(s) every {f.get('audit_every')} round(s) on the updates it received.")]
+                                 f"{f.get('audit_clients')} client(s) every {f.get('audit_every')} round(s) on the updates it received. "
+                                 "A FedAvg update mixes several local steps: attacks read it as the pseudo-gradient (w - w_k) / (lr s). "
+                                 "A low figure means these attacks failed on these updates, not that the updates are safe: an attacker "
+                                 "that simulates the local steps (Geiping et al. 2020 sec. 5) or averages a client's updates across "
+                                 "rounds is not in veil yet.")]
     if t.get("figure"):
         blocks.append(("img", out / t["figure"], "Accuracy (left) and the strongest attack's leakage (right) per round, one line per defense."))
     rows = []
