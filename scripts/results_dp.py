@@ -244,9 +244,10 @@ def main() -> None:
 RECIPE_TEXT = ["`configs/paper/dp_minilm.yaml` (see its comment) through veil's loop "
                "(`veil train configs/paper/dp_minilm.yaml defense.target_epsilon=E --out runs/dp/minilm-epsE`): sigma from the "
                "accountant for the run's schedule (q = 512/8,000, 80 steps); the epsilon column is the accountant's after the "
-               "epochs run. Test = GLUE's 872-sentence dev split. Each veil epoch re-runs the frozen encoder over 8,000 sentences "
-               "(~12 minutes on this machine's contended core), so the veil runs were stopped early and the curve below comes "
-               "from the same computation on cached encoder outputs (a slow test checks that the two give the same clipped "
+               "epochs run. Test = GLUE's 872-sentence dev split, seed 0. Each veil epoch re-runs the frozen encoder over 8,000 "
+               "sentences (7-12 minutes on this machine's contended core): a run marked 'stopped early' did not finish in the "
+               "session (epsilon 8 ran its first epoch with the then-default noise seed 0, the rest with a secret seed after "
+               "a resume). The 3-seed curve below comes from the same computation on cached encoder outputs (a slow test checks that the two give the same clipped "
                "update: `tests/test_dpsgd.py::test_the_cached_encoder_screen_computes_veils_dp_update`). Non-private reference: "
                "full fine-tuning 86.12 % (utility section, 3 seeds)."]
 CURVE_TEXT = ("The same recipe, 3 seeds, through `python scripts/screen_dp_minilm.py --out runs/dp/curve --test --variants "

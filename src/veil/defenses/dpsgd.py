@@ -22,7 +22,9 @@ slice ``weight[:T]``, which module hooks cannot attribute to samples. An explici
 ``hooks`` freezes such tables instead (listed in `describe()["frozen"]`). ``trainable`` (a regular
 expression over parameter names) restricts DP fine-tuning to the matching parameters, e.g. the
 top layers and the head (parameter-efficient DP fine-tuning: Yu et al., ICLR 2022; Li et al.,
-ICLR 2022); frozen parameters are restored on `detach`.
+ICLR 2022); frozen parameters are restored on `detach`. Under ``ghost`` / ``hooks`` the per-sample
+loss is the model's task loss (`dpsgd_engines.per_sample_loss`; another defense's ``aux_loss`` is
+not included); ``functorch`` differentiates the whole client loss of each sample.
 
 Step time on MiniLM-L6 (batch 16, 32 tokens, one contended thread, medians of 6 interleaved steps,
 ``benchmarks/dp_step.py``; all of MiniLM trained but the two raw-read tables and the unused
