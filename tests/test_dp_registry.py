@@ -68,16 +68,22 @@ def _tied(model: VeilModel) -> bool:
 
 
 def _ghost_on_tied(model: VeilModel, batch: dict[str, Tensor], mode: str, request: pytest.FixtureRequest) -> bool:
-    """Opacus: "Parameter tying is not supported with Ghost Clipping". Wanted: a VeilError; today a
-    NotImplementedError inside the forward (strict xfail: it turns red once fixed)."""
+    """Opacus: "Parameter tying is not supported with Ghost Clipping": an explicit ghost on tied
+    weights is refused at attach with a one-line VeilError, and the model is left as it was."""
     if mode != "ghost" or not _tied(model):
         return False
-    request.applymarker(pytest.mark.xfail(raises=NotImplementedError, strict=True,
-                                          reason="dpsgd mode=ghost on tied weights fails inside the forward; should be a VeilError"))
-    with pytest.raises(VeilError):
-        dp = DPSGD(noise_multiplier=0.0, mode=mode)
+    before = {n: p.requires_grad for n, p in model.named_parameters()}
+    dp = DPSGD(noise_multiplier=0.0, mode=mode)
+    with pytest.raises(VeilError, match="tied weights"):
         dp.attach(model)
-        client_step(model, batch, [dp])
+    assert {n: p.requires_grad for n, p in model.named_parameters()} == before
+    auto = DPSGD(noise_multiplier=0.0, mode="auto")
+    auto.attach(model)
+    try:
+        assert auto.engine_mode == "functorch"
+        client_step(model, batch, [auto])
+    finally:
+        auto.detach()
     return True
 
 

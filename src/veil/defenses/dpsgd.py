@@ -84,6 +84,17 @@ def epsilon(noise_multiplier: float, sample_rate: float, steps: int, delta: floa
     return float(acc.get_epsilon(delta=delta))
 
 
+def _tied(model: VeilModel) -> list[str]:
+    """Names of trainable parameters reachable from two modules (e.g. an LM head tied to the token embedding)."""
+    seen: dict[int, str] = {}
+    tied: list[str] = []
+    for n, p in model.named_parameters(remove_duplicate=False):
+        if p.requires_grad and id(p) in seen and seen[id(p)] not in tied:
+            tied.append(seen[id(p)])
+        seen.setdefault(id(p), n)
+    return tied
+
+
 class DPSGD(Defense):
     """DP-SGD: Poisson batches, per-sample clipping to `clip`, Gaussian noise, privacy accounting."""
 
@@ -139,7 +150,14 @@ class DPSGD(Defense):
                 self.model = None
                 raise VeilError(f"dpsgd trainable={self.trainable!r} matches no trainable parameter of {type(model).__name__}")
         left = uncovered(model, ghost=self.mode != "hooks")
-        self.engine_mode = ("ghost" if not left else "functorch") if self.mode == "auto" else self.mode
+        tied = _tied(model)
+        self.engine_mode = ("ghost" if not left and not tied else "functorch") if self.mode == "auto" else self.mode
+        if self.engine_mode == "ghost" and tied:
+            for n, p in model.named_parameters():
+                p.requires_grad_(self._restore[n])
+            self.model = None
+            raise VeilError(f"dpsgd mode=ghost: Opacus ghost clipping does not support tied weights ({type(model).__name__} ties "
+                            f"{', '.join(tied)}); use mode=hooks, functorch or auto")
         if self.engine_mode in ("ghost", "hooks"):
             self.frozen = left
             named = dict(model.named_parameters())
