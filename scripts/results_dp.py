@@ -4,7 +4,7 @@ at delta = 1/N, and non-private), the validation screen that chose the recipe, D
 against Opacus, and the attacks against DP-SGD on minilm and hf-gpt2 beside AEGIS at stated epsilon.
 
     python scripts/screen_dp_minilm.py --out runs/dp/screen                      # recipe screen (validation)
-    for e in 8 3 1; do veil train configs/paper/dp_minilm.yaml defense.target_epsilon=$e --out runs/dp/minilm-eps$e; done
+    for e in 8 3 1; do veil train configs/dp_minilm_sst2.yaml defense.target_epsilon=$e --out runs/dp/minilm-eps$e; done
     python benchmarks/dp_step.py --repeats 10 --json runs/dp/bench.json
     python scripts/results_dp.py --attacks                                       # runs the attack cells (minutes)
     python scripts/results_dp.py                                                 # rewrite the section from the caches
@@ -122,7 +122,7 @@ def fmt_bench(b: dict[str, Any]) -> list[str]:
 
 # ---- attacks -------------------------------------------------------------------------------------------
 def recipe_schedule() -> dict[str, Any]:
-    """The recipe's sample rate, steps and epsilon-8 sigma, from configs/paper/dp_minilm.yaml (accountant only)."""
+    """The recipe's sample rate, steps and epsilon-8 sigma, from configs/dp_minilm_sst2.yaml (accountant only)."""
     import yaml
 
     from veil.defenses.dpsgd import DPSGD
@@ -241,8 +241,8 @@ def main() -> None:
     print(f"wrote the DP-SGD section of {a.results}")
 
 
-RECIPE_TEXT = ["`configs/paper/dp_minilm.yaml` (see its comment) through veil's loop "
-               "(`veil train configs/paper/dp_minilm.yaml defense.target_epsilon=E --out runs/dp/minilm-epsE`): sigma from the "
+RECIPE_TEXT = ["`configs/dp_minilm_sst2.yaml` (see its comment) through veil's loop "
+               "(`veil train configs/dp_minilm_sst2.yaml defense.target_epsilon=E --out runs/dp/minilm-epsE`): sigma from the "
                "accountant for the run's schedule (q = 512/8,000, 80 steps); the epsilon column is the accountant's after the "
                "epochs run. Test = GLUE's 872-sentence dev split, seed 0. Each veil epoch re-runs the frozen encoder over 8,000 "
                "sentences (7-12 minutes on this machine's contended core): a run marked 'stopped early' did not finish in the "

@@ -1,6 +1,6 @@
 """Screen DP-SGD recipes for MiniLM on SST-2 on a VALIDATION split of the training pool (never the test split).
 
-The recipe of `configs/paper/dp_minilm.yaml` was chosen here. Compute is scarce (a contended CPU),
+The recipe of `configs/dp_minilm_sst2.yaml` was chosen here. Compute is scarce (a contended CPU),
 so the screen trains only what a parameter-efficient recipe trains, on cached inputs: the pretrained
 MiniLM-L6 (dropout 0, eval mode) runs once over the training pool up to the input of its last layer
 (`runs/dp/features_l5.pt`); each variant then trains with Opacus' own PrivacyEngine (Poisson sampling,
@@ -18,7 +18,7 @@ unfinished: a contended CPU gave the first one under 5 CPU-minutes in 17 minutes
 
 After the choice, ``--test`` trains the chosen variant on all 8,000 sentences (delta 1/8,000) and
 scores it on the test split, for several epsilons and seeds: the same computation as
-``veil train configs/paper/dp_minilm.yaml`` (which re-runs the frozen encoder every epoch: ~12
+``veil train configs/dp_minilm_sst2.yaml`` (which re-runs the frozen encoder every epoch: ~12
 minutes an epoch on this machine's contended core), in seconds, so the privacy-utility curve gets
 3 seeds; docs/results.md sets both side by side.
 
