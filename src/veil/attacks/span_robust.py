@@ -191,6 +191,8 @@ class SpanRobustAttack(Attack):
 
     name = "span-robust"
     modality = "text"
+    knows = ("the update, the weights, batch size, length and tokenizer, and that the client trains with dropout at rate p "
+             "(from the model config), not the dropout masks")
 
     def applies_to(self, model: VeilModel) -> str | None:
         reason = super().applies_to(model)
