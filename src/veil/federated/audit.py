@@ -209,7 +209,10 @@ def run_task(task: Task, s: Scenario, out: Path, progress: bool = False) -> dict
             for a, m in row["leakage"].items():
                 by_attack[a].append((row["round"], m))
         t["leakage"][dn] = {a: most_leaking(v) for a, v in by_attack.items()}
-        failed = {a: "the attack raised on every audited update" for a in knows if a not in by_attack}
+        errors = {e["attack"]: e["error"] for run in events for e in run if e.get("event") == "audit" and "error" in e}
+        failed = {a: errors.get(a, "no audited update") for a in knows if a not in by_attack}  # e.g. AEGIS froze the layer it reads
+        if failed:
+            t["blocked"][dn] = failed
         t["worst_case"][dn] = worst_case(t["leakage"][dn], knows, failed)
     t["samples"] = int(t["federated"]["audit_clients"])
     t["figure"] = plot_rounds(t["rounds"], out / "figures" / f"{_slug(task.name)}_rounds.png", task.name)
