@@ -127,7 +127,7 @@ def recipe_schedule() -> dict[str, Any]:
 
     from veil.defenses.dpsgd import DPSGD
 
-    cfg = yaml.safe_load((ROOT / "configs" / "paper" / "dp_minilm.yaml").read_text())
+    cfg = yaml.safe_load((ROOT / "configs" / "dp_minilm_sst2.yaml").read_text())
     steps = cfg["train"]["epochs"] * math.ceil(N_TRAIN / cfg["train"]["batch_size"])
     d = DPSGD(target_epsilon=8.0, accountant=cfg["defense"]["accountant"])
     d.prepare(N_TRAIN, cfg["train"]["batch_size"], steps)
