@@ -55,7 +55,10 @@ def april_table(samples: int) -> str:
     for label, defense, setting, over, ref in rows:
         m = audit(over, "april", samples=samples, reference=ref)
         lines.append(f"| {label} | {defense} | {setting} | {fmt(m['psnr'])} | {fmt(m['ssim'], 3)} | {fmt(m['mse'], 5)} | {fmt(m['fft2d'], 3)} | {fmt(m['seconds'], 4)} |")
-    return "\n".join(lines)
+    return "\n".join(lines + ["", APRIL_MJP_NOTE])
+
+
+APRIL_MJP_NOTE = ('*The MJP rows are the naive `april`, which ignores the mechanism: they show that this attack fails, not that MJP protects. `april-mjp`, which knows MJP, rebuilds the unshuffled patches of such updates exactly and the masked ones as a set (section "Adaptive attacker on MJP (images)"; verdict in "Seed claims").*')
 
 
 def train_briefly(model: torch.nn.Module, split: dict, epochs: int, seed: int = 0) -> float:
