@@ -17,6 +17,7 @@ from __future__ import annotations
 from typing import Any
 
 import torch
+from torch import Tensor
 
 from veil.attacks import Knowledge, Observation, create_attack
 from veil.defenses.permutation import PatchPermutation
@@ -28,7 +29,9 @@ from veil.metrics import image_report
 DEFAULT_ATTACKS: dict[str, dict[str, Any]] = {"feature_inversion+unshuffle": {}, "feature_inversion": {}, "fsha": {}}
 
 
-def feature_attacks(spec: SplitSpec, victims: int = 64, attacks: dict[str, dict[str, Any]] | None = None) -> dict[str, Any]:
+def victim_view(spec: SplitSpec, victims: int) -> tuple[Tensor, Tensor, Any, Tensor, PatchPermutation]:
+    """The first client's private images, the server's public images, the frozen head, the clean
+    head features the client computes, and the permutation module a p-FeSTA client would apply."""
     from veil.federated.split_client import build_parts, split_world
 
     world = split_world(spec.text())
@@ -38,7 +41,20 @@ def feature_attacks(spec: SplitSpec, victims: int = 64, attacks: dict[str, dict[
     aux = world.tests[spec.split.tasks[0]]["pixels"]
     with torch.no_grad():
         clean = head(private)
-    module = PatchPermutation(True, seed=spec.cfg.train.seed + 4242)
+    return private, aux, head, clean, PatchPermutation(True, seed=spec.cfg.train.seed + 4242)
+
+
+def attack_features(attack: Any, feats: Tensor, private: Tensor, aux: Tensor, head: Any, known: dict[str, Any], seed: int) -> dict[str, float]:
+    """One feature attack on what the server received, scored against the private images."""
+    know = Knowledge(batch_size=len(private), input_shape=tuple(private.shape[1:]), aux_data={"pixels": aux, "head": head},
+                     defense=known, seed=seed)
+    rec = attack.reconstruct(Observation(model=None, features=feats, kind="features"), know)  # type: ignore[arg-type]
+    rep = image_report(private, rec.images.clamp(0, 1))
+    return {"psnr": float(rep["psnr"]), "ssim": float(rep["ssim"]), "mse": float(rep["mse"]), "seconds": float(rec.stats["seconds"])}
+
+
+def feature_attacks(spec: SplitSpec, victims: int = 64, attacks: dict[str, dict[str, Any]] | None = None) -> dict[str, Any]:
+    private, aux, head, clean, module = victim_view(spec, victims)
     permuted = module.before_send(clean, {})
     attacks = attacks or DEFAULT_ATTACKS
     out: dict[str, Any] = {"victims": victims, "aux": len(aux)}
@@ -49,11 +65,8 @@ def feature_attacks(spec: SplitSpec, victims: int = 64, attacks: dict[str, dict[
         row = {}
         for label, feats in (("plain", clean), ("permuted", permuted)):
             known = {module.name: module.describe()} if label == "permuted" else {}  # the server knows its protocol
-            know = Knowledge(batch_size=victims, input_shape=tuple(private.shape[1:]), aux_data={"pixels": aux, "head": head},
-                             defense=known, seed=spec.cfg.train.seed)
-            rec = attack.reconstruct(Observation(model=None, features=feats, kind="features"), know)  # type: ignore[arg-type]
-            rep = image_report(private, rec.images.clamp(0, 1))
-            row[label] = {"psnr": float(rep["psnr"]), "ssim": float(rep["ssim"]), "mse": float(rep["mse"]), "seconds": round(float(rec.stats["seconds"]), 2)}
+            row[label] = attack_features(attack, feats, private, aux, head, known, spec.cfg.train.seed)
+            row[label]["seconds"] = round(row[label]["seconds"], 2)
         row["psnr_drop_db"] = row["plain"]["psnr"] - row["permuted"]["psnr"]
         out[name] = row
     rows = [k for k in attacks if isinstance(out.get(k), dict)]

@@ -89,28 +89,15 @@ def attack_cell(spec: Any, attack: dict[str, Any], permuted: bool, victims: int)
     """One feature attack on the first client's private images as the server receives them."""
     import torch
 
-    from veil.attacks import Knowledge, Observation
-    from veil.defenses.permutation import PatchPermutation
     from veil.experiments.cells import make_attack
-    from veil.federated.split_client import build_parts, split_world
-    from veil.metrics import image_report
+    from veil.federated.feature_audit import attack_features, victim_view
 
     torch.manual_seed(spec.cfg.train.seed)
-    world = split_world(spec.text())
-    head, _ = build_parts(spec, spec.split.tasks[0])
-    head.requires_grad_(False)
-    private = world.clients[0][1]["pixels"][:victims]
-    aux = world.tests[spec.split.tasks[0]]["pixels"]
-    with torch.no_grad():
-        feats = head(private)
-    module = PatchPermutation(True, seed=spec.cfg.train.seed + 4242)
+    private, aux, head, feats, module = victim_view(spec, victims)
     if permuted:
         feats = module.before_send(feats, {})
-    know = Knowledge(batch_size=len(private), input_shape=tuple(private.shape[1:]), aux_data={"pixels": aux, "head": head},
-                     defense={module.name: module.describe()} if permuted else {}, seed=spec.cfg.train.seed)
-    rec = make_attack(attack).reconstruct(Observation(model=None, features=feats, kind="features"), know)  # type: ignore[arg-type]
-    rep = image_report(private, rec.images.clamp(0, 1))
-    return {"psnr": float(rep["psnr"]), "ssim": float(rep["ssim"]), "mse": float(rep["mse"]), "seconds": float(rec.stats["seconds"])}
+    known = {module.name: module.describe()} if permuted else {}
+    return attack_features(make_attack(attack), feats, private, aux, head, known, spec.cfg.train.seed)
 
 
 def run_task(task: Task, s: Scenario, out: Path, progress: bool = False) -> dict[str, Any]:
