@@ -1,9 +1,14 @@
 """Small real inputs for tests: shapes each registered model accepts."""
 from __future__ import annotations
 
+from typing import TYPE_CHECKING, Callable
+
 import torch
 
 from veil.models import VeilModel
+
+if TYPE_CHECKING:
+    import pytest
 
 SMALL = {  # small widths so the whole registry runs in seconds
     "vit-digits": {},
@@ -32,3 +37,19 @@ def batch_for(model: VeilModel, batch_size: int = 2, seq_len: int = 7) -> dict[s
     ids[0, -3] = 102
     mask[0, -2:] = 0
     return {"input_ids": ids, "attention_mask": mask, "labels": torch.arange(batch_size) % 2}
+
+
+def kill_server_after_round(monkeypatch: "pytest.MonkeyPatch", k: int) -> Callable[[], None]:
+    """Make the federated server raise KeyboardInterrupt right after saving round `k`'s state (a
+    killed server); returns the undo, to call before resuming."""
+    from veil.federated import server_app
+
+    original = server_app.ServerState.save
+
+    def crash_after_round(self: server_app.ServerState) -> None:
+        original(self)
+        if self.round == k:
+            raise KeyboardInterrupt("server killed")
+
+    monkeypatch.setattr(server_app.ServerState, "save", crash_after_round)
+    return lambda: monkeypatch.setattr(server_app.ServerState, "save", original)

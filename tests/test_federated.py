@@ -15,6 +15,7 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
+from helpers import kill_server_after_round
 from veil.errors import VeilError
 from veil.federated.task import load_spec
 
@@ -149,21 +150,13 @@ def test_client_that_times_out_is_dropped_from_the_round(tmp_path: Path) -> None
 
 def test_server_killed_after_round_k_resumes_to_identical_weights(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """Exact resume needs the clients' randomness seeded (`federated.secret: seeded`)."""
-    from veil.federated import server_app
 
     run = ["federated.rounds=3", "federated.fraction=0.5", "federated.secret=seeded"]
     full = fed(tmp_path, *run, out="full")
-    original = server_app.ServerState.save
-
-    def crash_after_round_2(self: server_app.ServerState) -> None:
-        original(self)
-        if self.round == 2:
-            raise KeyboardInterrupt("server killed")
-
-    monkeypatch.setattr(server_app.ServerState, "save", crash_after_round_2)
+    undo = kill_server_after_round(monkeypatch, 2)
     with pytest.raises(KeyboardInterrupt):
         fed(tmp_path, *run, out="cut")
-    monkeypatch.setattr(server_app.ServerState, "save", original)
+    undo()
     with pytest.raises(VeilError, match="--resume"):
         fed(tmp_path, *run, out="cut")
     resumed = fed(tmp_path, *run, out="cut", resume=True)

@@ -13,6 +13,7 @@ import torch
 from opacus.accountants import RDPAccountant
 from safetensors.torch import load_file
 
+from helpers import kill_server_after_round
 from veil.errors import VeilError
 from veil.federated.task import client_world, load_spec
 
@@ -128,23 +129,15 @@ def test_bad_dp_keys_are_one_line_errors(tmp_path: Path, override: str, match: s
 def test_killed_dp_run_resumes_to_the_same_weights_clip_and_epsilon(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """Adaptive clipping's C and the server's noise (seeded per round with `secret: seeded`)
     continue where the run stopped."""
-    from veil.federated import server_app
     from veil.federated.runner import federate
 
     dp = ["federated.rounds=3", "federated.dp=server-adaptive", "federated.dp_noise=0.3", "federated.dp_count_std=0.5",
           "federated.dp_clip=0.01"]
     _, full, rounds_full = run(tmp_path, "full", *dp)
-    original = server_app.ServerState.save
-
-    def crash_after_round_2(self: server_app.ServerState) -> None:
-        original(self)
-        if self.round == 2:
-            raise KeyboardInterrupt("server killed")
-
-    monkeypatch.setattr(server_app.ServerState, "save", crash_after_round_2)
+    undo = kill_server_after_round(monkeypatch, 2)
     with pytest.raises(KeyboardInterrupt):
         run(tmp_path, "cut", *dp)
-    monkeypatch.setattr(server_app.ServerState, "save", original)
+    undo()
     federate(spec(tmp_path, *dp), tmp_path / "cut", resume=True)
     _, cut, rounds_cut = run(tmp_path, "cut", *dp)  # finished: returns the summary
     assert torch.equal(flat(full), flat(cut))
