@@ -221,21 +221,22 @@ class DPSGD(Defense):
             losses.append(loss)
             logits.append(logit)
         denom = self.expected_batch or max(n, 1)
-        for name, p in named.items():
+        gen = None  # one keyed stream per step, drawn parameter by parameter in a fixed order
+        if self.noise_multiplier and named:
+            gen = keyed_generator(self.seed, self._calls, 0, next(iter(named.values())).device, self.secret)
+        for p in named.values():
             total = p.grad if p.grad is not None else torch.zeros_like(p)
-            p.grad = self._noised(total, name) / denom
+            p.grad = self._noised(total, gen) / denom
         self._calls += 1
         self.steps += 1
         if not losses:
             return torch.zeros(()), torch.zeros(0)
         return torch.cat(losses).mean(), torch.cat(logits)
 
-    def _noised(self, total: Tensor, name: str) -> Tensor:
-        if self.noise_multiplier == 0:
+    def _noised(self, total: Tensor, gen: torch.Generator | None) -> Tensor:
+        if gen is None:
             return total
-        if not hasattr(self, "_gen") or self._gen_call != self._calls:
-            self._gen, self._gen_call = keyed_generator(self.seed, self._calls, 0, total.device, self.secret), self._calls
-        noise = torch.randn(total.shape, generator=self._gen, device=total.device, dtype=total.dtype)
+        noise = torch.randn(total.shape, generator=gen, device=total.device, dtype=total.dtype)
         return total + noise * (self.noise_multiplier * self.clip)
 
     def describe(self) -> dict[str, Any]:
