@@ -23,6 +23,7 @@ from typing import Any, Callable
 import yaml
 
 from veil.errors import VeilError
+from veil.schema import Option, check_value, options_of
 
 
 @dataclass
@@ -84,7 +85,28 @@ def defense_keys(name: str) -> set[str]:
     return _params(DEFENSES._factories[name])
 
 
+def model_schema(name: str) -> dict[str, Option]:
+    from veil.models import model_schema as schema
+
+    return schema(name)
+
+
+def data_schema(name: str) -> dict[str, Option]:
+    from veil.data import DATASETS
+
+    data_keys(name)
+    return options_of(DATASETS._factories[name])
+
+
+def defense_schema(name: str) -> dict[str, Option]:
+    from veil.defenses import DEFENSES
+
+    defense_keys(name)
+    return options_of(DEFENSES._factories[name])
+
+
 _KEYS = {"model": model_keys, "data": data_keys, "defense": defense_keys}
+_SCHEMAS = {"model": model_schema, "data": data_schema, "defense": defense_schema}
 _TRAIN_FIELDS = {f.name: f for f in dataclasses.fields(TrainConfig)}
 
 
@@ -113,7 +135,24 @@ def _defenses(value: Any) -> list[dict[str, Any]]:
     return [d for d in out if d["name"] != "none"]
 
 
+#: train keys with a range: (test, what the value must be)
+_TRAIN_RULES: dict[str, tuple[Callable[[Any], bool], str]] = {
+    "epochs": (lambda v: v >= 1, "an integer >= 1"),
+    "batch_size": (lambda v: v >= 1, "an integer >= 1"),
+    "eval_batch_size": (lambda v: v >= 1, "an integer >= 1"),
+    "lr": (lambda v: v > 0, "a number > 0"),
+    "weight_decay": (lambda v: v >= 0, "a number >= 0"),
+    "warmup": (lambda v: 0 <= v <= 1, "a fraction of all steps in [0, 1]"),
+    "clip": (lambda v: v >= 0, "a max gradient norm >= 0 (0 disables clipping)"),
+    "threads": (lambda v: v >= 0, "an integer >= 0 (0 keeps torch's default)"),
+    "max_steps": (lambda v: v >= 0, "an integer >= 0 (0: epochs decide)"),
+    "label_smoothing": (lambda v: 0 <= v < 1, "in [0, 1)"),
+    "device": (lambda v: v in ("auto", "cpu", "cuda"), "auto, cpu or cuda"),
+}
+
+
 def _coerce_train(raw: dict[str, Any]) -> TrainConfig:
+    """The train section's schema: known keys, their types (TrainConfig) and ranges (_TRAIN_RULES)."""
     values: dict[str, Any] = {}
     for key, val in raw.items():
         if key not in _TRAIN_FIELDS:
@@ -123,18 +162,23 @@ def _coerce_train(raw: dict[str, Any]) -> TrainConfig:
             val = float(val)
         if not isinstance(val, want) or (want is int and isinstance(val, bool)):
             raise VeilError(f"config key 'train.{key}' must be {want.__name__}, got {val!r}")
+        test, what = _TRAIN_RULES.get(key, (lambda v: True, ""))
+        if not test(val):
+            raise VeilError(f"config key 'train.{key}' must be {what}, got {val!r}")
         values[key] = val
-    ls = values.get("label_smoothing", 0.0)
-    if not 0.0 <= ls < 1.0:
-        raise VeilError(f"config key 'train.label_smoothing' must be in [0, 1), got {ls!r}")
     return TrainConfig(**values)
 
 
 def _check_options(section: str, entry: dict[str, Any]) -> None:
+    """The section's schema: the named object's keys, and each value's type (its builder's signature)."""
     allowed = _KEYS[section](entry["name"])
     for key in entry:
         if key != "name" and key not in allowed:
             raise VeilError(f"unknown config key '{section}.{key}' for {section} {entry['name']!r}; allowed: {', '.join(sorted(allowed)) or '(none)'}")
+    schema = _SCHEMAS[section](entry["name"])
+    for key, value in entry.items():
+        if key in schema:
+            check_value(f"{section}.{key}", schema[key], value)
 
 
 def from_dict(raw: dict[str, Any]) -> RunConfig:
@@ -227,10 +271,37 @@ def _resolve_bare(raw: dict[str, Any], key: str) -> str:
     ds = _defenses(raw.get("defense"))
     if len(ds) == 1 and key in defense_keys(ds[0]["name"]):
         owners.append("defense")
-    if len(owners) != 1:
-        where = f"it fits {', '.join(owners)}" if owners else "no section accepts it"
-        raise VeilError(f"unknown config key '{key}' ({where}); write it as section.key, e.g. train.{key}")
+    if len(owners) > 1:
+        raise VeilError(f"config key '{key}' is ambiguous (it fits {', '.join(owners)}); write it as section.key, e.g. {owners[0]}.{key}")
+    if not owners:
+        raise VeilError(f"unknown config key '{key}' (no section accepts it){_who_takes(key)}")
     return f"{owners[0]}.{key}"
+
+
+def _who_takes(key: str) -> str:
+    """Where a bare key would fit: the registered defenses (or models, data sets) that take it."""
+    from veil.defenses import list_defenses
+
+    defenses = [n for n in list_defenses() if key in defense_keys(n)]
+    if defenses:
+        return f"; defense {' / '.join(defenses)} takes it: defense={defenses[0]} defense.{key}=VALUE"
+    for section, names in (("model", _model_names), ("data", _data_names)):
+        owners = [n for n in names() if key in _KEYS[section](n)]
+        if owners:
+            return f"; {section} {' / '.join(owners[:4])} takes it: {section}={owners[0]} {section}.{key}=VALUE"
+    return "; see `veil list --details NAME` for a component's options"
+
+
+def _model_names() -> list[str]:
+    from veil.models import list_models
+
+    return list_models()
+
+
+def _data_names() -> list[str]:
+    from veil.data import DATASETS
+
+    return DATASETS.names()
 
 
 def load_config(path: str | Path | None = None, overrides: list[str] | None = None) -> RunConfig:

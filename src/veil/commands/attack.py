@@ -16,25 +16,25 @@ from __future__ import annotations
 import argparse
 import json
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import torch
-from torch import Tensor
-
-from veil.attacks import create_attack
-from veil.attacks.harness import REFERENCES, attack_once, mean_metrics, private_batches, score, sequences
 from veil.config import RunConfig, load_config, parse_value
 from veil.errors import VeilError
-from veil.models.base import VeilModel
+
+if TYPE_CHECKING:  # torch and the attacks load when an attack runs, not for `veil --help`
+    from torch import Tensor
+
+    from veil.models.base import VeilModel
+
+REFERENCES = ("original", "shuffled")  # = veil.attacks.harness.REFERENCES (tests/test_cli_fast.py checks)
+
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
-    from veil.attacks import list_attacks
-
     p = sub.add_parser("attack", help="run a privacy attack on one client update and score it", description=__doc__,
                        formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("source", help="run folder (trained weights) or YAML config (weights at init)")
     p.add_argument("overrides", nargs="*", help="config key=value overrides; attack.KEY=VALUE for attack options")
-    p.add_argument("--attack", required=True, help=f"one of: {', '.join(list_attacks())}")
+    p.add_argument("--attack", required=True, help="attack name (see `veil list`; `veil list --details NAME` for its options)")
     p.add_argument("--batch-size", type=int, default=1, help="private batch size of the attacked update (default 1)")
     p.add_argument("--samples", type=int, default=4, help="number of attacked updates, averaged (default 4)")
     p.add_argument("--reference", choices=REFERENCES, default="original", help="score against the original or the shuffled input")
@@ -97,6 +97,11 @@ def attack_run(model: VeilModel, data: Any, defenses: list, name: str, settings:
                samples: int = 4, reference: str = "original", seed: int = 0, out: Path | None = None,
                progress: bool = False, config: dict | None = None) -> dict[str, Any]:
     """Attack `samples` private test batches and write OUT/summary.json plus the picture."""
+    import torch
+
+    from veil.attacks import create_attack
+    from veil.attacks.harness import attack_once, mean_metrics, private_batches, score
+
     if reference not in REFERENCES:
         raise VeilError(f"reference must be one of {', '.join(REFERENCES)}, got {reference!r}")
     attack = create_attack(name, **settings)
@@ -131,6 +136,8 @@ def _progress(items: list, on: bool, name: str) -> Any:
 
 def write_outputs(out: Path, name: str, summary: dict[str, Any], shown: list, data: Any) -> dict[str, Any]:
     """Merge into OUT/summary.json (other attacks' entries are kept) and draw the picture."""
+    from veil.attacks.harness import sequences
+
     out.mkdir(parents=True, exist_ok=True)
     path = out / "summary.json"
     if path.is_file():
@@ -148,6 +155,8 @@ def write_outputs(out: Path, name: str, summary: dict[str, Any], shown: list, da
 
 def save_image_grid(path: Path, pairs: list[tuple[Tensor, Tensor]], title: str) -> None:
     """Originals (top row) above reconstructions (bottom row), up to 16 images."""
+    import torch
+
     from veil.report.figures import image_grid
 
     orig = torch.cat([o for o, _ in pairs]).detach().cpu()[:16]

@@ -12,9 +12,11 @@ from typing import Any, Callable
 from veil.errors import VeilError
 from veil.models.base import AttentionHandles, Batch, VeilModel, linear_weight
 from veil.models.decoder import Decoder, DecoderConfig
+from veil.models.shapes import check_architecture
 from veil.models.text_encoder import TextEncoder, TextEncoderConfig
 from veil.models.vit import ViT, ViTConfig, patchify, unpatchify
 from veil.registry import Registry
+from veil.schema import Option, options_of
 
 MODELS: Registry[VeilModel] = Registry("model")
 
@@ -26,10 +28,13 @@ def _preset(name: str, cls: type, cfg_cls: type, help: str, **defaults: Any) -> 
         bad = sorted(set(overrides) - fields)
         if bad:
             raise VeilError(f"model {name!r} has no option {bad[0]!r}; allowed: {', '.join(sorted(fields))}")
-        return cls(cfg_cls(**{**defaults, **overrides}))
+        cfg = cfg_cls(**{**defaults, **overrides})
+        check_architecture(name, **dataclasses.asdict(cfg))
+        return cls(cfg)
 
     build.__doc__ = help
     build.options = fields  # type: ignore[attr-defined]
+    build.schema = lambda: options_of(cfg_cls, defaults)  # type: ignore[attr-defined]
     MODELS.register(name, help)(build)
 
 
@@ -40,9 +45,12 @@ def _hf(name: str, builder: Callable[..., VeilModel], help: str) -> None:
         bad = sorted(set(overrides) - params)
         if bad:
             raise VeilError(f"model {name!r} has no option {bad[0]!r}; allowed: {', '.join(sorted(params))}")
+        defaults = {k: p.default for k, p in inspect.signature(builder).parameters.items() if p.default is not p.empty}
+        check_architecture(name, **{**defaults, **overrides})
         return builder(**overrides)
 
     build.options = params  # type: ignore[attr-defined]
+    build.schema = lambda: options_of(builder)  # type: ignore[attr-defined]
     MODELS.register(name, help)(build)
 
 
@@ -85,6 +93,12 @@ def list_models() -> list[str]:
     return MODELS.names()
 
 
+def model_schema(name: str) -> dict[str, Option]:
+    """Model `name`'s options: type, default (the preset's) and help."""
+    model_options(name)
+    return MODELS._factories[name].schema()  # type: ignore[attr-defined]
+
+
 def model_options(name: str) -> set[str]:
     """The override keys model `name` accepts."""
     if name not in MODELS:
@@ -93,6 +107,6 @@ def model_options(name: str) -> set[str]:
 
 
 __all__ = [
-    "AttentionHandles", "Batch", "VeilModel", "linear_weight", "create_model", "list_models", "model_options",
+    "AttentionHandles", "Batch", "VeilModel", "linear_weight", "create_model", "list_models", "model_options", "model_schema",
     "ViT", "ViTConfig", "TextEncoder", "TextEncoderConfig", "Decoder", "DecoderConfig", "patchify", "unpatchify", "MODELS",
 ]

@@ -11,12 +11,14 @@ import math
 import torch
 from torch import Tensor, nn
 
+from veil.errors import VeilError
+
 
 class Attention(nn.Module):
     def __init__(self, dim: int, heads: int, dropout: float = 0.0) -> None:
         super().__init__()
         if dim % heads:
-            raise ValueError(f"width {dim} is not divisible by {heads} heads")
+            raise VeilError(f"width {dim} is not divisible by {heads} heads")
         self.heads = heads
         self.q = nn.Linear(dim, dim)
         self.k = nn.Linear(dim, dim)

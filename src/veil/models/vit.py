@@ -11,6 +11,7 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor, nn
 
+from veil.errors import VeilError
 from veil.models.base import Batch, VeilModel
 from veil.models.blocks import Block, BlockHandles, Table
 
@@ -49,7 +50,7 @@ class ViT(BlockHandles, VeilModel):
     def __init__(self, cfg: ViTConfig) -> None:
         super().__init__()
         if cfg.image_size % cfg.patch_size:
-            raise ValueError(f"image_size {cfg.image_size} is not a multiple of patch_size {cfg.patch_size}")
+            raise VeilError(f"image_size {cfg.image_size} is not a multiple of patch_size {cfg.patch_size}")
         self.cfg = cfg
         self.grid = cfg.image_size // cfg.patch_size
         n = self.grid**2
