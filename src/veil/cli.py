@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
 import importlib
 import os
 import sys
@@ -11,6 +12,8 @@ import sys
 from veil.errors import VeilError
 
 COMMANDS = ("train", "eval", "attack", "federate", "split", "audit", "analyze", "bench", "list")
+#: commands whose --out is a run folder they write: one writer at a time (veil.runlock)
+WRITERS = ("train", "attack", "federate", "split", "audit")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -30,6 +33,14 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def _out_lock(args: argparse.Namespace) -> contextlib.AbstractContextManager:
+    """The run folder's write lock for commands that write one; nothing for the others."""
+    if args.command not in WRITERS or not getattr(args, "out", None):
+        return contextlib.nullcontext()
+    from veil.runlock import hold
+
+    return hold(args.out)
+
 
 def main(argv: list[str] | None = None) -> int:
     os.environ.setdefault("FLWR_TELEMETRY_ENABLED", "0")
@@ -44,7 +55,8 @@ def main(argv: list[str] | None = None) -> int:
         parser.print_help()
         return 0 if args.command is None else 2
     try:
-        return int(args.run(args) or 0)
+        with _out_lock(args):
+            return int(args.run(args) or 0)
     except VeilError as e:
         print(f"veil: error: {e}", file=sys.stderr)
         return 2

@@ -59,12 +59,19 @@ def _is_dataclass(obj: Any) -> bool:
 
 
 def doc_help(doc: str) -> dict[str, str]:
-    """`name: text` lines of a docstring (the first sentence of each) by option name."""
+    """`name: text` paragraphs of a docstring (the first sentence of each, which may run over
+    several lines) by option name."""
     out: dict[str, str] = {}
-    for line in doc.splitlines():
+    name, text = None, ""
+    for line in doc.splitlines() + [""]:
         m = re.match(r"\s*([a-z_][a-z0-9_]*)(?: \([^)]*\))?: (.+)", line)
-        if m and m.group(1) not in out:
-            out[m.group(1)] = re.split(r"(?<=\.) ", m.group(2).strip(), maxsplit=1)[0]
+        if name is not None and (m or not line.strip() or re.search(r"\.(\s|$)", text)):
+            out.setdefault(name, re.split(r"(?<=\.)\s", text.strip(), maxsplit=1)[0])
+            name = None
+        if m:
+            name, text = m.group(1), m.group(2)
+        elif name is not None:
+            text += " " + line.strip()
     return out
 
 

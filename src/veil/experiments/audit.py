@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import platform
+import sys
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
@@ -15,7 +16,8 @@ from tqdm.auto import tqdm
 
 from veil.errors import VeilError
 from veil.experiments.scenario import Scenario, Task, dump_scenario, label
-from veil.training.checkpoint import atomic_write_text
+from veil.runlock import holds_progress
+from veil.training.checkpoint import atomic_write_text, intact, write_checked_text
 
 
 @dataclass
@@ -82,7 +84,7 @@ def run_audit(s: Scenario, out: str | Path, progress: bool = True, jobs: int = 1
     out = Path(out)
     cells = validate(s)
     marker = out / "scenario.yaml"
-    if marker.is_file() and marker.read_text() != dump_scenario(s):
+    if marker.is_file() and marker.read_text() != dump_scenario(s) and holds_progress(out):  # else: nothing ran yet, take over
         raise VeilError(f"audit folder '{out}' holds a different scenario; pick a new --out or remove it")
     out.mkdir(parents=True, exist_ok=True)
     atomic_write_text(marker, dump_scenario(s))
@@ -133,7 +135,7 @@ def _attack_all(cells: list[Cell], out: Path, progress: bool) -> None:
     from veil.experiments.build import load_run
     from veil.experiments.cells import make_attack, run_cell
 
-    todo = [c for c in cells if c.skipped is None and not cell_path(out, c).is_file()]
+    todo = [c for c in cells if c.skipped is None and not _reusable(cell_path(out, c))]
     loaded: dict[tuple[str, str, int], Any] = {}
     for c in tqdm(todo, desc="attack", disable=not progress, unit="cell"):
         key = (c.task.name, label(c.defense), c.seed)
@@ -146,7 +148,18 @@ def _attack_all(cells: list[Cell], out: Path, progress: bool) -> None:
             result = {"metrics": {}, "blocked": str(e), "example": None}
         path = cell_path(out, c)
         path.parent.mkdir(parents=True, exist_ok=True)
-        atomic_write_text(path, json.dumps(result))
+        write_checked_text(path, json.dumps(result))
+
+
+def _reusable(path: Path) -> bool:
+    """A cached cell is reused only when its bytes match the hash recorded with it; a damaged one
+    is recomputed (a cell is cheap next to a training run), with one line saying so."""
+    if not path.is_file():
+        return False
+    if intact(path):
+        return True
+    print(f"veil: cached result '{path}' fails its integrity check; recomputing it", file=sys.stderr)
+    return False
 
 
 def _overhead(task: Task, out: Path, seed: int) -> dict[str, float]:

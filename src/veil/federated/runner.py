@@ -8,6 +8,7 @@ from typing import Any
 
 from veil.errors import VeilError
 from veil.federated.task import Spec
+from veil.runlock import holds_progress
 
 
 def check_run_dir(spec: Spec, run_dir: Path, resume: bool) -> dict[str, Any] | None:
@@ -16,6 +17,8 @@ def check_run_dir(spec: Spec, run_dir: Path, resume: bool) -> dict[str, Any] | N
     if not cfg.is_file():
         return None
     if cfg.read_text() != spec.text():
+        if not holds_progress(run_dir):  # a run that failed before its first round: the corrected one takes over
+            return None
         raise VeilError(f"run folder '{run_dir}' holds a different config; pick a new --out or remove it")
     if (run_dir / "summary.json").is_file():
         return json.loads((run_dir / "summary.json").read_text())

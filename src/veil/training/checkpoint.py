@@ -1,10 +1,13 @@
 """Checkpoints as safetensors (never pickle): model weights, optimiser state, loop state.
 
 Files are written to a temporary name and renamed, so an interruption never leaves a
-half-written checkpoint behind.
+half-written checkpoint behind. Each checkpoint (and each cached result written with
+`write_checked_text`) gets a `NAME.sha256` beside it, recorded at write time; a file whose bytes
+no longer match it is never silently reused (`intact`, `verify`).
 """
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 from pathlib import Path
@@ -23,15 +26,60 @@ def atomic_write_text(path: Path, text: str) -> None:
     os.replace(tmp, path)
 
 
+# ---- integrity: a SHA-256 recorded at write time, checked on reuse ----------------------------
+def sha256_file(path: Path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for chunk in iter(lambda: f.read(1 << 20), b""):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+def _hash_path(path: Path) -> Path:
+    return path.with_name(path.name + ".sha256")
+
+
+def _publish(tmp: Path, path: Path) -> None:
+    """Rename `tmp` to `path` with its hash beside it (the two renames back to back)."""
+    side = _hash_path(path).with_name(_hash_path(path).name + ".tmp")
+    side.write_text(sha256_file(tmp) + "\n")
+    os.replace(tmp, path)
+    os.replace(side, _hash_path(path))
+
+
+def write_checked_text(path: Path, text: str) -> None:
+    """`atomic_write_text` plus the SHA-256 that `intact` checks."""
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(text)
+    _publish(tmp, path)
+
+
+def intact(path: Path) -> bool:
+    """False when `path` is missing or its bytes differ from the hash recorded when it was
+    written; True otherwise (a file written before hashes were recorded cannot be checked)."""
+    if not path.is_file():
+        return False
+    side = _hash_path(path)
+    return not side.is_file() or side.read_text().strip() == sha256_file(path)
+
+
+def verify(path: Path, remedy: str = "") -> None:
+    """A one-line `VeilError` unless `path` is intact."""
+    if not intact(path):
+        what = "is missing" if not path.is_file() else "fails its integrity check (its SHA-256 differs from the one recorded when it was written)"
+        raise VeilError(f"checkpoint '{path}' {what}{'; ' + remedy if remedy else ''}")
+
+
 def save_model_weights(model: torch.nn.Module, path: Path) -> None:
     tmp = path.with_name(path.name + ".tmp")
     save_model(model, str(tmp))  # handles tied weights
-    os.replace(tmp, path)
+    _publish(tmp, path)
 
 
 def load_model_weights(model: torch.nn.Module, path: Path) -> None:
     """Load a safetensors checkpoint into `model`; keys of older layouts are renamed first
     (`legacy_keys`), and a parameter tied to one the file holds needs no key of its own."""
+    verify(path)
     try:
         sd = load_file(str(path))
     except (SafetensorError, OSError):
@@ -105,15 +153,30 @@ def save_training_state(ckdir: Path, model: torch.nn.Module, opt: torch.optim.Op
     tensors, scalars = optimizer_tensors(opt)
     tmp = ckdir / "optimizer.safetensors.tmp"
     save_file(tensors, str(tmp))
-    os.replace(tmp, ckdir / "optimizer.safetensors")
+    _publish(tmp, ckdir / "optimizer.safetensors")
     atomic_write_text(ckdir / "state.json", json.dumps({"loop": loop, "optimizer": scalars}))
 
 
 def load_training_state(ckdir: Path, model: torch.nn.Module, opt: torch.optim.Optimizer) -> dict[str, Any] | None:
+    """The loop counters of the checkpoint in `ckdir` (weights and optimiser restored), or None.
+    A damaged checkpoint is a one-line error, never a traceback or a silent restart."""
     state_path = ckdir / "state.json"
     if not state_path.is_file():
         return None
-    state = json.loads(state_path.read_text())
-    load_model_weights(model, ckdir / "last.safetensors")
-    restore_optimizer(opt, load_file(str(ckdir / "optimizer.safetensors")), state["optimizer"])
-    return state["loop"]
+    remedy = f"remove '{ckdir}' to restart the run from its first step"
+    try:
+        state = json.loads(state_path.read_text())
+        loop, scalars = state["loop"], state["optimizer"]
+    except (ValueError, KeyError, TypeError):
+        raise VeilError(f"checkpoint '{state_path}' is damaged (not the JSON veil wrote); {remedy}") from None
+    try:
+        load_model_weights(model, ckdir / "last.safetensors")
+    except VeilError as e:
+        raise VeilError(f"{e}; {remedy}") from None
+    path = ckdir / "optimizer.safetensors"
+    verify(path, remedy)
+    try:
+        restore_optimizer(opt, load_file(str(path)), scalars)
+    except (SafetensorError, OSError, ValueError, KeyError, RuntimeError):
+        raise VeilError(f"checkpoint '{path}' is not a readable optimiser state (truncated or damaged); {remedy}") from None
+    return loop

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import json
 import math
+import sys
 import time
 import warnings
 from pathlib import Path
@@ -28,7 +29,8 @@ from veil.data import DataSplits, iterate_batches
 from veil.defenses.base import Defense
 from veil.errors import VeilError
 from veil.models.base import Batch, VeilModel
-from veil.training.checkpoint import atomic_write_text, load_training_state, save_model_weights, save_training_state
+from veil.runlock import holds_progress
+from veil.training.checkpoint import atomic_write_text, intact, load_training_state, save_model_weights, save_training_state
 from veil.training.step import client_step
 
 
@@ -149,10 +151,12 @@ def train(cfg: RunConfig, out_dir: str | Path, model: VeilModel | None = None, d
     from veil.experiments.build import build_run
 
     out = Path(out_dir)
-    if (out / "config.yaml").is_file() and not same_config((out / "config.yaml").read_text(), cfg):
+    if (out / "config.yaml").is_file() and not same_config((out / "config.yaml").read_text(), cfg) and holds_progress(out):
         raise VeilError(f"run folder '{out}' holds a different config; pick a new --out or remove it")
-    if (out / "summary.json").is_file():
-        return json.loads((out / "summary.json").read_text())
+    # (a folder with a config but nothing trained, from a run that failed before its first step, is taken over)
+    done = _finished(out)
+    if done is not None:
+        return done
     if model is None:
         model, data, defenses = build_run(cfg, data)
     assert data is not None
@@ -204,6 +208,23 @@ def train(cfg: RunConfig, out_dir: str | Path, model: VeilModel | None = None, d
         save_training_state(out / "checkpoints", model, opt, loop)
     bar.close()
     return _finish(cfg, out, model, data, device, loop, _privacy(defenses, loop["step"]))
+
+
+def _finished(out: Path) -> dict[str, Any] | None:
+    """The summary of a finished run in `out`, or None. A summary whose final weights fail their
+    integrity check is not reused: the weights are rebuilt from the run's last checkpoint (itself
+    checked; the same weights, one evaluation) by resuming past its last step."""
+    path = out / "summary.json"
+    if not path.is_file():
+        return None
+    model = out / "checkpoints" / "model.safetensors"
+    if intact(model):
+        return json.loads(path.read_text())
+    if not (out / "checkpoints" / "state.json").is_file():
+        raise VeilError(f"checkpoint '{model}' is missing or damaged and the run has no checkpoint to rebuild it from; remove '{out}' to retrain")
+    print(f"veil: checkpoint '{model}' fails its integrity check; rebuilding it from the run's last checkpoint", file=sys.stderr)
+    path.unlink()
+    return None
 
 
 def _finish(cfg: RunConfig, out: Path, model: VeilModel, data: DataSplits, device: torch.device, loop: dict[str, Any],
