@@ -1,0 +1,102 @@
+"""What `veil list` prints — every registered model, data set, defense and attack with its
+options (type, default, help) — read from the builders' signatures, and kept in a JSON file so
+that listing does not import torch.
+
+The file records a fingerprint of veil's sources (a SHA-256 of every .py file in the package). A
+catalog whose fingerprint matches the installed sources is used as is; otherwise the registries
+are imported (seconds), and the fresh catalog is written to the user cache
+($XDG_CACHE_HOME/veil, else ~/.cache/veil), so the next call is fast again. `python -m
+veil.commands.catalog` rewrites the copy shipped in the package.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+from pathlib import Path
+from typing import Any
+
+import veil
+
+PACKAGE = Path(veil.__file__).resolve().parent
+SHIPPED = Path(__file__).with_name("catalog.json")
+KINDS = ("models", "data sets", "defenses", "attacks")
+
+
+def fingerprint() -> str:
+    h = hashlib.sha256(veil.__version__.encode())
+    for path in sorted(PACKAGE.rglob("*.py")):
+        h.update(str(path.relative_to(PACKAGE)).encode())
+        h.update(path.read_bytes())
+    return h.hexdigest()
+
+
+def cache_path() -> Path:
+    root = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
+    return Path(root) / "veil" / "catalog.json"
+
+
+def load() -> dict[str, Any]:
+    """The catalog for the installed sources: shipped or cached when current, else built (and cached)."""
+    fp = fingerprint()
+    for path in (SHIPPED, cache_path()):
+        try:
+            cat = json.loads(path.read_text())
+        except (OSError, ValueError):
+            continue
+        if isinstance(cat, dict) and cat.get("fingerprint") == fp:
+            return cat
+    cat = build(fp)
+    try:
+        write(cat, cache_path())
+    except OSError:  # a read-only home: list from the live registries every time
+        pass
+    return cat
+
+
+def write(cat: dict[str, Any], path: Path) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(path.name + f".{os.getpid()}.tmp")
+    tmp.write_text(json.dumps(cat, indent=1, sort_keys=True))
+    os.replace(tmp, path)
+
+
+def build(fp: str | None = None) -> dict[str, Any]:
+    """Import every registry and read each component's help and options."""
+    from veil.attacks import ATTACKS, _load_builtin as load_attacks
+    from veil.config import data_schema, defense_schema
+    from veil.data import DATASETS
+    from veil.defenses import DEFENSES, _load_builtin as load_defenses
+    from veil.models import MODELS, model_schema
+
+    load_attacks()
+    load_defenses()
+    kinds: dict[str, dict[str, Any]] = {}
+    for kind, reg, schema in (("models", MODELS, model_schema), ("data sets", DATASETS, data_schema),
+                              ("defenses", DEFENSES, defense_schema), ("attacks", ATTACKS, _attack_options)):
+        kinds[kind] = {name: {"help": help, "options": _rows(schema(name))} for name, help in reg.describe().items()}
+    return {"fingerprint": fp or fingerprint(), "kinds": kinds}
+
+
+def _rows(options: Any) -> list[list[str]] | None:
+    if options is None:
+        return None
+    from veil.schema import REQUIRED
+
+    return [[o.name, o.type_name(), o.default if o.default is REQUIRED else repr(o.default), o.help] for o in options.values()]
+
+
+def _attack_options(name: str) -> Any:
+    """An attack's declared `defaults` (name -> value), as options; None when it declares none."""
+    from veil.attacks import ATTACKS
+    from veil.schema import Option
+
+    defaults = getattr(ATTACKS._factories[name], "defaults", None)
+    if not defaults:
+        return None
+    return {k: Option(k, type(v) if v is not None else None, v) for k, v in defaults.items()}
+
+
+if __name__ == "__main__":
+    write(build(), SHIPPED)
+    print(f"wrote {SHIPPED}")
