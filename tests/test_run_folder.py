@@ -114,3 +114,9 @@ def test_a_corrupt_cached_cell_is_recomputed(tmp_path: Path, capsys: pytest.Capt
     cell.write_text(json.dumps({"metrics": {"psnr": 99.0}}))
     assert not _reusable(cell)
     assert "fails its integrity check; recomputing it" in capsys.readouterr().err
+
+
+def test_a_bad_input_leaves_no_folders_behind(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    out = tmp_path / "runs" / "deep" / "run"
+    assert main(["train", *TINY, "train.batch_size=0", "--out", str(out)]) == 2
+    assert not (tmp_path / "runs").exists()

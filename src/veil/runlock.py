@@ -4,7 +4,7 @@
 the same folder stops at once with one line naming the holder's PID. The kernel drops the lock
 when the holder exits, however it exits (an exception, Ctrl-C, kill -9), so a stale lock file
 never blocks anything. On release the lock file is removed, and a folder this call created and
-that is still empty is removed too (a bad input leaves nothing behind).
+that is still empty is removed too (with the empty parents it made) (a bad input leaves nothing behind).
 
 `holds_progress(folder)`: whether a folder holds anything a rerun would reuse (a checkpoint,
 events, results) — a folder with nothing but a resolved config from a run that failed before its
@@ -29,7 +29,7 @@ NOT_PROGRESS = frozenset({LOCK_NAME, "config.yaml", "scenario.yaml"})
 def hold(folder: str | Path) -> Iterator[Path]:
     """Hold the exclusive write lock on run folder `folder` (created if missing) while in the block."""
     folder = Path(folder)
-    created = not folder.exists()
+    created = [p for p in (folder, *folder.parents) if not p.exists()]  # deepest first
     try:
         folder.mkdir(parents=True, exist_ok=True)
     except OSError as e:
@@ -40,7 +40,7 @@ def hold(folder: str | Path) -> Iterator[Path]:
     try:
         yield folder
     finally:
-        _release(fd, folder / LOCK_NAME, folder if created else None)
+        _release(fd, folder / LOCK_NAME, created)
 
 
 def _acquire(path: Path, folder: Path) -> int:
@@ -64,17 +64,17 @@ def _acquire(path: Path, folder: Path) -> int:
         os.close(fd)
 
 
-def _release(fd: int, path: Path, created: Path | None) -> None:
+def _release(fd: int, path: Path, created: list[Path]) -> None:
     try:
         path.unlink()  # before unlocking: a process that opened it meanwhile sees the inode change
     except FileNotFoundError:
         pass
     os.close(fd)
-    if created is not None:
+    for folder in created:  # the folders this lock made, while they are empty
         try:
-            created.rmdir()  # only when empty
+            folder.rmdir()
         except OSError:
-            pass
+            break
 
 
 def holds_progress(folder: str | Path) -> bool:
