@@ -90,6 +90,6 @@ def test_truncated_optimizer_state_on_resume(hash_recorded: bool, tmp_path: Path
     if not hash_recorded:  # a folder from before hashes were recorded: the file itself is checked
         (out / "checkpoints" / "optimizer.safetensors.sha256").unlink()
     code, lines = run_cli(capsys, [*args, "--out", str(out)])
-    what = "fails its integrity check" if hash_recorded else "is not a readable optimiser state"
+    what = "fails its integrity check" if hash_recorded else "is not a readable safetensors file (truncated or damaged)"
     assert_one_line(code, lines, f"checkpoint '{opt}' {what}")
     assert "to restart the run from its first step" in lines[0]

@@ -4,7 +4,7 @@
 the same folder stops at once with one line naming the holder's PID. The kernel drops the lock
 when the holder exits, however it exits (an exception, Ctrl-C, kill -9), so a stale lock file
 never blocks anything. On release the lock file is removed, and a folder this call created and
-that is still empty is removed too (with the empty parents it made) (a bad input leaves nothing behind).
+that is still empty is removed too, with the empty parents it made (a bad input leaves nothing behind).
 
 `holds_progress(folder)`: whether a folder holds anything a rerun would reuse (a checkpoint,
 events, results) — a folder with nothing but a resolved config from a run that failed before its

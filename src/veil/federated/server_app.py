@@ -37,9 +37,8 @@ from veil.federated.auditor import AuditedStrategy, Auditor, BatchOracle
 from veil.federated.comm import message_bytes
 from veil.federated.grid import wait_for_nodes
 from veil.federated.task import Spec, client_world, load_arrays, load_spec, model_arrays, round_lr
-from safetensors.torch import load_file, save_file
 
-from veil.training.checkpoint import atomic_write_text, load_model_weights, save_model_weights
+from veil.training.checkpoint import atomic_write_text, load_model_weights, load_tensors, save_model_weights, save_tensors
 from veil.training.loop import evaluate, make_optimizer
 
 
@@ -91,7 +90,8 @@ class ServerState:
         state = json.loads(state_path.read_text())
         load_model_weights(self.model, self.ck / "last.safetensors")
         if self.opt is not None:
-            restore_optimizer(self.opt, load_file(str(self.ck / "server_optimizer.safetensors")), state["optimizer"])
+            path = self.ck / "server_optimizer.safetensors"
+            restore_optimizer(self.opt, load_tensors(path, f"remove '{self.ck}' to restart the run from its first round"), state["optimizer"])
         self.round, self.seconds = int(state["round"]), float(state["seconds"])
 
     def apply(self, agg: ArrayRecord, lr: float) -> None:
@@ -113,9 +113,7 @@ class ServerState:
         state: dict[str, Any] = {"round": self.round, "seconds": self.seconds}
         if self.opt is not None:
             tensors, scalars = optimizer_tensors(self.opt)
-            tmp = self.ck / "server_optimizer.safetensors.tmp"
-            save_file(tensors, str(tmp))
-            tmp.replace(self.ck / "server_optimizer.safetensors")
+            save_tensors(tensors, self.ck / "server_optimizer.safetensors")
             state["optimizer"] = scalars
         atomic_write_text(self.ck / "state.json", json.dumps(state))
 

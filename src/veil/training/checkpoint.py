@@ -70,6 +70,22 @@ def verify(path: Path, remedy: str = "") -> None:
         raise VeilError(f"checkpoint '{path}' {what}{'; ' + remedy if remedy else ''}")
 
 
+def save_tensors(tensors: dict[str, torch.Tensor], path: Path) -> None:
+    """A safetensors file of named tensors (an optimiser state), renamed into place with its hash."""
+    tmp = path.with_name(path.name + ".tmp")
+    save_file(tensors, str(tmp))
+    _publish(tmp, path)
+
+
+def load_tensors(path: Path, remedy: str = "") -> dict[str, torch.Tensor]:
+    """The tensors of a file `save_tensors` wrote; a damaged file is a one-line `VeilError`."""
+    verify(path, remedy)
+    try:
+        return load_file(str(path))
+    except (SafetensorError, OSError):
+        raise VeilError(f"checkpoint '{path}' is not a readable safetensors file (truncated or damaged){'; ' + remedy if remedy else ''}") from None
+
+
 def save_model_weights(model: torch.nn.Module, path: Path) -> None:
     tmp = path.with_name(path.name + ".tmp")
     save_model(model, str(tmp))  # handles tied weights
@@ -151,9 +167,7 @@ def save_training_state(ckdir: Path, model: torch.nn.Module, opt: torch.optim.Op
     ckdir.mkdir(parents=True, exist_ok=True)
     save_model_weights(model, ckdir / "last.safetensors")
     tensors, scalars = optimizer_tensors(opt)
-    tmp = ckdir / "optimizer.safetensors.tmp"
-    save_file(tensors, str(tmp))
-    _publish(tmp, ckdir / "optimizer.safetensors")
+    save_tensors(tensors, ckdir / "optimizer.safetensors")
     atomic_write_text(ckdir / "state.json", json.dumps({"loop": loop, "optimizer": scalars}))
 
 
@@ -174,9 +188,8 @@ def load_training_state(ckdir: Path, model: torch.nn.Module, opt: torch.optim.Op
     except VeilError as e:
         raise VeilError(f"{e}; {remedy}") from None
     path = ckdir / "optimizer.safetensors"
-    verify(path, remedy)
     try:
-        restore_optimizer(opt, load_file(str(path)), scalars)
-    except (SafetensorError, OSError, ValueError, KeyError, RuntimeError):
+        restore_optimizer(opt, load_tensors(path, remedy), scalars)
+    except (ValueError, KeyError, RuntimeError):
         raise VeilError(f"checkpoint '{path}' is not a readable optimiser state (truncated or damaged); {remedy}") from None
     return loop
