@@ -2,7 +2,8 @@
 options (type, default, help) — read from the builders' signatures, and kept in a JSON file so
 that listing does not import torch.
 
-The file records a fingerprint of veil's sources (a SHA-256 of every .py file in the package). A
+The file records a fingerprint of the sources components come from (a SHA-256 of the .py files
+of models/, data/, defenses/, attacks/ and the registry, schema and config modules). A
 catalog whose fingerprint matches the installed sources is used as is; otherwise the registries
 are imported (seconds), and the fresh catalog is written to the user cache
 ($XDG_CACHE_HOME/veil, else ~/.cache/veil), so the next call is fast again. `python -m
@@ -23,9 +24,14 @@ SHIPPED = Path(__file__).with_name("catalog.json")
 KINDS = ("models", "data sets", "defenses", "attacks")
 
 
+#: the sources a component's name, help and options can come from
+SOURCES = ("models", "data", "defenses", "attacks", "registry.py", "schema.py", "config.py", "commands/catalog.py")
+
+
 def fingerprint() -> str:
     h = hashlib.sha256(veil.__version__.encode())
-    for path in sorted(PACKAGE.rglob("*.py")):
+    files = [p for s in SOURCES for p in ((PACKAGE / s).rglob("*.py") if (PACKAGE / s).is_dir() else [PACKAGE / s])]
+    for path in sorted(files):
         h.update(str(path.relative_to(PACKAGE)).encode())
         h.update(path.read_bytes())
     return h.hexdigest()
