@@ -169,7 +169,7 @@ def _overhead(task: Task, out: Path, seed: int) -> dict[str, float]:
     from veil.experiments.cells import step_overhead
 
     path = out / "cells" / task.name / "overhead.json"
-    if path.is_file():
+    if _reusable(path):
         return json.loads(path.read_text())
     models = {}
     data = None
@@ -182,7 +182,7 @@ def _overhead(task: Task, out: Path, seed: int) -> dict[str, float]:
     base = seconds.get("none", min(seconds.values()))
     result = {"seconds": seconds, "ratio": {k: v / base for k, v in seconds.items()}, "batch_size": len(batch["labels"])}
     path.parent.mkdir(parents=True, exist_ok=True)
-    atomic_write_text(path, json.dumps(result))
+    write_checked_text(path, json.dumps(result))
     return result
 
 
