@@ -4,12 +4,12 @@ from __future__ import annotations
 import importlib
 from typing import Any
 
-from veil.attacks.base import Attack, Knowledge, Observation, Reconstruction, observe
+from veil.attacks.base import Attack, Knowledge, LocalTraining, Observation, Reconstruction, observe
 from veil.registry import Registry
 
 ATTACKS: Registry[Attack] = Registry("attack")
 
-_FAMILIES = ("analytic_vit", "april_mjp", "inverting", "labels", "presence", "span", "text_opt", "adaptive", "features", "span_mjp", "span_robust")
+_FAMILIES = ("analytic_vit", "april_mjp", "inverting", "labels", "presence", "span", "text_opt", "adaptive", "features", "span_mjp", "span_robust", "inverting_fedavg")
 
 
 def _load_builtin() -> None:
@@ -31,4 +31,4 @@ def list_attacks() -> list[str]:
     return ATTACKS.names()
 
 
-__all__ = ["ATTACKS", "Attack", "Knowledge", "Observation", "Reconstruction", "create_attack", "list_attacks", "observe"]
+__all__ = ["ATTACKS", "Attack", "Knowledge", "LocalTraining", "Observation", "Reconstruction", "create_attack", "list_attacks", "observe"]

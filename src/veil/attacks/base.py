@@ -15,6 +15,30 @@ from veil.errors import VeilError
 from veil.models.base import VeilModel
 
 
+@dataclass(frozen=True)
+class LocalTraining:
+    """How a client produced a multi-step update, as the server knows it: the training config it
+    distributed (optimizer, lr, batch size, epochs, clipping), the reply's step and sample counts,
+    and — when the batch schedule is seeded from public values — which sample slots each local step
+    drew. Never the client's data. Attacks that simulate the local steps read it
+    (`veil.attacks.inverting_fedavg`)."""
+
+    lr: float  # the round's learning rate
+    steps: int  # local optimiser steps s
+    batch_size: int
+    epochs: int
+    samples: int  # n distinct samples the client trained on
+    optimizer: str = "adamw"  # "adamw" (veil's make_optimizer, moments from zero each round) | "sgd"
+    betas: tuple[float, float] = (0.9, 0.999)
+    eps: float = 1e-8
+    clip: float | None = None  # global-norm clip of each step's clean gradient
+    #: parameter name -> (lr, weight decay) of its optimiser group; absent names use (lr, 0)
+    groups: dict[str, tuple[float, float]] = field(default_factory=dict)
+    #: sample slots (0..n-1) of each local step, when known; else consecutive batches, epoch by epoch
+    order: tuple[tuple[int, ...], ...] | None = None
+    rounds: int = 1  # updates averaged into this observation (a multi-round attacker's mean)
+
+
 @dataclass
 class Observation:
     """What the server saw from one client step."""
@@ -23,6 +47,7 @@ class Observation:
     grads: dict[str, Tensor] = field(default_factory=dict)  # parameter name -> exported gradient
     features: Tensor | None = None  # split learning: the smashed data the server received
     kind: str = "gradient"  # "gradient" | "delta" | "features"
+    local: LocalTraining | None = None  # "delta": how the client trained, when the server knows it
 
     def grad(self, param: nn.Parameter | nn.Module, what: str = "weight") -> Tensor:
         """The exported gradient of a parameter (or of `module.<what>`); a one-line error if absent."""
