@@ -243,3 +243,37 @@ def test_default_noise_is_unknown_to_the_config_and_resume_never_replays() -> No
     d.resume(2)  # a run resumed after 2 steps continues with the third draw
     assert torch.allclose(_flat(client_step(model, b, [d]).grads), run[2], atol=1e-6) and d.steps == 3
     d.detach()
+
+
+@pytest.mark.parametrize("name,mode", [("hf-bert", "ghost"), ("transformer4", "functorch"), ("gpt-tiny", "functorch")])
+def test_length_grouped_micro_batches_keep_the_clipped_update_and_the_sample_order(name: str, mode: str) -> None:
+    """Micro-batches sorted by length and cut to their longest sample give the clipped update of the
+    whole padded batch, and the step's logits come back in the batch's order."""
+    from veil.defenses.dpsgd_engines import micro_batches
+
+    torch.manual_seed(0)
+    model = create_model(name, **{**SMALL[name], "dropout": 0.0})
+    model.eval()
+    lengths = torch.tensor([9, 3, 12, 5, 7, 4, 11])
+    ids = torch.randint(1000, 2000, (7, 16))
+    mask = (torch.arange(16)[None] < lengths[:, None]).long()
+    ids = ids * mask
+    b = {"input_ids": ids, "attention_mask": mask, "labels": torch.arange(7) % 2}
+    wide = {"input_ids": torch.nn.functional.pad(ids, (0, 9)), "attention_mask": torch.nn.functional.pad(mask, (0, 9)), "labels": b["labels"]}
+    parts, order = micro_batches(b, 3)
+    assert [p["input_ids"].shape[1] for p in parts] == [5, 11, 12] and order.tolist() == [1, 5, 3, 4, 0, 6, 2]
+    out = {}
+    for key, batch, chunk in (("grouped", b, 3), ("one", b, 7), ("wide", wide, 2)):
+        d = DPSGD(clip=0.05, noise_multiplier=0.0, mode=mode, chunk=chunk, trainable=r"layer|block|classifier|head").attach(model)
+        res = client_step(model, batch, [d])
+        d.detach()
+        out[key] = _flat(res.grads)
+        if key == "grouped":
+            with torch.no_grad():
+                plain = model(batch)
+            assert res.logits.shape == plain.shape
+            real = mask.bool() if plain.dim() == 3 else slice(None)  # an LM's padding slots carry no logits
+            assert torch.allclose(res.logits[real], plain[real], atol=1e-5)
+    assert out["grouped"].norm() > 1e-3
+    assert torch.allclose(out["grouped"], out["one"], atol=1e-6)
+    assert torch.allclose(out["grouped"], out["wide"], atol=1e-6)

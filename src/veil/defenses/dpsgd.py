@@ -14,7 +14,8 @@ or ``target_epsilon``; with the latter the accountant picks sigma for the run's 
 
 A logical batch larger than memory is processed in physical micro-batches of ``chunk`` samples
 whose clipped sums accumulate before the one noise draw (Opacus' virtual steps /
-``BatchMemoryManager``). Per-sample gradients (`veil.defenses.dpsgd_engines`): ``ghost`` (Opacus
+``BatchMemoryManager``); text samples are grouped by length and each micro-batch drops the
+padding columns none of its samples use (`dpsgd_engines.micro_batches`). Per-sample gradients (`veil.defenses.dpsgd_engines`): ``ghost`` (Opacus
 ghost clipping), ``hooks`` (Opacus per-layer hooks) or ``functorch`` (``torch.func``). ``auto``
 takes ghost clipping when Opacus' hooks cover every trainable parameter, else functorch: veil's
 own models and the HF adapters read the position table (HF BERT: the segment row too) as a raw
@@ -55,7 +56,7 @@ from veil.defenses import DEFENSES
 from veil.defenses.aegis import check_scale
 from veil.defenses.base import Defense
 from veil.defenses.dpsgd_engines import (LossFn, OpacusEngine, clip_and_sum, functorch_chunk,  # noqa: F401
-                                         per_sample_grads, uncovered)
+                                         micro_batches, per_sample_grads, restore_order, uncovered)
 from veil.defenses.noise import keyed_generator
 from veil.errors import VeilError
 from veil.models.base import Batch, VeilModel
@@ -212,8 +213,8 @@ class DPSGD(Defense):
         named = {n: p for n, p in model.named_parameters() if p.requires_grad}
         n = next(iter(batch.values())).shape[0]
         losses, logits = [], []
-        for start in range(0, n, self.chunk):
-            part = {k: v[start:start + self.chunk] for k, v in batch.items()}
+        parts, order = micro_batches(batch, self.chunk)
+        for part in parts:
             if self._engine is not None:
                 loss, logit = self._engine.chunk(model, part, loss_fn)
             else:
@@ -231,7 +232,9 @@ class DPSGD(Defense):
         self.steps += 1
         if not losses:
             return torch.zeros(()), torch.zeros(0)
-        return torch.cat(losses).mean(), torch.cat(logits)
+        mask = batch.get("attention_mask")
+        loss, logit = restore_order(losses, logits, order, mask.shape[1] if mask is not None else 0)
+        return loss.mean(), logit
 
     def _noised(self, total: Tensor, gen: torch.Generator | None) -> Tensor:
         if gen is None:

@@ -47,6 +47,42 @@ def per_sample_loss(model: VeilModel, logits: Tensor, batch: Batch) -> Tensor:
                                        label_smoothing=getattr(model, "label_smoothing", 0.0))
 
 
+# ---- physical micro-batches ----------------------------------------------------------------------
+def micro_batches(batch: Batch, size: int) -> tuple[list[Batch], Tensor | None]:
+    """Split a logical batch into physical micro-batches of at most `size` samples. A text batch
+    (one with an ``attention_mask``) is sorted by length first and each micro-batch is cut to its
+    longest sample: trailing padding columns hold no token of any sample in it, and the padding
+    bias already keeps them out of every real token's computation, so per-sample gradients are
+    unchanged (to float rounding) while the work follows the real lengths (SST-2: 18 tokens on
+    average in a 64-token frame). Returns the micro-batches and the order used (None: unsorted)."""
+    n = next(iter(batch.values())).shape[0]
+    mask = batch.get("attention_mask")
+    if mask is None or mask.dim() != 2 or n == 0:
+        return [{k: v[s:s + size] for k, v in batch.items()} for s in range(0, n, size)], None
+    used = mask.ne(0)
+    last = torch.where(used, torch.arange(1, mask.shape[1] + 1, device=mask.device), 0).amax(1)  # length incl. inner pads
+    order = torch.argsort(last, stable=True)
+    parts = []
+    for s in range(0, n, size):
+        idx = order[s:s + size]
+        width = max(int(last[idx].max()), 1)
+        parts.append({k: (v[idx][:, :width] if v.dim() >= 2 and v.shape[:2] == mask.shape else v[idx]) for k, v in batch.items()})
+    return parts, order
+
+
+def restore_order(losses: list[Tensor], logits: list[Tensor], order: Tensor | None, width: int) -> tuple[Tensor, Tensor]:
+    """Per-sample losses and logits of the micro-batches, back in the logical batch's order;
+    sequence logits (B, T', ...) padded with zeros to the batch's `width` T."""
+    logits = [lg if lg.dim() < 3 or lg.shape[1] == width else
+              torch.nn.functional.pad(lg, (0, 0) * (lg.dim() - 2) + (0, width - lg.shape[1])) for lg in logits]
+    loss, logit = torch.cat(losses), torch.cat(logits)
+    if order is None:
+        return loss, logit
+    inverse = torch.empty_like(order)
+    inverse[order] = torch.arange(len(order), device=order.device)
+    return loss[inverse], logit[inverse]
+
+
 # ---- functorch -----------------------------------------------------------------------------------
 class _LossModule(nn.Module):
     """Wraps `loss_fn` so `functional_call` can swap the model's parameters underneath it."""
