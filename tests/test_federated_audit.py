@@ -145,3 +145,83 @@ def test_split_run_config_is_audited_as_its_protocol_table() -> None:
     (task,) = s.tasks
     assert task.protocol == "split" and [d["name"] for d in task.defenses] == ["central", "fl", "sl", "festa", "pfesta"]
     assert {a["name"] for a in task.attacks} == {"feature_inversion", "fsha"} and "protocol" not in task.federated
+
+
+MULTI = {"name": "multi", "seeds": [0], "tasks": [
+    {"name": "rounds", "protocol": "fedavg", "run": TINY_RUN, "defenses": [{"name": "gaussian", "sigma": 0.1}],
+     "attacks": [{"name": "ig-fedavg", "iterations": 2}, {"name": "multi-round", "iterations": 3},
+                 {"name": "multi-round-global", "iterations": 3}],
+     "federated": {"clients": 2, "rounds": 3, "local_steps": 2, "audit_clients": 1}}]}
+
+
+def test_server_knowledge_rebuilds_the_clients_real_round(tmp_path: Path) -> None:
+    """What the auditor hands ig-fedavg (Observation.local: AdamW groups, clip, lr, steps, the seeded
+    batch schedule, the partition size) reproduces a client's real FedAvg update from its true images."""
+    from veil.attacks.inverting_fedavg import LocalSimulator
+    from veil.federated.audit import task_spec
+    from veil.federated.server_app import ServerState, make_auditor
+    from veil.federated.task import client_split, client_world, local_slots, model_arrays, reset_defenses, train_round
+
+    torch.set_num_threads(1)
+    task = parse_scenario(copy.deepcopy(MULTI)).tasks[0]
+    spec = task_spec(task, {"name": "none"}, 0, [{"name": "ig-fedavg"}])
+    spec.cfg.train.weight_decay, spec.cfg.train.clip = 0.05, 1.0
+    spec = type(spec)(spec.cfg, spec.fed, {**spec.raw, "train": {**spec.raw["train"], "weight_decay": 0.05, "clip": 1.0}})
+    world = client_world(spec.text())
+    reset_defenses(world)
+    state = ServerState(spec, tmp_path)
+    sizes = {pid: len(part) for pid, part in enumerate(world.parts)}
+    auditor = make_auditor(spec, state, oracle=False, sizes=sizes)
+    w0 = model_arrays(state.model)
+    world.model.load_state_dict(w0.to_torch_state_dict())
+    res = train_round(world, pid=1, rnd=2, lr=0.002, mu=0.0)
+    local = auditor.local_training(2, 1, 0.002, res.steps)
+    assert local is not None and local.steps == 2 and local.clip == 1.0 and local.order is not None
+    split = client_split(world, 1)
+    used = sorted({int(i) for idx in local_slots(sizes[1], spec.cfg.train.batch_size, 0, 2, 1, 1, 2) for i in idx})
+    auditor.model.load_state_dict(w0.to_torch_state_dict())
+    auditor.model.eval()
+    names = [n for n, p in auditor.model.named_parameters() if p.requires_grad]
+    sim = LocalSimulator(auditor.model, names, local)
+    got = dict(zip(names, sim.unflat(sim.delta(split["pixels"][used], split["labels"][used]).detach())))
+    real = {n: w0.to_torch_state_dict()[n] - p.detach() for n, p in world.model.named_parameters()}
+    for n in names:
+        if not n.endswith("attn.k.bias"):  # rounding noise only (softmax is shift invariant)
+            assert torch.allclose(got[n], real[n], rtol=1e-3, atol=1e-7), n
+    # a wrong schedule (consecutive batches instead of the seeded one) does not reproduce it
+    wrong = LocalSimulator(auditor.model, names, type(local)(**{**local.__dict__, "order": None}))
+    off = wrong.delta(split["pixels"][used], split["labels"][used]).detach()
+    assert not torch.allclose(off, torch.cat([real[n].flatten() for n in names]), rtol=1e-3, atol=1e-7)
+
+
+def test_multi_round_attackers_and_their_resume(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from helpers import kill_server_after_round
+
+    torch.set_num_threads(1)
+    full = run_audit(parse_scenario(copy.deepcopy(MULTI)), tmp_path / "full", progress=False)
+    t = full["tasks"]["rounds"]
+    mean, glob, ig = "multi-round(iterations=3)", "multi-round-global(iterations=3)", "ig-fedavg(iterations=2)"
+    rows = t["rounds"]["gaussian(sigma=0.1)"]
+    assert [sorted(r["leakage"]) for r in rows] == [sorted([mean, ig])] + [sorted([mean, glob, ig])] * 2  # no previous global model at round 1
+    assert [r["leakage"][mean]["rounds_averaged"] for r in rows] == [1.0, 2.0, 3.0]  # the client's running mean
+    assert [r["leakage"][glob]["of_round"] for r in rows[1:]] == [1.0, 2.0]
+    assert all("psnr" in r["leakage"][ig] and "psnr" in r["leakage"][glob if r["round"] > 1 else mean] for r in rows)
+    assert "every round's update of the client, averaged" in t["attacker_knows"][mean]
+    undo = kill_server_after_round(monkeypatch, 2)
+    with pytest.raises(KeyboardInterrupt):
+        run_audit(parse_scenario(copy.deepcopy(MULTI)), tmp_path / "cut", progress=False)
+    undo()
+    ck = tmp_path / "cut" / "runs" / "rounds" / "gaussian(sigma=0.1)" / "seed0" / "checkpoints"
+    assert (ck / "auditor.safetensors").is_file()  # the running sums and the last global model, beside the model
+    resumed = run_audit(parse_scenario(copy.deepcopy(MULTI)), tmp_path / "cut", progress=False)
+    assert untimed(resumed["tasks"]) == untimed(full["tasks"])
+
+
+def test_rounds_attacks_are_refused_outside_fedavg() -> None:
+    raw = {"name": "s", "seeds": [0], "tasks": [{"name": "one", "run": TINY_RUN, "attacks": ["ig-fedavg"]}]}
+    with pytest.raises(VeilError, match="use it in a task with protocol: fedavg"):
+        validate(parse_scenario(raw))
+    raw = copy.deepcopy(MULTI)
+    raw["tasks"][0]["attacks"] = [{"name": "multi-round", "attack": "april"}]
+    with pytest.raises(VeilError, match="multi-round: attack must be one of ig, dlg, labels"):
+        validate(parse_scenario(raw))

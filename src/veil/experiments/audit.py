@@ -54,6 +54,8 @@ def validate(s: Scenario) -> list[Cell]:
         shared = [(a, False) for a in s.attacks if label(a) not in {label(x) for x in task.attacks}]
         for a, required in own + shared:
             reason = make_attack(a).applies_to(model)
+            if reason is None and (make_attack(a).needs == "rounds" or a["name"] == "ig-fedavg"):
+                reason = f"{a['name']} attacks what a FedAvg server sees over local steps or rounds: use it in a task with protocol: fedavg"
             if reason and required:
                 raise VeilError(f"attack '{a['name']}' does not apply to task '{task.name}': {reason}")
             for d in task.defenses:

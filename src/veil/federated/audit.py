@@ -88,7 +88,9 @@ def plan(task: Task, s: Scenario) -> tuple[list[dict[str, Any]], dict[str, str]]
         reason = make_attack(a).applies_to(model)
         if reason is None and fed.mode == "fedavg" and a["name"] in SINGLE_GRADIENT:
             reason = SINGLE_GRADIENT[a["name"]]
-        if reason is None and make_attack(a).needs != "gradient":
+        if reason is None and fed.mode == "fedsgd" and a["name"] == "ig-fedavg":
+            reason = "ig-fedavg simulates a client's multi-step FedAvg round; a FedSGD update is one gradient: use ig"
+        if reason is None and make_attack(a).needs not in ("gradient", "rounds"):
             reason = f"{a['name']} reads split-learning features; a {fed.mode} server sees model updates"
         if reason and label(a) in own and a["name"] not in SINGLE_GRADIENT:
             raise VeilError(f"attack '{a['name']}' does not apply to task '{task.name}': {reason}")
@@ -272,10 +274,12 @@ def report_blocks(t: dict[str, Any], out: Path) -> list[tuple]:
                                  f"{f.get('partition')} partition (alpha {f.get('alpha')}), {f.get('rounds')} rounds, local epochs "
                                  f"{f.get('local_epochs')}, local steps {f.get('local_steps') or 'all batches'}; the server audits "
                                  f"{f.get('audit_clients')} client(s) every {f.get('audit_every')} round(s) on the updates it received. "
-                                 "A FedAvg update mixes several local steps: attacks read it as the pseudo-gradient (w - w_k) / (lr s). "
-                                 "A low figure means these attacks failed on these updates, not that the updates are safe: an attacker "
-                                 "that simulates the local steps (Geiping et al. 2020 sec. 5) or averages a client's updates across "
-                                 "rounds is not in veil yet.")]
+                                 "A FedAvg update mixes several local steps: single-gradient attacks read it as the pseudo-gradient "
+                                 "(w - w_k) / (lr s); `ig-fedavg` simulates the client's local steps (Geiping et al. 2020 sec. 5); "
+                                 "`multi-round` attacks a client's updates averaged over the rounds so far (combine=mean) or the "
+                                 "difference of consecutive global models (combine=global). A low figure means these attacks, at "
+                                 "these budgets, failed on these updates, not that the updates are safe; a malicious server "
+                                 "(crafted weights) is not modelled.")]
     if t.get("figure"):
         blocks.append(("img", out / t["figure"], "Accuracy (left) and the strongest attack's leakage (right) per round, one line per defense."))
     rows = []

@@ -26,6 +26,8 @@ from __future__ import annotations
 import copy
 import math
 import random
+import statistics
+from dataclasses import dataclass, field
 from typing import Any, Callable, Iterable
 
 import numpy as np
@@ -34,8 +36,8 @@ from flwr.app import ArrayRecord, ConfigRecord, Message, MetricRecord
 from flwr.serverapp import Grid
 from flwr.serverapp.strategy import Strategy
 
-from veil.attacks import Attack, Knowledge, Observation, Reconstruction, create_attack
-from veil.federated.task import ClientWorld, client_split, local_batches, batch_digest
+from veil.attacks import Attack, Knowledge, LocalTraining, Observation, Reconstruction, create_attack
+from veil.federated.task import ClientWorld, batch_digest, client_split, local_batches, local_slots
 from veil.models.base import VeilModel
 
 Score = Callable[[int, int, str, Reconstruction], dict[str, Any]]
@@ -70,51 +72,186 @@ class _SampledGrid(Grid):
         return self._grid.send_and_receive(messages, timeout=timeout)
 
 
+@dataclass
+class LocalPlan:
+    """What the server configured for every client's local training (it sent the spec) and learnt
+    from the clients' `query` replies (partition sizes): enough to rebuild each round's
+    `LocalTraining` (`Auditor.local_training`)."""
+
+    batch_size: int
+    epochs: int
+    local_steps: int
+    seed: int
+    weight_decay: float
+    clip: float | None
+    sizes: dict[int, int]  # partition id -> samples
+    defenses: list = field(default_factory=list)  # for their lr scales (the groups of the client's AdamW)
+
+
 class Auditor:
-    """Runs attacks on one round's updates; returns one event per (client, attack)."""
+    """Runs attacks on one round's updates; returns one event per (client, attack).
+
+    Multi-round attacks (`veil.attacks.multiround`, `needs = "rounds"`) read what the server kept
+    across rounds: each client's running sum of pseudo-gradients and how many it holds (`sums`,
+    `counts`), and the previous round's global weights, lr, mean steps and participants (`prev`).
+    They are part of the server's checkpoint (`state_tensors` / `load_state`), so a resumed run
+    attacks the same means."""
 
     def __init__(self, model: VeilModel, attacks: list[dict[str, Any]], know: Knowledge, mode: str,
-                 every: int = 1, max_clients: int = 1, score: Score | None = None) -> None:
+                 every: int = 1, max_clients: int = 1, score: Score | None = None, plan: LocalPlan | None = None) -> None:
         self.model = copy.deepcopy(model)
         self.attacks: list[tuple[str, Attack]] = [(a["name"], create_attack(a["name"], **{k: v for k, v in a.items() if k != "name"}))
                                                   for a in attacks]
-        self.know, self.mode, self.every, self.max_clients, self.score = know, mode, every, max_clients, score
+        self.know, self.mode, self.every, self.max_clients, self.score, self.plan = know, mode, every, max_clients, score, plan
+        self.multi = any(getattr(a, "needs", "") == "rounds" for _, a in self.attacks)
+        self.sums: dict[int, dict[str, torch.Tensor]] = {}
+        self.counts: dict[int, int] = {}
+        self.prev: dict[str, Any] | None = None  # {"weights": state dict, "lr", "steps", "pids", "round"}
 
     def due(self, rnd: int) -> bool:
         return bool(self.attacks) and self.max_clients > 0 and (rnd % self.every == 0 or rnd == 1)
 
-    def observation(self, global_arrays: ArrayRecord, reply: Message, lr: float) -> Observation:
+    def local_training(self, rnd: int, pid: int, lr: float, steps: int) -> LocalTraining | None:
+        """How client `pid` trained in round `rnd`, from public values only: the configured optimiser
+        (veil's AdamW groups, clipping), lr, batch size and epochs, the reply's step count, the
+        partition size from its query reply, and the batch schedule seeded by (seed, round, client)
+        (`veil.federated.task.local_slots`)."""
+        from veil.attacks.inverting_fedavg import optimizer_groups
+
+        p = self.plan
+        if p is None or pid not in p.sizes:
+            return None
+        n = int(p.sizes[pid])
+        order = local_slots(n, p.batch_size, p.seed, rnd, pid, p.epochs, p.local_steps)
+        used = sorted({int(i) for idx in order for i in idx})
+        slot = {s: j for j, s in enumerate(used)}  # dummy slots only for samples trained on this round
+        return LocalTraining(lr=lr, steps=steps, batch_size=p.batch_size, epochs=p.epochs, samples=len(used), clip=p.clip,
+                             groups=optimizer_groups(self.model, lr, p.weight_decay, p.defenses),
+                             order=tuple(tuple(slot[int(i)] for i in idx) for idx in order))
+
+    def pseudo_gradient(self, global_arrays: ArrayRecord, reply: Message, lr: float) -> tuple[dict[str, torch.Tensor], int]:
         self.model.load_state_dict(global_arrays.to_torch_state_dict())
         update = reply.content["arrays"].to_torch_state_dict()
         if self.mode == "fedsgd":
-            return Observation(self.model, {k: v.float() for k, v in update.items()}, kind="gradient")
+            return {k: v.float() for k, v in update.items()}, 1
         steps = max(1, int(reply.content["metrics"]["steps"]))
-        grads = {n: (p.detach() - update[n]) / (lr * steps) for n, p in self.model.named_parameters() if p.requires_grad}
-        return Observation(self.model, grads, kind="delta")
+        return {n: (p.detach() - update[n]) / (lr * steps) for n, p in self.model.named_parameters() if p.requires_grad}, steps
+
+    def observation(self, rnd: int, global_arrays: ArrayRecord, reply: Message, lr: float) -> Observation:
+        grads, steps = self.pseudo_gradient(global_arrays, reply, lr)
+        if self.mode == "fedsgd":
+            return Observation(self.model, grads, kind="gradient")
+        pid = int(reply.content["metrics"]["partition-id"])
+        return Observation(self.model, grads, kind="delta", local=self.local_training(rnd, pid, lr, steps))
+
+    def record(self, global_arrays: ArrayRecord, replies: list[Message], lr: float) -> None:
+        """Add every reply's pseudo-gradient to its client's running sum (before the round's audit:
+        this round counts in the means)."""
+        if not self.multi:
+            return
+        for reply in replies:
+            pid = int(reply.content["metrics"]["partition-id"])
+            grads, _ = self.pseudo_gradient(global_arrays, reply, lr)
+            acc = self.sums.setdefault(pid, {k: torch.zeros_like(v) for k, v in grads.items()})
+            for k, v in grads.items():
+                acc[k] += v
+            self.counts[pid] = self.counts.get(pid, 0) + 1
+
+    def remember(self, rnd: int, global_arrays: ArrayRecord, replies: list[Message], lr: float) -> None:
+        """Keep this round's global weights, lr, mean steps and participants (after the round's audit):
+        the next round's global-difference view."""
+        if not self.multi:
+            return
+        steps = [max(1, int(r.content["metrics"]["steps"])) for r in replies] or [1]
+        self.prev = {"weights": {k: v.detach().clone() for k, v in global_arrays.to_torch_state_dict().items()}, "lr": lr,
+                     "steps": statistics.fmean(steps), "pids": sorted(int(r.content["metrics"]["partition-id"]) for r in replies),
+                     "round": rnd}
+
+    def mean_update(self, pid: int, global_arrays: ArrayRecord) -> Observation:
+        """The client's pseudo-gradients averaged over every round the server received one, at the
+        current global weights."""
+        self.model.load_state_dict(global_arrays.to_torch_state_dict())
+        k = max(1, self.counts.get(pid, 0))
+        grads = {n: v / k for n, v in self.sums.get(pid, {}).items()}
+        return Observation(self.model, grads, kind="gradient" if self.mode == "fedsgd" else "delta")
+
+    def global_difference(self, rnd: int, global_arrays: ArrayRecord) -> Observation | None:
+        """(w_{r-1} - w_r) / (lr_{r-1} s̄_{r-1}) at w_{r-1}, or None at the first round."""
+        if self.prev is None or self.prev["round"] != rnd - 1:
+            return None
+        now = global_arrays.to_torch_state_dict()
+        self.model.load_state_dict(self.prev["weights"])
+        scale = self.prev["lr"] * (self.prev["steps"] if self.mode != "fedsgd" else 1.0)
+        grads = {n: (p.detach() - now[n]) / scale for n, p in self.model.named_parameters() if p.requires_grad}
+        return Observation(self.model, grads, kind="gradient" if self.mode == "fedsgd" else "delta")
 
     def audit(self, rnd: int, global_arrays: ArrayRecord, replies: list[Message], lr: float) -> list[dict[str, Any]]:
         events: list[dict[str, Any]] = []
         for reply in replies[: self.max_clients]:
             pid = int(reply.content["metrics"]["partition-id"])
-            obs = self.observation(global_arrays, reply, lr)
             digest = str(reply.content["receipt"]["digest"]) if "receipt" in reply.content else ""
+            obs = self.observation(rnd, global_arrays, reply, lr)
             for name, attack in self.attacks:
-                ev: dict[str, Any] = {"event": "audit", "round": rnd, "client": pid, "attack": name, "update": obs.kind}
-                reason = attack.applies_to(obs.model)
-                if reason:
-                    events.append({**ev, "skipped": reason})
-                    continue
-                torch.manual_seed(self.know.seed + rnd)
-                try:
-                    rec = attack.reconstruct(obs, self.know)
-                except Exception as e:  # noqa: BLE001 - a failing attack is logged, never stops training
-                    events.append({**ev, "error": f"{type(e).__name__}: {e}"[:300]})
-                    continue
-                ev["seconds"] = round(float(rec.stats.get("seconds", 0.0)), 3)
-                if self.score is not None:
-                    ev.update(self.score(rnd, pid, digest, rec))
+                if getattr(attack, "needs", "") == "rounds":
+                    if attack.combine != "mean":  # type: ignore[attr-defined]
+                        continue  # the global view is attacked once per round, below
+                    view = self.mean_update(pid, global_arrays)
+                    ev = self.run(attack, view, {"event": "audit", "round": rnd, "client": pid, "attack": name, "update": "mean",
+                                                 "rounds_averaged": self.counts.get(pid, 0)}, lambda rec, p=pid: self.score(rnd, p, digest, rec) if self.score else {})
+                else:
+                    ev = self.run(attack, obs, {"event": "audit", "round": rnd, "client": pid, "attack": name, "update": obs.kind},
+                                  lambda rec, p=pid: self.score(rnd, p, digest, rec) if self.score else {})
                 events.append(ev)
+        for name, attack in self.attacks:
+            if getattr(attack, "needs", "") != "rounds" or attack.combine != "global":  # type: ignore[attr-defined]
+                continue
+            ev = {"event": "audit", "round": rnd, "client": "all", "attack": name, "update": "global-difference"}
+            view = self.global_difference(rnd, global_arrays)
+            if view is None:
+                events.append({**ev, "skipped": "no previous global model yet (the first round)"})
+                continue
+            prev = self.prev
+            assert prev is not None
+            score_all = getattr(self.score, "score_round", None)
+            events.append(self.run(attack, view, {**ev, "of_round": prev["round"]},
+                                   lambda rec: score_all(prev["round"], prev["pids"], rec) if score_all else {}))
         return events
+
+    def run(self, attack: Attack, obs: Observation, ev: dict[str, Any], score: Callable[[Reconstruction], dict[str, Any]]) -> dict[str, Any]:
+        """One attack on one view: the event, with its scores, or why it was skipped or failed."""
+        reason = attack.applies_to(obs.model)
+        if reason:
+            return {**ev, "skipped": reason}
+        torch.manual_seed(self.know.seed + int(ev["round"]))
+        try:
+            rec = attack.reconstruct(obs, self.know)
+        except Exception as e:  # noqa: BLE001 - a failing attack is logged, never stops training
+            return {**ev, "error": f"{type(e).__name__}: {e}"[:300]}
+        ev["seconds"] = round(float(rec.stats.get("seconds", 0.0)), 3)
+        ev.update(score(rec))
+        return ev
+
+    # ---- checkpoint ----------------------------------------------------------------------------
+    def state_tensors(self) -> tuple[dict[str, torch.Tensor], dict[str, Any]]:
+        """(tensors, JSON scalars) of the multi-round memory, for the server's checkpoint."""
+        tensors = {f"sum/{pid}/{k}": v.contiguous() for pid, d in self.sums.items() for k, v in d.items()}
+        scalars: dict[str, Any] = {"counts": {str(k): v for k, v in self.counts.items()}}
+        if self.prev is not None:
+            tensors.update({f"prev/{k}": v.contiguous() for k, v in self.prev["weights"].items()})
+            scalars["prev"] = {k: v for k, v in self.prev.items() if k != "weights"}
+        return tensors, scalars
+
+    def load_state(self, tensors: dict[str, torch.Tensor], scalars: dict[str, Any]) -> None:
+        self.counts = {int(k): int(v) for k, v in scalars.get("counts", {}).items()}
+        self.sums = {}
+        for key, v in tensors.items():
+            kind, rest = key.split("/", 1)
+            if kind == "sum":
+                pid, name = rest.split("/", 1)
+                self.sums.setdefault(int(pid), {})[name] = v
+        self.prev = None
+        if "prev" in scalars:
+            self.prev = {**scalars["prev"], "weights": {k.split("/", 1)[1]: v for k, v in tensors.items() if k.startswith("prev/")}}
 
 
 class AuditedStrategy(Strategy):
@@ -151,8 +288,11 @@ class AuditedStrategy(Strategy):
         ok = sorted((m for m in replies if not m.has_error()), key=lambda m: int(m.content["metrics"]["partition-id"]))
         self._log_failures(server_round, replies, ok)
         arrays, lr = self._global.pop(server_round)
-        if self.auditor is not None and ok and self.auditor.due(server_round):
-            self.events.extend(self.auditor.audit(server_round, arrays, ok, lr))
+        if self.auditor is not None and ok:
+            self.auditor.record(arrays, ok, lr)
+            if self.auditor.due(server_round):
+                self.events.extend(self.auditor.audit(server_round, arrays, ok, lr))
+            self.auditor.remember(server_round, arrays, ok, lr)
         if not ok:
             return None, None
         return self.inner.aggregate_train(server_round, ok)
@@ -191,10 +331,18 @@ class BatchOracle:
     def __call__(self, rnd: int, pid: int, digest: str, rec: Reconstruction) -> dict[str, Any]:
         """`veil.attacks.harness.score` against every distinct sample the client trained on this round
         (images, text — tokens and their bag — and labels alike)."""
+        batches = self.batches(rnd, pid)
+        return {"verified": batch_digest(batches) == digest, **self.against(batches, rec)}
+
+    def score_round(self, rnd: int, pids: list[int], rec: Reconstruction) -> dict[str, Any]:
+        """The score against every distinct sample any of `pids` trained on in round `rnd` (a view of
+        the round's aggregate, e.g. the difference of consecutive global models)."""
+        return self.against([b for pid in pids for b in self.batches(rnd, pid)], rec)
+
+    def against(self, batches: list[dict[str, torch.Tensor]], rec: Reconstruction) -> dict[str, Any]:
         from veil.attacks.harness import score
 
-        batches = self.batches(rnd, pid)
-        out: dict[str, Any] = {"verified": batch_digest(batches) == digest}
+        out: dict[str, Any] = {}
         truth = {k: torch.cat([b[k] for b in batches]) for k in batches[0]}
         key = "pixels" if "pixels" in truth else "input_ids"
         _, idx = np.unique(truth[key].flatten(1).numpy(), axis=0, return_index=True)  # epochs repeat samples

@@ -33,7 +33,7 @@ from flwr.serverapp.strategy import FedAvg, FedProx, Strategy
 from veil.attacks import Knowledge
 from veil.errors import VeilError
 from veil.federated import dp
-from veil.federated.auditor import AuditedStrategy, Auditor, BatchOracle
+from veil.federated.auditor import AuditedStrategy, Auditor, BatchOracle, LocalPlan
 from veil.federated.comm import message_bytes
 from veil.federated.grid import wait_for_nodes
 from veil.federated.task import Spec, client_world, load_arrays, load_spec, model_arrays, round_lr
@@ -52,8 +52,9 @@ def make_strategy(spec: Spec) -> Strategy:
     return dp.wrap_strategy(FedAvg(**common), spec.fed)
 
 
-def discover(grid: Grid, spec: Spec, timeout: float) -> dict[int, int]:
-    """Ask every SuperNode which partition it holds (a `query` message): node id -> partition id."""
+def discover(grid: Grid, spec: Spec, timeout: float) -> tuple[dict[int, int], dict[int, int]]:
+    """Ask every SuperNode which partition it holds (a `query` message): (node id -> partition id,
+    partition id -> its number of samples)."""
     nodes = wait_for_nodes(grid, spec.fed.clients)
     msgs = [Message(RecordDict({"config": ConfigRecord({"spec": spec.text()})}), dst_node_id=n, message_type="query") for n in nodes]
     replies = list(grid.send_and_receive(msgs, timeout=timeout))
@@ -64,7 +65,7 @@ def discover(grid: Grid, spec: Spec, timeout: float) -> dict[int, int]:
     found = {m.metadata.src_node_id: int(m.content["info"]["partition-id"]) for m in replies}
     if sorted(found.values()) != list(range(spec.fed.clients)):
         raise VeilError(f"SuperNodes hold partitions {sorted(found.values())}, expected 0..{spec.fed.clients - 1}")
-    return found
+    return found, {int(m.content["info"]["partition-id"]): int(m.content["info"]["num-examples"]) for m in replies}
 
 
 class ServerState:
@@ -80,6 +81,8 @@ class ServerState:
         self.opt = make_optimizer(self.model, spec.cfg.train.lr, spec.cfg.train.weight_decay) if spec.fed.mode == "fedsgd" else None
         self.round, self.seconds = 0, 0.0
         self.ck = run_dir / "checkpoints"
+        self.auditor: Auditor | None = None  # its multi-round memory is checkpointed with the model
+        self.auditor_state: dict[str, Any] = {}
 
     def resume(self) -> None:
         from veil.training.checkpoint import restore_optimizer
@@ -93,6 +96,15 @@ class ServerState:
             path = self.ck / "server_optimizer.safetensors"
             restore_optimizer(self.opt, load_tensors(path, f"remove '{self.ck}' to restart the run from its first round"), state["optimizer"])
         self.round, self.seconds = int(state["round"]), float(state["seconds"])
+        self.auditor_state = state.get("auditor", {})
+
+    def attach_auditor(self, auditor: Auditor | None) -> None:
+        """Give the auditor its checkpointed multi-round memory (resume) and checkpoint it from now on."""
+        self.auditor = auditor
+        if auditor is not None and auditor.multi and self.round > 0:
+            path = self.ck / "auditor.safetensors"
+            tensors = load_tensors(path, f"remove '{self.ck}' to restart the run from its first round") if path.is_file() else {}
+            auditor.load_state(tensors, self.auditor_state)
 
     def apply(self, agg: ArrayRecord, lr: float) -> None:
         if self.opt is None:
@@ -115,10 +127,14 @@ class ServerState:
             tensors, scalars = optimizer_tensors(self.opt)
             save_tensors(tensors, self.ck / "server_optimizer.safetensors")
             state["optimizer"] = scalars
+        if self.auditor is not None and self.auditor.multi:
+            tensors, scalars = self.auditor.state_tensors()
+            save_tensors(tensors, self.ck / "auditor.safetensors")
+            state["auditor"] = scalars
         atomic_write_text(self.ck / "state.json", json.dumps(state))
 
 
-def make_auditor(spec: Spec, state: ServerState, oracle: bool) -> Auditor | None:
+def make_auditor(spec: Spec, state: ServerState, oracle: bool, sizes: dict[int, int] | None = None) -> Auditor | None:
     if not spec.fed.audit:
         return None
     w = state.world
@@ -129,8 +145,12 @@ def make_auditor(spec: Spec, state: ServerState, oracle: bool) -> Auditor | None
     # the public tokenizer, each defense's settings by name (adaptive attackers read them); never labels
     know = Knowledge(batch_size=bs, input_shape=shape, seq_len=shape[0] if text else None, tokenizer=w.data.meta.get("tokenizer"),
                      defense={d.name: d.describe() for d in w.defenses}, seed=spec.cfg.train.seed)
+    # what the server configured for the local training (and the partition sizes the clients told it):
+    # the attacks that simulate a client's round (ig-fedavg) read it as Observation.local
+    plan = LocalPlan(batch_size=bs, epochs=spec.fed.local_epochs, local_steps=spec.fed.local_steps, seed=spec.cfg.train.seed,
+                     weight_decay=spec.cfg.train.weight_decay, clip=spec.cfg.train.clip or None, sizes=dict(sizes or {}), defenses=list(w.defenses))
     return Auditor(state.model, spec.fed.audit, know, spec.fed.mode, spec.fed.audit_every, spec.fed.audit_clients,
-                   BatchOracle(w) if oracle else None)
+                   BatchOracle(w) if oracle else None, plan)
 
 
 def append_events(path: Path, events: list[dict[str, Any]]) -> None:
@@ -154,8 +174,10 @@ def server_main(grid: Grid, spec: Spec, run_dir: Path, oracle: bool = True, prog
     state.resume()
     metrics = run_dir / "metrics.jsonl"
     truncate_events(metrics, state.round)
-    strategy = AuditedStrategy(make_strategy(spec), discover(grid, spec, spec.fed.timeout), spec.fed.fraction,
-                               spec.cfg.train.seed, make_auditor(spec, state, oracle))
+    nodes, sizes = discover(grid, spec, spec.fed.timeout)
+    auditor = make_auditor(spec, state, oracle, sizes)
+    state.attach_auditor(auditor)
+    strategy = AuditedStrategy(make_strategy(spec), nodes, spec.fed.fraction, spec.cfg.train.seed, auditor)
     dp.restore_clip(spec.fed, strategy.inner, metrics)
     while state.round < spec.fed.rounds:
         rnd, t0 = state.round + 1, time.perf_counter()

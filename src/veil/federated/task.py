@@ -27,9 +27,10 @@ from flwr.app import ArrayRecord
 from torch import Tensor
 
 from veil.config import RunConfig, from_dict, read_yaml, apply_overrides
-from veil.data import DataSplits, dirichlet, iid, iterate_batches, subset
+from veil.data import DataSplits, dirichlet, iid, subset
 from veil.defenses.base import Defense
 from veil.defenses.noise import torch_seed
+from veil.errors import VeilError
 from veil.federated.client_secret import round_secret
 from veil.federated.config import FederatedConfig, apply_extra_overrides, federated_config, split_sections
 from veil.models.base import Batch, VeilModel
@@ -83,19 +84,31 @@ def round_seed(seed: int, rnd: int, pid: int) -> int:
     return (seed * 1_000_003 + rnd * 10_007 + pid) % (2**62)
 
 
-def local_batches(split: dict[str, Tensor], batch_size: int, seed: int, rnd: int, pid: int, epochs: int, steps: int) -> Iterator[Batch]:
-    """The client's batches for one round: `steps` batches if > 0, else `epochs` passes."""
+def local_slots(n: int, batch_size: int, seed: int, rnd: int, pid: int, epochs: int, steps: int) -> list[Tensor]:
+    """The sample slots (indices into the client's partition, 0..n-1) of each local step of round
+    `rnd`: `steps` batches if > 0, else `epochs` passes, each pass in an order drawn from a generator
+    seeded by (seed, rnd, pid). Public values only, so the server can derive the schedule too."""
     g = torch.Generator().manual_seed(round_seed(seed, rnd, pid))
-    done, epoch = 0, 0
+    if batch_size < 1:
+        raise VeilError(f"batch_size must be at least 1, got {batch_size}")
+    out: list[Tensor] = []
+    epoch = 0
     while True:
-        for batch in iterate_batches(split, batch_size, shuffle=True, generator=g):
-            if steps and done >= steps:
-                return
-            yield batch
-            done += 1
+        order = torch.randperm(n, generator=g)  # as `iterate_batches(shuffle=True)` draws it
+        for start in range(0, n, batch_size):
+            if steps and len(out) >= steps:
+                return out
+            out.append(order[start:start + batch_size])
         epoch += 1
         if not steps and epoch >= epochs:
-            return
+            return out
+
+
+def local_batches(split: dict[str, Tensor], batch_size: int, seed: int, rnd: int, pid: int, epochs: int, steps: int) -> Iterator[Batch]:
+    """The client's batches for one round (`local_slots` of its partition)."""
+    n = len(next(iter(split.values())))
+    for idx in local_slots(n, batch_size, seed, rnd, pid, epochs, steps):
+        yield subset(split, idx)
 
 
 def batch_digest(batches: list[Batch]) -> str:

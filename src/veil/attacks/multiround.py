@@ -1,0 +1,79 @@
+"""Multi-round attackers of a passive FedAvg / FedSGD server: attacks on what several rounds reveal
+together, not on one update.
+
+  multi-round         the client's pseudo-gradients averaged over the R rounds the server received
+                   them (Observation built by `veil.federated.auditor`):
+                       ḡ_R = (1/R) sum_r (w_r - w_{k,r}) / (τ_r s_r)
+                   A defense that adds fresh zero-mean noise every round (DP-SGD's Gaussian noise,
+                   AEGIS's calibrated noise, `gaussian`) leaves ḡ_R with noise variance σ²/R, while
+                   the client's data term stays (it changes only as w_r drifts). This is the
+                   averaging attack on repeated noisy releases (e.g. the composition argument of
+                   Abadi et al., CCS 2016; Geiping et al. 2020 sec. 5 note that FedAvg repeats the
+                   same samples every round). The inner attack (`attack`, default ig) then runs on
+                   ḡ_R at the current global weights.
+  multi-round-global  the difference of consecutive global models, (w_{r-1} - w_r) / (τ_{r-1} s̄): the
+                   aggregate of round r-1, which every client (and anyone who sees the broadcast)
+                   receives; scored against every sample trained on in round r-1.
+
+The wrapper itself adds no optimisation: it names the view and delegates to the inner attack
+(ig, dlg or labels: the attacks that read a pseudo-gradient; ig-fedavg simulates one client's
+round and APRIL one gradient, neither models a mean over rounds or clients).
+
+Scope: passive (honest-but-curious). A malicious server (crafted global weights, e.g. trap
+weights or "Robbing the Fed") is out of scope: it would change what the clients compute.
+"""
+from __future__ import annotations
+
+from veil.attacks import ATTACKS
+from veil.attacks.base import Attack, Knowledge, Observation, Reconstruction
+from veil.errors import VeilError
+from veil.models.base import VeilModel
+
+INNER = ("ig", "dlg", "labels")
+
+
+class MultiRound(Attack):
+    """`{name: multi-round, attack: ig, <the inner attack's options>}`: the inner attack on the
+    client's mean update over the rounds so far."""
+
+    name = "multi-round"
+    modality = "any"
+    needs = "rounds"  # the auditor supplies the combined view (`veil.federated.auditor.Auditor`)
+    combine = "mean"
+    defaults = {"attack": "ig"}
+
+    def __init__(self, **settings: object) -> None:
+        super().__init__(**settings)
+        inner = str(settings.get("attack", "ig"))
+        if inner not in INNER:
+            raise VeilError(f"{self.name}: attack must be one of {', '.join(INNER)} (attacks that read a pseudo-gradient), got {inner!r}")
+        from veil.attacks import create_attack
+
+        self.inner = create_attack(inner, **{k: v for k, v in settings.items() if k != "attack"})
+        self.knows = (f"every round's update of the client, averaged ({inner} on the mean: fresh per-round noise averages out); "
+                      "not the defense (naive)" if self.combine == "mean" else
+                      f"the consecutive global models only ({inner} on their difference, the round's aggregate); not the defense (naive)")
+
+    def applies_to(self, model: VeilModel) -> str | None:
+        return self.inner.applies_to(model)
+
+    def _reconstruct(self, obs: Observation, know: Knowledge) -> Reconstruction:
+        if obs.kind not in ("delta", "gradient"):
+            raise VeilError("multi-round reads model updates (the auditor's combined view), not split-learning features")
+        return self.inner.reconstruct(obs, know)
+
+
+class GlobalDifference(MultiRound):
+    """`{name: multi-round-global, attack: ig, ...}`: the inner attack on the difference of
+    consecutive global models (the previous round's aggregate)."""
+
+    name = "multi-round-global"
+    combine = "global"
+
+
+ATTACKS.register("multi-round", "multi-round attacker: ig / dlg / labels on a client's updates averaged over the rounds "
+                                "so far (averages away fresh per-round noise)")(MultiRound)
+ATTACKS.register("multi-round-global", "multi-round attacker: ig / dlg / labels on the difference of consecutive global "
+                                       "models (the previous round's aggregate)")(GlobalDifference)
+
+__all__ = ["GlobalDifference", "MultiRound"]
