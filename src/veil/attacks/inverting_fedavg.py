@@ -30,16 +30,21 @@ reaches ~30 dB on two images, four AdamW steps).
 
 Labels: granted (`Knowledge.labels`), or inferred from the update's classifier bias as an
 n-sample multiset (`veil.attacks.labels.labels_from_bias`, LLG-style) and dealt to the slots in
-order — the attacker cannot know which slot holds which label. The observed Δ* is read from the
-observation's pseudo-gradient (w_0 - w_k) / (τ s): the cosine does not see the scale.
+order — the attacker cannot know which slot holds which label (`label: infer`); or `label: soft`,
+per-slot label logits optimised beside x' (started at the inferred labels; the client's
+cross-entropy takes the probabilities as targets). The slot assignment is the bottleneck: on
+vit-digits, AdamW, 2 epochs of batch 2 over 4 digits at 150 iterations, granted labels give
+18.2 dB, inferred ones (right multiset, wrong slots) 6.4 dB, soft 8.5 dB (6 digits: 16.1 / 5.4 /
+8.6 dB); on 2 digits at batch 1, where the inferred slots are right, 27.6 dB with infer and 21.6
+with soft. The observed Δ* is read from the observation's pseudo-gradient (w_0 - w_k) / (τ s):
+the cosine does not see the scale.
 
 Scope: a naive attacker — it simulates neither the defense's batch transform (MJP), nor its
 gradient noise or per-sample clipping (DP-SGD, AEGIS), nor FedProx's proximal term; dropout is off
 in the simulation (eval mode). Adaptive variants would add them to `LocalSimulator.delta`. Labels
 inferred from an AdamW update's bias change are unreliable (Adam normalises each coordinate, so the
-change is not proportional to the label counts), and dealing a multiset to slots ignores which
-step saw which label: where labels are wrong, the figure understates a stronger attacker that
-searches the assignment. On a single gradient (`kind="gradient"`) it is plain IG: use `ig`.
+change is not proportional to the label counts): where labels are wrong, the figure understates a
+stronger attacker that searches the slot assignment (not in veil). On a single gradient (`kind="gradient"`) it is plain IG: use `ig`.
 """
 from __future__ import annotations
 
@@ -154,6 +159,8 @@ class MultiStepInvertingGradients(Attack):
     knows = ("the FedAvg update, the weights, and the local training the server configured (optimizer, lr, steps, batch size, "
              "epochs, sample count, public batch schedule); not the defense (naive)")
     defaults = {"iterations": 100, "restarts": 1, "lr": 0.1, "tv": 1e-4, "label": "infer", "layers": "input", "seed": 0}
+    #: label "soft": per-slot label logits optimised with x' (plain Adam, this lr), started at the inferred labels
+    label_lr = 0.1
 
     def opt(self, key: str):  # noqa: ANN201 - setting of any type
         return self.settings.get(key, self.defaults[key])
@@ -171,8 +178,8 @@ class MultiStepInvertingGradients(Attack):
     def labels(self, obs: Observation, know: Knowledge, n: int) -> Tensor:
         if know.labels is not None:
             return know.labels.long().reshape(-1)[:n]
-        if self.opt("label") != "infer":
-            raise VeilError("ig-fedavg: label must be 'infer' (or grant the labels in the knowledge)")
+        if self.opt("label") not in ("infer", "soft"):
+            raise VeilError(f"ig-fedavg: label must be 'infer' or 'soft' (or grant the labels in the knowledge), got {self.opt('label')!r}")
         head = obs.model.classifier()
         if getattr(head, "bias", None) is None or not obs.has_grad(head, "bias"):
             raise VeilError("ig-fedavg: inferring labels needs the classifier bias in the update")
@@ -193,30 +200,43 @@ class MultiStepInvertingGradients(Attack):
         gen = torch.Generator().manual_seed(int(self.settings.get("seed", know.seed)))
         was_training = model.training
         model.eval()
-        best: tuple[float, Tensor] | None = None
+        best: tuple[float, Tensor, Tensor] | None = None
+        soft = know.labels is None and self.opt("label") == "soft"
         t0 = time.perf_counter()
         try:
             for _ in range(int(self.opt("restarts"))):
-                loss, x = self.run_once(sim, compared, target, shape, labels, gen)
+                loss, x, y = self.run_once(sim, compared, target, shape, labels, gen, soft)
                 if best is None or loss < best[0]:
-                    best = (loss, x)
+                    best = (loss, x, y)
         finally:
             model.train(was_training)
         assert best is not None
         its = int(self.opt("iterations")) * int(self.opt("restarts"))
-        return Reconstruction(images=best[1].clamp(0, 1), labels=labels,
+        return Reconstruction(images=best[1].clamp(0, 1), labels=best[2],
                               stats={"loss": best[0], "iterations": its, "local_steps": local.steps, "samples": local.samples,
                                      "iterations_per_second": its / max(time.perf_counter() - t0, 1e-9), "matched": len(names)})
 
     def run_once(self, sim: LocalSimulator, compared: Tensor, target: Tensor, shape: tuple[int, ...], labels: Tensor,
-                 gen: torch.Generator) -> tuple[float, Tensor]:
+                 gen: torch.Generator, soft: bool = False) -> tuple[float, Tensor, Tensor]:
+        """One restart; with `soft`, the slots' labels are probabilities softmax(L) optimised beside x'
+        (the client's cross-entropy takes them as targets), L started at 2 x one-hot of the inferred ones."""
         its, tv = int(self.opt("iterations")), float(self.opt("tv"))
         x = torch.rand(shape, generator=gen).requires_grad_(True)
-        opt = torch.optim.Adam([x], lr=float(self.opt("lr")))
+        groups: list[dict] = [{"params": [x], "lr": float(self.opt("lr"))}]
+        logits = None
+        if soft:
+            classes = int(sim.model.classifier().weight.shape[0])
+            logits = (2.0 * torch.nn.functional.one_hot(labels, classes).float()).requires_grad_(True)
+            groups.append({"params": [logits], "lr": self.label_lr})
+        opt = torch.optim.Adam(groups)
         sched = torch.optim.lr_scheduler.CosineAnnealingLR(opt, max(its, 1), eta_min=float(self.opt("lr")) * 1e-3)
+
+        def slot_labels() -> Tensor:
+            return labels if logits is None else logits.softmax(-1)
+
         for _ in range(its):
             opt.zero_grad()
-            loss = cosine_distance(sim.delta(x, labels)[compared], target) + tv * total_variation(x)
+            loss = cosine_distance(sim.delta(x, slot_labels())[compared], target) + tv * total_variation(x)
             loss.backward()
             x.grad.sign_()
             opt.step()
@@ -224,8 +244,8 @@ class MultiStepInvertingGradients(Attack):
             with torch.no_grad():
                 x.clamp_(0.0, 1.0)
         with torch.enable_grad():
-            final = float(cosine_distance(sim.delta(x, labels)[compared], target).detach())
-        return final, x.detach()
+            final = float(cosine_distance(sim.delta(x, slot_labels())[compared], target).detach())
+        return final, x.detach(), labels if logits is None else logits.detach().argmax(-1)
 
 
 ATTACKS.register("ig-fedavg", "Inverting Gradients on a multi-step FedAvg update: simulates the client's local steps "
