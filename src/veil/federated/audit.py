@@ -243,8 +243,8 @@ def plot_rounds(rounds: dict[str, list[dict[str, Any]]], path: Path, title: str)
 
     if not any(rounds.values()):
         return None
-    fig, (acc, leak) = plt.subplots(1, 2, figsize=(9.5, 3.4))
-    ylab = "worst-case leakage"
+    fig, (acc, leak) = plt.subplots(1, 2, figsize=(9.5, 3.4 + 0.25 * len(rounds)))
+    ylab, top = "worst-case leakage", 0.0
     for d, rows in rounds.items():
         acc.plot([r["round"] for r in rows], [r["test_accuracy"] for r in rows], marker=".", label=d)
         pts = [(r["round"], min(float(r["worst_case"]["value"]), 100.0)) for r in rows if r["worst_case"] and r["worst_case"]["attack"]]
@@ -252,11 +252,13 @@ def plot_rounds(rounds: dict[str, list[dict[str, Any]]], path: Path, title: str)
             metrics = {r["worst_case"]["metric"] for r in rows if r["worst_case"] and r["worst_case"]["attack"]}
             ylab = "worst-case " + "/".join(sorted(metrics))
             leak.plot(*zip(*pts), marker="o", label=d)
-    acc.set(xlabel="round", ylabel="test accuracy", title=f"{title}: utility")
-    leak.set(xlabel="round", ylabel=ylab, title="leakage of the strongest attack (up = worse)")
-    acc.legend(fontsize=8)
-    leak.legend(fontsize=8)
-    fig.tight_layout()
+            top = max(top, max(v for _, v in pts))
+    acc.set(xlabel="round", ylabel="test accuracy", title=f"{title}: utility", ylim=(0, 1))
+    # from 0, so that rounding-level wobbles of a failed attack (PSNR ~6 dB) do not look like signal
+    leak.set(xlabel="round", ylabel=ylab, title="leakage of the strongest attack (up = worse)", ylim=(0, max(1.0, top * 1.15)))
+    handles, names = acc.get_legend_handles_labels()
+    fig.legend(handles, names, loc="lower center", ncol=1, fontsize=8, frameon=False)
+    fig.tight_layout(rect=(0, 0.07 * len(rounds), 1, 1))
     path.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(path, dpi=100)
     plt.close(fig)
