@@ -40,6 +40,7 @@ class TrainConfig:
     eval_batch_size: int = 256
     max_steps: int = 0  # 0: epochs decide
     label_smoothing: float = 0.0  # classification cross-entropy smoothing, in [0, 1)
+    frozen_features: bool = False  # only the classifier trains: compute the frozen encoder's output once (veil.training.frozen)
 
 
 @dataclass

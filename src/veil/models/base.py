@@ -50,6 +50,10 @@ def linear_weight(module: nn.Module, tensor: Tensor | None = None) -> Tensor:
     return t.t() if type(module).__name__ == "Conv1D" else t
 
 
+#: batch key of the classifier's input, cached from a frozen encoder (`veil.training.frozen`)
+FEATURES = "features"
+
+
 class VeilModel(nn.Module):
     """Base class: the forward pass is written once in terms of the handles below."""
 
@@ -77,6 +81,8 @@ class VeilModel(nn.Module):
         return self.assemble(tok, pos, batch)
 
     def forward(self, batch: Batch) -> Tensor:
+        if FEATURES in batch:  # the frozen encoder's output, computed once (veil.training.frozen)
+            return self.classifier()(batch[FEATURES])
         return self.forward_from_embeddings(self.embed(batch), batch)
 
     # ---- to implement ---------------------------------------------------------------------

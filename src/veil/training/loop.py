@@ -31,6 +31,7 @@ from veil.errors import VeilError
 from veil.models.base import Batch, VeilModel
 from veil.runlock import holds_progress
 from veil.training.checkpoint import atomic_write_text, intact, load_training_state, save_model_weights, save_training_state
+from veil.training.frozen import feature_split
 from veil.training.step import client_step
 
 
@@ -183,11 +184,14 @@ def train(cfg: RunConfig, out_dir: str | Path, model: VeilModel | None = None, d
     for d in _private(defenses):
         d.resume(loop["step"])
 
+    samples = data.train
+    if cfg.train.frozen_features:  # the same samples, as the head sees them (one forward of the frozen encoder)
+        samples = feature_split(model, data.train, defenses, cfg.train.eval_batch_size, device)
     bar = tqdm(total=total, initial=loop["step"], disable=not progress, desc="train", unit="step", leave=False)
     model.train()
     while loop["step"] < total:  # one epoch per pass; max_steps may end one midway
         t0, events = time.perf_counter(), []
-        for batch in _epoch_batches(data.train, cfg, loop["epoch"], poisson=bool(_private(defenses))):
+        for batch in _epoch_batches(samples, cfg, loop["epoch"], poisson=bool(_private(defenses))):
             if loop["step"] >= total:
                 break
             res = client_step(model, to_device(batch, device), defenses, opt, step=loop["step"], clip=cfg.train.clip or None, export=False)
