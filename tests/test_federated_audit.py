@@ -226,6 +226,12 @@ def test_rounds_attacks_are_refused_outside_fedavg() -> None:
     raw["tasks"][0]["attacks"] = [{"name": "multi-round", "attack": "april"}]
     with pytest.raises(VeilError, match="multi-round: attack must be one of ig, dlg, labels"):
         validate(parse_scenario(raw))
+    for entry, message in (({"name": "multi-round", "iterashuns": 3}, "multi-round: unknown option 'iterashuns' for its attack ig"),
+                           ({"name": "ig-fedavg", "iterashuns": 3}, "ig-fedavg: unknown option 'iterashuns'")):
+        raw["tasks"][0]["attacks"] = [entry]
+        with pytest.raises(VeilError, match=message) as e:
+            validate(parse_scenario(raw))
+        assert "\n" not in str(e.value)
 
 
 def test_averaging_over_rounds_removes_fresh_noise(tmp_path: Path) -> None:

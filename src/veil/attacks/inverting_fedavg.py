@@ -162,6 +162,12 @@ class MultiStepInvertingGradients(Attack):
     #: label "soft": per-slot label logits optimised with x' (plain Adam, this lr), started at the inferred labels
     label_lr = 0.1
 
+    def __init__(self, **settings: object) -> None:
+        super().__init__(**settings)
+        unknown = sorted(set(settings) - set(self.defaults))
+        if unknown:
+            raise VeilError(f"ig-fedavg: unknown option {unknown[0]!r}; options: {', '.join(self.defaults)}")
+
     def opt(self, key: str):  # noqa: ANN201 - setting of any type
         return self.settings.get(key, self.defaults[key])
 

@@ -51,7 +51,12 @@ class MultiRound(Attack):
             raise VeilError(f"{self.name}: attack must be one of {', '.join(INNER)} (attacks that read a pseudo-gradient), got {inner!r}")
         from veil.attacks import create_attack
 
-        self.inner = create_attack(inner, **{k: v for k, v in settings.items() if k != "attack"})
+        options = {k: v for k, v in settings.items() if k != "attack"}
+        self.inner = create_attack(inner, **options)
+        known = set(getattr(self.inner, "defaults", None) or {})  # the inner attack's declared options, where it declares them
+        unknown = sorted(set(options) - known) if known else []
+        if unknown:
+            raise VeilError(f"{self.name}: unknown option {unknown[0]!r} for its attack {inner}; options: attack, {', '.join(sorted(known))}")
         self.knows = (f"every round's update of the client, averaged ({inner} on the mean: fresh per-round noise averages out); "
                       "not the defense (naive)" if self.combine == "mean" else
                       f"the consecutive global models only ({inner} on their difference, the round's aggregate); not the defense (naive)")
