@@ -24,6 +24,7 @@ from collections.abc import Sequence
 
 import torch
 from torch import Tensor, nn
+from tqdm.auto import tqdm
 
 from veil.defenses.base import Defense
 from veil.defenses.dpsgd_engines import micro_batches
@@ -55,7 +56,8 @@ def refusal(model: VeilModel, defenses: Sequence[Defense]) -> str | None:
 
 
 @torch.no_grad()
-def encoder_features(model: VeilModel, split: dict[str, Tensor], batch_size: int, device: torch.device) -> Tensor:
+def encoder_features(model: VeilModel, split: dict[str, Tensor], batch_size: int, device: torch.device,
+                     progress: bool = True) -> Tensor:
     """The classifier's input for every sample of `split` (N, D), in the split's order; text
     batches are grouped by length and cut to their longest sample."""
     captured: list[Tensor] = []
@@ -65,7 +67,7 @@ def encoder_features(model: VeilModel, split: dict[str, Tensor], batch_size: int
     try:
         inputs = {k: v for k, v in split.items() if k != "labels"}
         parts, order = micro_batches(inputs, batch_size)
-        for part in parts:
+        for part in tqdm(parts, desc="frozen features", unit="batch", disable=not progress, leave=False):
             model({k: v.to(device) for k, v in part.items()})
     finally:
         hook.remove()
@@ -79,13 +81,13 @@ def encoder_features(model: VeilModel, split: dict[str, Tensor], batch_size: int
 
 
 def feature_split(model: VeilModel, split: dict[str, Tensor], defenses: Sequence[Defense], batch_size: int,
-                  device: torch.device) -> dict[str, Tensor]:
+                  device: torch.device, progress: bool = True) -> dict[str, Tensor]:
     """The training split as the head sees it: {FEATURES: (N, D), "labels": (N,)}; a one-line error
     when the cache would change what is trained."""
     why = refusal(model, defenses)
     if why is not None:
         raise VeilError(f"train.frozen_features: {why}")
-    return {FEATURES: encoder_features(model, split, batch_size, device).cpu(), "labels": split["labels"]}
+    return {FEATURES: encoder_features(model, split, batch_size, device, progress).cpu(), "labels": split["labels"]}
 
 
 __all__ = ["FEATURE_SAFE", "encoder_features", "feature_split", "refusal"]

@@ -186,7 +186,7 @@ def train(cfg: RunConfig, out_dir: str | Path, model: VeilModel | None = None, d
 
     samples = data.train
     if cfg.train.frozen_features:  # the same samples, as the head sees them (one forward of the frozen encoder)
-        samples = feature_split(model, data.train, defenses, cfg.train.eval_batch_size, device)
+        samples = feature_split(model, data.train, defenses, cfg.train.eval_batch_size, device, progress)
     bar = tqdm(total=total, initial=loop["step"], disable=not progress, desc="train", unit="step", leave=False)
     model.train()
     while loop["step"] < total:  # one epoch per pass; max_steps may end one midway
