@@ -206,6 +206,7 @@ def test_multi_round_attackers_and_their_resume(tmp_path: Path, monkeypatch: pyt
     assert [sorted(r["leakage"]) for r in rows] == [sorted([mean, ig])] + [sorted([mean, glob, ig])] * 2  # no previous global model at round 1
     assert [r["leakage"][mean]["rounds_averaged"] for r in rows] == [1.0, 2.0, 3.0]  # the client's running mean
     assert [r["leakage"][glob]["of_round"] for r in rows[1:]] == [1.0, 2.0]
+    assert set(t["clients"]["gaussian(sigma=0.1)"]) == {"0"}  # the aggregate's rebuild is scored per audited client
     assert all("psnr" in r["leakage"][ig] and "psnr" in r["leakage"][glob if r["round"] > 1 else mean] for r in rows)
     assert "every round's update of the client, averaged" in t["attacker_knows"][mean]
     undo = kill_server_after_round(monkeypatch, 2)

@@ -13,9 +13,8 @@ together, not on one update.
                    ḡ_R at the current global weights.
   multi-round-global  the difference of consecutive global models, (w_{r-1} - w_r) / (τ_{r-1} s̄): the
                    aggregate of round r-1, which every client (and anyone who sees the broadcast)
-                   receives; scored against every sample trained on in round r-1 (Hungarian
-                   matching among that many real images lifts the PSNR of a failed rebuild: its
-                   chance level is higher than a per-client score's).
+                   receives; one rebuild, scored against each audited client's samples of
+                   round r-1 (the same reference, so the same chance level, as per-client attacks).
 
 The wrapper itself adds no optimisation: it names the view and delegates to the inner attack
 (ig, dlg or labels: the attacks that read a pseudo-gradient; ig-fedavg simulates one client's

@@ -279,8 +279,7 @@ def report_blocks(t: dict[str, Any], out: Path) -> list[tuple]:
                                  "A FedAvg update mixes several local steps: single-gradient attacks read it as the pseudo-gradient "
                                  "(w - w_k) / (lr s); `ig-fedavg` simulates the client's local steps (Geiping et al. 2020 sec. 5); "
                                  "`multi-round` attacks a client's updates averaged over the rounds so far and `multi-round-global` the "
-                                 "difference of consecutive global models (scored against every sample of that round, so its chance "
-                                 "level is higher: more real images to match noise to). A low figure means these attacks, at "
+                                 "difference of consecutive global models (one rebuild, scored against each audited client's samples). A low figure means these attacks, at "
                                  "these budgets, failed on these updates, not that the updates are safe; a malicious server "
                                  "(crafted weights) is not modelled.")]
     if t.get("figure"):

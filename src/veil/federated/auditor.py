@@ -212,9 +212,17 @@ class Auditor:
                 continue
             prev = self.prev
             assert prev is not None
-            score_all = getattr(self.score, "score_round", None)
-            events.append(self.run(attack, view, {**ev, "of_round": prev["round"]},
-                                   lambda rec: score_all(prev["round"], prev["pids"], rec) if score_all else {}))
+            # one rebuild of the aggregate, scored against each audited client's samples of that round (as every
+            # per-client attack is: the same chance level; a pool of every client's images would lift it)
+            audited = prev["pids"][: self.max_clients]
+            score_one = getattr(self.score, "score_round", None)
+            scored: dict[str, Any] = {}
+            first = self.run(attack, view, {**ev, "of_round": prev["round"]}, lambda rec: scored.update(rec=rec) or {})
+            for pid in audited:
+                row = {**first, "client": pid}
+                if "rec" in scored and score_one is not None:
+                    row.update(score_one(prev["round"], [pid], scored["rec"]))
+                events.append(row)
         return events
 
     def run(self, attack: Attack, obs: Observation, ev: dict[str, Any], score: Callable[[Reconstruction], dict[str, Any]]) -> dict[str, Any]:
