@@ -182,6 +182,12 @@ def write(results: Path) -> None:
               "point: with N = 60,614 and 770 trainable parameters the noise is small beside the signal. The ceiling is the "
               "frozen encoder's: non-private full fine-tuning reaches 86.12 % (utility section); DP fine-tuning of the encoder "
               "itself (top layers, LoRA) was not screened here.", "",
+              "**What this recipe exports, and the attacker it faces.** Only the classifier's gradient leaves the client, so "
+              "the token attacks (the `head` rows of the attack table above) read nothing: blocked by what is trained, not by the noise. A stronger "
+              "attacker reads the sentence's frozen MiniLM embedding off that gradient: for a batch of one, dL/dW = (p - y) hᵀ "
+              "and dL/db = p - y give h exactly, and an embedding can be matched against candidate sentences or inverted. That "
+              "attacker is not built in veil; against it, and any other, what bounds the leak is the guarantee: epsilon at "
+              "delta = 1/N for each training sentence, as stated.", "",
               f"**How the recipe was chosen** (`screen`): {HELD_OUT:,} rows held out of the training pool (permutation seeded "
               f"{SPLIT_SEED:,}), training on the other {screen_rows[0]['n_train']:,}, epsilon 8 at "
               "delta = 1/N of that run; the best validation row is the config's recipe. The pool holds SST-2 phrases, so "
