@@ -9,7 +9,7 @@ from veil.registry import Registry
 
 ATTACKS: Registry[Attack] = Registry("attack")
 
-_FAMILIES = ("analytic_vit", "april_mjp", "inverting", "labels", "presence", "span", "text_opt", "adaptive", "features", "span_mjp", "span_robust", "inverting_fedavg", "multiround")
+_FAMILIES = ("analytic_vit", "april_mjp", "inverting", "labels", "presence", "span", "text_opt", "adaptive", "features", "span_mjp", "span_robust", "inverting_fedavg", "head_embedding", "multiround")
 
 
 def _load_builtin() -> None:
