@@ -57,3 +57,12 @@ def test_no_pool_is_one_line(setup) -> None:
     obs = observe(model, {k: v[:1] for k, v in data.test.items()}, [])
     with pytest.raises(VeilError, match="needs a candidate pool"):
         create_attack("head-embedding").reconstruct(obs, Knowledge(batch_size=1))
+
+
+def test_the_harness_grants_the_pool_and_scores_the_identified_sentence(setup) -> None:
+    from veil.attacks.harness import attack_once, score
+
+    model, data, _ = setup
+    batch = {k: v[3:4] for k, v in data.test.items()}
+    rec, ref, _ = attack_once(create_attack("head-embedding"), model, batch, [], data, "original", 0)
+    assert score(rec, ref, data)["rouge1"] == 1.0

@@ -104,15 +104,18 @@ def shuffled_reference(model: VeilModel, batch: dict[str, Tensor], order: Tensor
 def knowledge_for(batch: dict[str, Tensor], data: Any, defenses: list, seed: int, grant: dict[str, Any] | None = None) -> Knowledge:
     """What the attacker is granted. By default: batch size, input shape, the public tokenizer and
     the defense's settings (an adaptive attacker), not the labels. `grant` switches each off/on:
-    {labels: bool, batch_size: bool, seq_len: bool, defense: bool}."""
-    grant = {"labels": False, "batch_size": True, "seq_len": True, "defense": True, **(grant or {})}
+    {labels: bool, batch_size: bool, seq_len: bool, defense: bool, candidates: bool}; candidates (the
+    test split's inputs as `aux_data["candidates"]`) is on for an attack that declares ``needs_pool``."""
+    grant = {"labels": False, "batch_size": True, "seq_len": True, "defense": True, "candidates": False, **(grant or {})}
     B = len(next(iter(batch.values())))
+    # a candidate pool that holds the private batch (the attacked batches are drawn from the test split)
+    pool = {"candidates": {k: v for k, v in data.test.items() if k != "labels"}} if grant["candidates"] else None
     shape = tuple(batch["pixels"].shape[1:]) if "pixels" in batch else (batch["input_ids"].shape[1],)
     return Knowledge(batch_size=B if grant["batch_size"] else None, input_shape=shape,
                      seq_len=shape[0] if "input_ids" in batch and grant["seq_len"] else None,
                      labels=batch["labels"].clone() if grant["labels"] and "labels" in batch else None,
                      tokenizer=data.meta.get("tokenizer"),
-                     defense={d.name: d.describe() for d in defenses} if grant["defense"] else {}, seed=seed)
+                     defense={d.name: d.describe() for d in defenses} if grant["defense"] else {}, aux_data=pool, seed=seed)
 
 
 def attack_once(attack: Attack, model: VeilModel, batch: dict[str, Tensor], defenses: list, data: Any,
@@ -124,6 +127,8 @@ def attack_once(attack: Attack, model: VeilModel, batch: dict[str, Tensor], defe
     ref = {**ref, **{k: v for k, v in rec.items() if k.startswith("mjp_")}}  # the evaluator's truth, never the attack's
     if "input_ids" in batch and rec.get("order") is not None:  # text: which slots the client's shuffle touched
         ref = {**ref, **shuffle_record(batch, rec["order"], defenses)}
+    if getattr(attack, "needs_pool", False):
+        grant = {**(grant or {}), "candidates": True}
     with attacker_view(model):
         out = attack.reconstruct(obs, knowledge_for(batch, data, defenses, seed, grant))
     model.zero_grad(set_to_none=True)

@@ -15,8 +15,9 @@ relative to the signal). For a batch of B > 1, dL/dW mixes the B embeddings: the
 returns the best single candidate of the mixture (weak; said in its stats).
 
 What it needs is strong: the pool must contain the private input (an attribution / membership
-setting); `Knowledge.aux_data["candidates"]` (the text or image split to search), optionally with
-`"candidate_features"`, the pool already embedded by the same frozen model (computed once). Under DP-SGD the
+setting); `Knowledge.aux_data["candidates"]` (the text or image split to search; veil's harness grants
+the test split the attacked batches are drawn from), optionally with `"candidate_features"`, the pool
+already embedded by the same frozen model. Cost: one forward of the pool per attacked update. Under DP-SGD the
 noise on dL/dW and dL/db hides h; the guarantee bounds this attacker like any other.
 """
 from __future__ import annotations
@@ -54,6 +55,7 @@ class HeadEmbedding(Attack):
     knows = ("the classifier's update (batch 1), the frozen global model, and a pool of candidate inputs that holds the "
              "private one (Knowledge.aux_data['candidates']); not the defense (naive)")
     defaults = {"pool_batch": 256}
+    needs_pool = True  # veil's harness grants the test split's inputs, which hold the attacked batch
 
     def _reconstruct(self, obs: Observation, know: Knowledge) -> Reconstruction:
         pool = (know.aux_data or {}).get("candidates") if isinstance(know.aux_data, dict) else None
