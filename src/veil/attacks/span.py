@@ -21,10 +21,12 @@ up to the LayerNorm scale), and does not say which sentence a token belongs to. 
 embedding LayerNorm's Jacobian pins every token that occurs at one position (`pin_positions`); layer 2 (its input is the first block's
 output, which mixes the whole sentence) resolves that, in `veil.attacks.span_search`:
 greedy left-to-right extension for causal decoders (DAGER alg. 1; the layer-2 input at t depends
-only on tokens <= t) and an assignment search for bidirectional encoders. A [CLS]-pooled encoder
+only on tokens <= t) and an assignment search for bidirectional encoders. An encoder classifier
 given the batch size is searched one sentence at a time instead (`veil.attacks.span_peel`: an
-exact per-sentence test from the last block's Q gradient, and each found sentence's own gradient
-subtracted from the observation), which keeps working when B*T approaches the width.
+exact per-sentence test from the last block's Q gradient, `veil.attacks.span_checks`, on the
+[CLS] row or, mean-pooled, on every row; each found sentence's own gradient is subtracted from
+the observation), which keeps working when B*T approaches the width ([CLS] pooling). The joint
+assignment search is the fallback where that test has no gap.
 
 Dropout makes the layer inputs ``mask * x / (1 - p)``: no longer in the span of clean vectors.
 The exact check here then passes nothing (token recovery 0.000 is the check failing, not
@@ -175,7 +177,9 @@ class SpanAttack(Attack):
     ``presence_filter`` (True: test only the tokens with embedding gradient), ``layernorm_positions``
     (True) and ``tol_ln`` (1e-4) of the encoder pins, ``restarts`` (4), ``sweeps`` (12) and
     ``budget`` (500000 candidate sentences scored: counted work, so the result does not depend on
-    the machine's load) of the encoder search, ``beam`` (4*B) of the decoder search,
+    the machine's load) of the encoder search, ``narrow`` (8: the peeling search's sweeps try each
+    position's 8 likeliest tokens by the position prior before all of them, where layer 2 has a
+    gap; 0 tries all at once), ``beam`` (4*B) of the decoder search,
     ``max_per_position`` (no cap), ``seed``."""
 
     name = "span"
@@ -222,7 +226,7 @@ class SpanAttack(Attack):
                 if model.task != "lm" and s.get("peel", True) and know.batch_size:
                     found = peel_search(obs, Residual(obs, know.batch_size), candidates, specials, seed=seed,
                                         tol_cls=float(s.get("tol_cls", 1e-4)), rank_tol=rank_tol, budget=budget,
-                                        prior_weight=float(s.get("prior_weight", 0.2)))
+                                        prior_weight=float(s.get("prior_weight", 0.2)), narrow=int(s.get("narrow", 8)))
                     left = budget - (found[1]["sentences_scored"] if found is not None else 0)
                     if found is not None and not found[1]["sentences_exact"] and left > 0:
                         # no sentence passed the exact [CLS] check (e.g. the client shuffled its tokens):

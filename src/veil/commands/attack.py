@@ -3,7 +3,8 @@
 Audits one model: for each of N private batches of the test split, run one client step under the
 run's defenses (`observe`), hand the server's view to the attack, and score the reconstruction
 against the private batch. `key=value` overrides the config (e.g. `defense=mjp gamma=0.5`);
-`attack.KEY=VALUE` sets an attack option (e.g. `attack.iterations=500`).
+`attack.KEY=VALUE` sets an attack option (e.g. `attack.iterations=500`). `train.threads=N` sets
+torch's CPU threads as for `veil train` (0, the default, keeps torch's: one per core).
 
 `--reference original|shuffled` picks what an image/text reconstruction is scored against: the
 client's input (MJP setting (a) undefended, (c) defended) or the input as the shuffling defense
@@ -58,6 +59,10 @@ class _KeyValueParser(argparse.ArgumentParser):
 def run(args: argparse.Namespace) -> int:
     cfg_over, attack_over = split_overrides(args.overrides)
     model, data, defenses, cfg = load_target(args.source, cfg_over)
+    if cfg.train.threads > 0:  # as `veil train`: 0 keeps torch's default (one per core)
+        import torch
+
+        torch.set_num_threads(cfg.train.threads)
     summary = attack_run(model, data, defenses, args.attack, attack_over, batch_size=args.batch_size,
                          samples=args.samples, reference=args.reference, seed=args.seed, out=Path(args.out),
                          progress=not args.quiet, config=cfg.to_dict())
