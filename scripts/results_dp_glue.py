@@ -253,7 +253,8 @@ def write(results: Path) -> None:
               "attacks were weak, not the updates private. **AEGIS exports the classifier's gradient untouched, so this "
               "attacker identifies every sentence of an AEGIS update (cosine 1.0)**: AEGIS closes the token channels it names, "
               "not the head, and its 'goal met' verdict in the AEGIS section holds only for the attacks run there. The "
-              "audit engine does not grant a candidate pool yet, so `head-embedding` is not in the audit reports' worst case. "
+              "audit engine grants the pool (the test split) to an attack that asks for it: `veil attack RUN --attack "
+              "head-embedding` and any scenario listing it (the quickstart does). "
               "What bounds this attacker, and any other, is DP's guarantee: epsilon at delta = 1/N per training sentence.", "",
               f"**How the recipe was chosen** (`screen`): {HELD_OUT:,} rows held out of the training pool (permutation seeded "
               f"{SPLIT_SEED:,}), training on the other {screen_rows[0]['n_train']:,}, epsilon 8 at "
