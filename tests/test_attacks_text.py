@@ -184,7 +184,10 @@ def test_span_recovers_batch_beyond_the_width(sst2):
     batch = {k: v[idx] for k, v in data.train.items()}
     assert int(batch["attention_mask"].sum()) > 96
     know = Knowledge(batch_size=5, seq_len=24, tokenizer=data.meta["tokenizer"])
-    rec = create_attack("span", budget=150_000).reconstruct(observe(model, batch), know)
+    # the attack's default budget (500,000 sentences scored): the search path depends on float rounding
+    # in its rank tests, so the work it needs does too (this CPU: 166k sentences on one thread, 54k on
+    # two; the 150k this test once set was met on an earlier machine and is not here)
+    rec = create_attack("span").reconstruct(observe(model, batch), know)
     rep = text_report(_refs(batch), rec.token_ids, ignore=SPECIAL)
     assert rep["token_recovery"] == 1.0, (rep, rec.stats)
 
