@@ -67,13 +67,24 @@ class HeadEmbedding(Attack):
         h = embedding_from_head(obs.grad(head, "weight").detach(), obs.grad(head, "bias").detach())
         feats = know.aux_data.get("candidate_features")  # the pool already embedded by the same frozen model
         if feats is None:
-            feats = encoder_features(obs.model, pool, int(self.settings.get("pool_batch", 256)), h.device, progress=False)
+            feats = self._pool_features(obs, pool, h.device)
         i, cos, margin = best_match(h, feats)
         stats = {"cosine": cos, "margin": margin, "pool": len(feats), "batch_one_exact": know.batch_size in (None, 1)}
         if "input_ids" in pool:
             ids = pool["input_ids"][i][pool["attention_mask"][i].bool()].tolist()
             return Reconstruction(token_ids=[ids], stats=stats)
         return Reconstruction(images=pool["pixels"][i:i + 1].clamp(0, 1), stats=stats)
+
+
+    def _pool_features(self, obs: Observation, pool: dict[str, Tensor], device: torch.device) -> Tensor:
+        """The pool's embeddings, computed once per model state: the updates of one cell share the
+        weights (an observed step changes no parameter), so re-embedding the pool for each was repeated work."""
+        key = (id(obs.model), tuple(id(v) for v in pool.values()), tuple(p._version for p in obs.model.parameters()))
+        cached = getattr(self, "_pool_cache", None)
+        if cached is None or cached[0] != key:
+            feats = encoder_features(obs.model, pool, int(self.settings.get("pool_batch", 256)), device, progress=False)
+            self._pool_cache = (key, feats)
+        return self._pool_cache[1]
 
 
 ATTACKS.register("head-embedding", help="the classifier's input read off its gradient (batch 1), matched to a candidate "
