@@ -32,6 +32,9 @@ from veil.models.base import Batch, VeilModel
 
 class Defense:
     name: str = "none"
+    #: the defense reads the batch only through the model's forward and changes neither (no batch or
+    #: embedding transform, no extra loss): training on cached frozen features is exact under it
+    keeps_forward: bool = False
     #: the models this defense supports, by modality; an unsupported model is a one-line error
     modalities: tuple[str, ...] = ("image", "text")
 

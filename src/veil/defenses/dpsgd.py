@@ -101,6 +101,7 @@ class DPSGD(Defense):
 
     name = "dpsgd"
     poisson = True  # the training loop draws Poisson batches for a defense that says so
+    keeps_forward = True  # per-sample clipping and noise act on gradients only (veil.training.frozen)
 
     def __init__(self, clip: float = 1.0, noise_multiplier: float | None = None, target_epsilon: float | None = None,
                  delta: float | None = None, accountant: str = "rdp", mode: str = "auto", trainable: str | None = None,

@@ -31,17 +31,15 @@ from veil.defenses.dpsgd_engines import micro_batches
 from veil.errors import VeilError
 from veil.models.base import FEATURES, VeilModel
 
-#: defenses whose step reads the batch only through the model's forward (no batch or embedding transform)
-FEATURE_SAFE = ("dpsgd",)
 
 
 def refusal(model: VeilModel, defenses: Sequence[Defense]) -> str | None:
     """Why `model` cannot train on cached features under `defenses`, or None when it can."""
     if model.task != "classification":
         return f"it needs a classification model (this one's task is {model.task!r})"
-    other = [d.name for d in defenses if d.name not in FEATURE_SAFE]
+    other = [d.name for d in defenses if not d.keeps_forward]
     if other:
-        return f"defense {other[0]} changes the forward or the batch (allowed: {', '.join(FEATURE_SAFE)})"
+        return f"defense {other[0]} changes the forward or the batch (allowed: defenses that keep it, e.g. dpsgd)"
     head = {id(p) for p in model.classifier().parameters()}
     outside = [n for n, p in model.named_parameters() if p.requires_grad and id(p) not in head]
     if outside:
@@ -90,4 +88,4 @@ def feature_split(model: VeilModel, split: dict[str, Tensor], defenses: Sequence
     return {FEATURES: encoder_features(model, split, batch_size, device, progress).cpu(), "labels": split["labels"]}
 
 
-__all__ = ["FEATURE_SAFE", "encoder_features", "feature_split", "refusal"]
+__all__ = ["encoder_features", "feature_split", "refusal"]
