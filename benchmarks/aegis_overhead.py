@@ -8,6 +8,7 @@ and the ratio to `none`.
     python benchmarks/aegis_overhead.py --model minilm --batch 16 --len 48 --repeats 10 --json out.json
     python benchmarks/aegis_overhead.py --suite --device cuda --repeats 20 --json bench_gpu.json
 """
+
 from __future__ import annotations
 
 import argparse
@@ -53,11 +54,22 @@ def make_batch(vocab: int, batch: int, length: int, seed: int = 0) -> dict[str, 
     g = torch.Generator().manual_seed(seed)
     ids = torch.randint(1000, vocab, (batch, length), generator=g)
     ids[:, 0], ids[:, -1] = 101, 102
-    return {"input_ids": ids, "attention_mask": torch.ones_like(ids), "labels": torch.randint(0, 2, (batch,), generator=g)}
+    return {
+        "input_ids": ids,
+        "attention_mask": torch.ones_like(ids),
+        "labels": torch.randint(0, 2, (batch,), generator=g),
+    }
 
 
-def bench(model_name: str, batch: int, length: int, repeats: int, variants: list[str], model_kw: dict[str, Any] | None = None,
-          device: str = "cpu") -> dict[str, Any]:
+def bench(
+    model_name: str,
+    batch: int,
+    length: int,
+    repeats: int,
+    variants: list[str],
+    model_kw: dict[str, Any] | None = None,
+    device: str = "cpu",
+) -> dict[str, Any]:
     steady = steady_allocator()
     dev = torch.device(device)
     setups = {}
@@ -72,7 +84,7 @@ def bench(model_name: str, batch: int, length: int, repeats: int, variants: list
     times: dict[str, list[float]] = {n: [] for n in variants}
     order = list(setups.items())
     for r in range(repeats + 1):  # the first round warms up; every other round runs in reverse
-        for name, (model, defenses, opt) in (order if r % 2 else order[::-1]):
+        for name, (model, defenses, opt) in order if r % 2 else order[::-1]:
             sync()
             t0 = time.perf_counter()
             client_step(model, b, defenses, opt, step=r, clip=1.0)
@@ -80,9 +92,17 @@ def bench(model_name: str, batch: int, length: int, repeats: int, variants: list
             if r:
                 times[name].append(time.perf_counter() - t0)
     med = {n: statistics.median(t) for n, t in times.items()}
-    return {"model": model_name, "batch": batch, "len": length, "repeats": repeats, "threads": torch.get_num_threads(),
-            "device": str(dev) if dev.type == "cpu" else torch.cuda.get_device_name(dev), "median_s": med,
-            "ratio_to_none": {n: med[n] / med["none"] for n in med}, "steady_allocator": steady}
+    return {
+        "model": model_name,
+        "batch": batch,
+        "len": length,
+        "repeats": repeats,
+        "threads": torch.get_num_threads(),
+        "device": str(dev) if dev.type == "cpu" else torch.cuda.get_device_name(dev),
+        "median_s": med,
+        "ratio_to_none": {n: med[n] / med["none"] for n in med},
+        "steady_allocator": steady,
+    }
 
 
 #: the accelerator suite: veil's encoder and decoder, and MiniLM-L6's shapes (HF BERT from a config, random
@@ -100,7 +120,10 @@ def suite(device: str, shapes: list[tuple[int, int]], repeats: int) -> list[dict
     for name, kw, variants in SUITE:
         for batch, length in shapes:
             res = bench(name, batch, length, repeats, variants, kw, device)
-            print(json.dumps({"model": name, "batch": batch, "len": length, "ratio_to_none": res["ratio_to_none"]}), flush=True)
+            print(
+                json.dumps({"model": name, "batch": batch, "len": length, "ratio_to_none": res["ratio_to_none"]}),
+                flush=True,
+            )
             out.append({**res, "model_kw": kw})
     return out
 

@@ -1,7 +1,8 @@
 """Attack speed on this machine: APRIL seconds per image (median), DLG / IG iterations per second.
 
-    python benchmarks/attack_speed.py [--repeats 20] [--iterations 50] [--threads 1]
+python benchmarks/attack_speed.py [--repeats 20] [--iterations 50] [--threads 1]
 """
+
 from __future__ import annotations
 
 import argparse
@@ -28,7 +29,7 @@ def april_seconds(model_name: str, overrides: dict, data: tuple[str, dict], repe
     attack = create_attack("april")
     times = []
     for i in range(repeats):
-        obs = observe(model, {k: v[i:i + 1] for k, v in split.items()})
+        obs = observe(model, {k: v[i : i + 1] for k, v in split.items()})
         times.append(attack.reconstruct(obs, Knowledge(batch_size=1)).stats["seconds"])
     return statistics.median(times[1:] if repeats > 1 else times)  # the first call pays one-off setup
 
@@ -37,7 +38,9 @@ def iterations_per_second(name: str, iterations: int, **settings) -> float:
     torch.manual_seed(0)
     model = create_model("vit-digits")
     batch = {k: v[:1] for k, v in load_data("digits").test.items()}
-    rec = create_attack(name, iterations=iterations, restarts=1, **settings).reconstruct(observe(model, batch), Knowledge(batch_size=1))
+    rec = create_attack(name, iterations=iterations, restarts=1, **settings).reconstruct(
+        observe(model, batch), Knowledge(batch_size=1)
+    )
     return float(rec.stats["iterations_per_second"])
 
 
@@ -51,7 +54,9 @@ def main() -> None:
     rows = [(f"april s/image ({m})", april_seconds(m, o, d, args.repeats)) for m, o, d in APRIL_MODELS]
     rows.append(("ig it/s (vit-digits)", iterations_per_second("ig", args.iterations)))
     rows.append(("dlg it/s (vit-digits, lbfgs evals)", iterations_per_second("dlg", args.iterations)))
-    rows.append(("dlg it/s (vit-digits, adam)", iterations_per_second("dlg", args.iterations, optimizer="adam", lr=0.01)))
+    rows.append(
+        ("dlg it/s (vit-digits, adam)", iterations_per_second("dlg", args.iterations, optimizer="adam", lr=0.01))
+    )
     width = max(len(r[0]) for r in rows)
     print(f"{'measure':<{width}}  value   (threads={args.threads})")
     for label, value in rows:

@@ -16,6 +16,7 @@ hooks freeze the two tables themselves); veil-functorch trains the same set, lik
 
     python benchmarks/dp_step.py --batch 16 --len 32 --repeats 10 --json runs/dp/bench.json
 """
+
 from __future__ import annotations
 
 import argparse
@@ -23,15 +24,17 @@ import json
 import statistics
 import sys
 import time
+import warnings
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 import torch
-import warnings
 from torch import nn
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from aegis_overhead import make_batch, steady_allocator  # noqa: E402
+
 from veil.defenses.dpsgd import DPSGD  # noqa: E402
 from veil.defenses.dpsgd_engines import per_sample_loss  # noqa: E402
 from veil.models import create_model  # noqa: E402
@@ -50,7 +53,9 @@ def _model() -> nn.Module:
 
 def _veil(mode: str | None) -> Callable[[dict, int], None]:
     model = _model()
-    defenses = [DPSGD(clip=1.0, noise_multiplier=1.0, mode=mode, trainable=TRAINABLE, chunk=64).attach(model)] if mode else []
+    defenses = (
+        [DPSGD(clip=1.0, noise_multiplier=1.0, mode=mode, trainable=TRAINABLE, chunk=64).attach(model)] if mode else []
+    )
     opt = make_optimizer(model, 1e-5, 0.0)
     return lambda b, r: client_step(model, b, defenses, opt, step=r, clip=1.0, export=False)
 
@@ -83,31 +88,46 @@ def _opacus(ghost: bool, batch: int) -> Callable[[dict, int], None]:
             opt.zero_grad()
             per_sample_loss(model, gsm(b), b).mean().backward()
             opt.step()
+
     return step
 
 
 def bench(batch: int, length: int, repeats: int, variants: list[str]) -> dict[str, Any]:
     warnings.filterwarnings("ignore", message="Full backward hook is firing")
     steady = steady_allocator()
-    build = {"none": lambda: _veil(None), "veil-ghost": lambda: _veil("ghost"), "veil-hooks": lambda: _veil("hooks"),
-             "veil-functorch": lambda: _veil("functorch"), "opacus-ghost": lambda: _opacus(True, batch),
-             "opacus-hooks": lambda: _opacus(False, batch)}
+    build = {
+        "none": lambda: _veil(None),
+        "veil-ghost": lambda: _veil("ghost"),
+        "veil-hooks": lambda: _veil("hooks"),
+        "veil-functorch": lambda: _veil("functorch"),
+        "opacus-ghost": lambda: _opacus(True, batch),
+        "opacus-hooks": lambda: _opacus(False, batch),
+    }
     steps = {v: build[v]() for v in variants}
     b = make_batch(30522, batch, length)
     times: dict[str, list[float]] = {v: [] for v in variants}
     order = list(steps.items())
     for r in range(repeats + 1):  # round 0 warms up
-        for name, fn in (order if r % 2 else order[::-1]):
+        for name, fn in order if r % 2 else order[::-1]:
             t0 = time.perf_counter()
             fn(b, r)
             if r:
                 times[name].append(time.perf_counter() - t0)
     med = {v: statistics.median(t) for v, t in times.items()}
     ref = med.get("none")
-    return {"model": "minilm", "batch": batch, "len": length, "repeats": repeats, "threads": torch.get_num_threads(),
-            "steady_allocator": steady, "median_s": med,
-            "ratio_to_none": {v: m / ref for v, m in med.items()} if ref else None,
-            "veil_ghost_over_opacus_ghost": med["veil-ghost"] / med["opacus-ghost"] if {"veil-ghost", "opacus-ghost"} <= set(med) else None}
+    return {
+        "model": "minilm",
+        "batch": batch,
+        "len": length,
+        "repeats": repeats,
+        "threads": torch.get_num_threads(),
+        "steady_allocator": steady,
+        "median_s": med,
+        "ratio_to_none": {v: m / ref for v, m in med.items()} if ref else None,
+        "veil_ghost_over_opacus_ghost": med["veil-ghost"] / med["opacus-ghost"]
+        if {"veil-ghost", "opacus-ghost"} <= set(med)
+        else None,
+    }
 
 
 def main() -> None:

@@ -10,6 +10,7 @@ Two medians are printed: wall time, and the calling thread's CPU time (``time.th
 which with one torch thread is the step's compute and does not count time spent waiting for a
 core on a loaded machine; on a quiet machine the two agree.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -35,7 +36,10 @@ PRESETS = {
 
 def make_batch(spec: dict, batch: int, seq_len: int, g: torch.Generator) -> dict[str, torch.Tensor]:
     if spec["kind"] == "image":
-        return {"pixels": torch.rand(batch, *spec["shape"], generator=g), "labels": torch.randint(0, 10, (batch,), generator=g)}
+        return {
+            "pixels": torch.rand(batch, *spec["shape"], generator=g),
+            "labels": torch.randint(0, 10, (batch,), generator=g),
+        }
     ids = torch.randint(1000, 20000, (batch, seq_len), generator=g)
     lengths = torch.randint(seq_len // 2, seq_len + 1, (batch,), generator=g)
     pos = torch.arange(seq_len).expand(batch, seq_len)
@@ -51,7 +55,10 @@ def bench(name: str, reps: int, batch: int, seq_len: int, aux: str | None) -> di
     base = create_model(name, **spec["kw"]).train()
     defended = copy.deepcopy(base)
     d = MJP(aux=aux).attach(defended)
-    runs = [(base, [], make_optimizer(base, 1e-4, 0.01)), (defended, [d], make_optimizer(defended, 1e-4, 0.01))]  # the training loop's optimiser
+    runs = [
+        (base, [], make_optimizer(base, 1e-4, 0.01)),
+        (defended, [d], make_optimizer(defended, 1e-4, 0.01)),
+    ]  # the training loop's optimiser
     b = make_batch(spec, batch, seq_len, torch.Generator().manual_seed(0))
     wall: list[list[float]] = [[], []]
     cpu: list[list[float]] = [[], []]
@@ -65,21 +72,38 @@ def bench(name: str, reps: int, batch: int, seq_len: int, aux: str | None) -> di
                 wall[j].append(time.perf_counter() - t0)
                 cpu[j].append(time.thread_time() - c0)
     med = [[statistics.median(x) * 1e3 for x in pair] for pair in (wall, cpu)]
-    return {"preset": name, "batch": batch, "undefended_ms": round(med[0][0], 2), "mjp_ms": round(med[0][1], 2), "ratio": round(med[0][1] / med[0][0], 3),
-            "undefended_cpu_ms": round(med[1][0], 2), "mjp_cpu_ms": round(med[1][1], 2), "cpu_ratio": round(med[1][1] / med[1][0], 3),
-            "mjp": d.describe()}
+    return {
+        "preset": name,
+        "batch": batch,
+        "undefended_ms": round(med[0][0], 2),
+        "mjp_ms": round(med[0][1], 2),
+        "ratio": round(med[0][1] / med[0][0], 3),
+        "undefended_cpu_ms": round(med[1][0], 2),
+        "mjp_cpu_ms": round(med[1][1], 2),
+        "cpu_ratio": round(med[1][1] / med[1][0], 3),
+        "mjp": d.describe(),
+    }
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--presets", nargs="+", default=list(PRESETS), choices=list(PRESETS))
     ap.add_argument("--reps", type=int, default=30)
-    ap.add_argument("--batch", type=int, default=None, help="default: the preset's training batch (vit-digits 64, as configs/vit_digits.yaml), else 32")
+    ap.add_argument(
+        "--batch",
+        type=int,
+        default=None,
+        help="default: the preset's training batch (vit-digits 64, as configs/vit_digits.yaml), else 32",
+    )
     ap.add_argument("--seq-len", type=int, default=64)
     ap.add_argument("--aux", default=None, choices=("dal", "drl", "none"))
-    ap.add_argument("--threads", type=int, default=1,
-                    help="torch threads (default 1: on a shared 2-core machine, multi-threaded small matmuls stall "
-                         "waiting for a free core and the timing measures the load, not the step; 0: torch's default)")
+    ap.add_argument(
+        "--threads",
+        type=int,
+        default=1,
+        help="torch threads (default 1: on a shared 2-core machine, multi-threaded small matmuls stall "
+        "waiting for a free core and the timing measures the load, not the step; 0: torch's default)",
+    )
     ap.add_argument("--json", default=None, help="also write the results here")
     args = ap.parse_args()
     if args.threads:
@@ -88,8 +112,11 @@ def main() -> None:
     for name in args.presets:
         r = bench(name, args.reps, args.batch or PRESETS[name].get("batch", 32), args.seq_len, args.aux)
         rows.append(r)
-        print(f"{name:14s} batch {r['batch']:3d} wall: undefended {r['undefended_ms']:9.2f} ms  mjp {r['mjp_ms']:9.2f} ms  ratio {r['ratio']:.3f}   "
-              f"thread CPU: {r['undefended_cpu_ms']:9.2f} / {r['mjp_cpu_ms']:9.2f} ms  ratio {r['cpu_ratio']:.3f}", flush=True)
+        print(
+            f"{name:14s} batch {r['batch']:3d} wall: undefended {r['undefended_ms']:9.2f} ms  mjp {r['mjp_ms']:9.2f} ms  ratio {r['ratio']:.3f}   "
+            f"thread CPU: {r['undefended_cpu_ms']:9.2f} / {r['mjp_cpu_ms']:9.2f} ms  ratio {r['cpu_ratio']:.3f}",
+            flush=True,
+        )
     if args.json:
         with open(args.json, "w") as f:
             json.dump(rows, f, indent=2)

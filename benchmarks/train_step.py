@@ -3,6 +3,7 @@ defense-overhead ratio is measured against.
 
     python benchmarks/train_step.py [--repeats 10] [--models vit-digits transformer4 ...]
 """
+
 from __future__ import annotations
 
 import argparse
@@ -27,7 +28,11 @@ def batch_for(model: torch.nn.Module, size: int) -> dict[str, torch.Tensor]:
     g = torch.Generator().manual_seed(0)
     ids = torch.randint(1000, 5000, (size, TEXT_LEN), generator=g)
     ids[:, 0], ids[:, -1] = 101, 102
-    return {"input_ids": ids, "attention_mask": torch.ones_like(ids), "labels": torch.randint(0, 2, (size,), generator=g)}
+    return {
+        "input_ids": ids,
+        "attention_mask": torch.ones_like(ids),
+        "labels": torch.randint(0, 2, (size,), generator=g),
+    }
 
 
 def step_times(name: str, batch_size: int, repeats: int) -> list[float]:
@@ -50,7 +55,9 @@ def main() -> None:
     ap.add_argument("--batch-size", type=int, default=32)
     ap.add_argument("--models", nargs="*", default=list_models())
     args = ap.parse_args()
-    print(f"torch {torch.__version__}, {torch.get_num_threads()} threads, batch {args.batch_size}, text length {TEXT_LEN}")
+    print(
+        f"torch {torch.__version__}, {torch.get_num_threads()} threads, batch {args.batch_size}, text length {TEXT_LEN}"
+    )
     print(f"{'model':<14} {'median s/step':>14} {'min':>8} {'max':>8}")
     for name in args.models:
         t = step_times(name, args.batch_size, args.repeats)

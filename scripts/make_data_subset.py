@@ -6,6 +6,7 @@ The full-data folder holds ``sst2/{train,test}.tsv`` (header ``sentence\\tlabel`
 ``agnews/{dev,test}.tsv`` (no header; text, label name). Rows are copied unchanged; only which
 rows is decided here, so rerunning with the same seed reproduces the shipped files byte for byte.
 """
+
 from __future__ import annotations
 
 import argparse

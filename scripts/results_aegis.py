@@ -7,6 +7,7 @@ baselines; accuracy / perplexity over seeds; step time.
     python scripts/results_aegis.py                          # + MiniLM / GPT-2, 3 seeds (hours)
     python scripts/results_aegis.py --runs-dir runs/aegis    # reuse finished training runs
 """
+
 from __future__ import annotations
 
 import argparse
@@ -22,6 +23,7 @@ import torch
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from resultsdoc import write_section  # noqa: E402
+
 sys.path.insert(0, str(ROOT / "benchmarks"))
 
 DEFENSES: dict[str, list[dict[str, Any]]] = {
@@ -49,8 +51,10 @@ def resists(rows: list[dict[str, Any]], model: str, defense: str) -> bool:
     """AEGIS's goal for one defense: every attack's token recovery <= 5% and presence F1 within
     0.05 of a random guess with the same number of guesses."""
     mine = [r for r in rows if r["model"] == model and r["defense"] == defense]
-    return bool(mine) and all(r.get("token_recovery", 0.0) <= SPAN_GOAL and r["presence_f1"] - r.get("random_f1", 0.0) <= PRESENCE_MARGIN
-                              for r in mine)
+    return bool(mine) and all(
+        r.get("token_recovery", 0.0) <= SPAN_GOAL and r["presence_f1"] - r.get("random_f1", 0.0) <= PRESENCE_MARGIN
+        for r in mine
+    )
 
 
 def matching_dpsgd(rows: list[dict[str, Any]], model: str) -> str | None:
@@ -76,7 +80,11 @@ def attack_table(model_name: str, data_cfg: dict[str, Any], batch_size: int, rou
     rows = []
     for dname, specs in DEFENSES.items():
         torch.manual_seed(0)
-        kw = MODEL_KW.get(model_name, {}) if model_name == "minilm" else {"vocab_size": tok.vocab_size, "max_len": data_cfg["max_len"], **MODEL_KW.get(model_name, {})}
+        kw = (
+            MODEL_KW.get(model_name, {})
+            if model_name == "minilm"
+            else {"vocab_size": tok.vocab_size, "max_len": data_cfg["max_len"], **MODEL_KW.get(model_name, {})}
+        )
         model = create_model(model_name, **kw)
         model.eval()
         defs = [create_defense(s["name"], **{k: v for k, v in s.items() if k != "name"}).attach(model) for s in specs]
@@ -85,8 +93,12 @@ def attack_table(model_name: str, data_cfg: dict[str, Any], batch_size: int, rou
         refs = [r[m.bool()].tolist() for r, m in zip(batch["input_ids"], batch["attention_mask"])]
         V = model.token_embedding().weight.shape[0]
         for aname in ATTACKS:
-            know = Knowledge(batch_size=batch_size, seq_len=int(batch["attention_mask"].sum(1).max()), tokenizer=tok,
-                             defense=defs[0].describe() if defs else {})
+            know = Knowledge(
+                batch_size=batch_size,
+                seq_len=int(batch["attention_mask"].sum(1).max()),
+                tokenizer=tok,
+                defense=defs[0].describe() if defs else {},
+            )
             if aname == "presence-average":
                 know.aux_data = {"rounds": [o.grads for o in observe_rounds(model, batch, defs, rounds)[1:]]}
             row: dict[str, Any] = {"model": model_name, "defense": dname, "attack": aname}
@@ -103,13 +115,22 @@ def attack_table(model_name: str, data_cfg: dict[str, Any], batch_size: int, rou
             row["random_f1"] = random_guess_f1(len(truth), len(found), V)
             row["guesses"] = len(found)
             if rec.token_ids:
-                row["token_recovery"] = float(text_report(refs, rec.token_ids, ignore={0, 101, 102}, match_by="token_accuracy")["token_recovery"])
+                row["token_recovery"] = float(
+                    text_report(refs, rec.token_ids, ignore={0, 101, 102}, match_by="token_accuracy")["token_recovery"]
+                )
             rows.append(row)
             print(json.dumps(row), flush=True)
     return rows
 
 
-def utility(model_name: str, data_cfg: dict[str, Any], train_cfg: dict[str, Any], seeds: list[int], variants: list[str], runs: Path) -> list[dict[str, Any]]:
+def utility(
+    model_name: str,
+    data_cfg: dict[str, Any],
+    train_cfg: dict[str, Any],
+    seeds: list[int],
+    variants: list[str],
+    runs: Path,
+) -> list[dict[str, Any]]:
     from veil.config import from_dict
     from veil.training.loop import train
 
@@ -117,29 +138,48 @@ def utility(model_name: str, data_cfg: dict[str, Any], train_cfg: dict[str, Any]
     for v in variants:
         for seed in seeds:
             defs = [{**d, "seed": seed} if d["name"] in ("aegis", "dpsgd", "gaussian") else d for d in DEFENSES[v]]
-            cfg = from_dict({"model": {"name": model_name}, "data": data_cfg, "defense": defs, "train": {**train_cfg, "seed": seed}})
-            summary = train(cfg, runs / f"{model_name}-{data_cfg['name']}-{v.replace(' ', '_')}-s{seed}", progress=False)
-            out.append({"model": model_name, "defense": v, "seed": seed, **{k: summary[k] for k in summary if k.startswith("test_")},
-                        "train_seconds": summary["train_seconds"]})
+            cfg = from_dict(
+                {"model": {"name": model_name}, "data": data_cfg, "defense": defs, "train": {**train_cfg, "seed": seed}}
+            )
+            summary = train(
+                cfg, runs / f"{model_name}-{data_cfg['name']}-{v.replace(' ', '_')}-s{seed}", progress=False
+            )
+            out.append(
+                {
+                    "model": model_name,
+                    "defense": v,
+                    "seed": seed,
+                    **{k: summary[k] for k in summary if k.startswith("test_")},
+                    "train_seconds": summary["train_seconds"],
+                }
+            )
             print(json.dumps(out[-1]), flush=True)
     return out
 
 
 def fmt_attacks(rows: list[dict[str, Any]]) -> list[str]:
-    lines = ["| model | defense | attack | presence F1 (random, same guesses) | token recovery | note |", "|---|---|---|---|---|---|"]
+    lines = [
+        "| model | defense | attack | presence F1 (random, same guesses) | token recovery | note |",
+        "|---|---|---|---|---|---|",
+    ]
     for r in rows:
         if r.get("result") == "refused":
             lines.append(f"| {r['model']} | {r['defense']} | {r['attack']} | 0 | 0 | blocked: {r['reason'][:80]} |")
             continue
         tr = f"{r['token_recovery']:.3f}" if "token_recovery" in r else "-"
-        lines.append(f"| {r['model']} | {r['defense']} | {r['attack']} | {r['presence_f1']:.3f} ({r['random_f1']:.4f}) | {tr} | "
-                     f"{r['guesses']} guesses, {r.get('seconds', 0):.1f} s |")
+        lines.append(
+            f"| {r['model']} | {r['defense']} | {r['attack']} | {r['presence_f1']:.3f} ({r['random_f1']:.4f}) | {tr} | "
+            f"{r['guesses']} guesses, {r.get('seconds', 0):.1f} s |"
+        )
     return lines
 
 
 def fmt_resistance(rows: list[dict[str, Any]]) -> list[str]:
     """Per model and defense: the best attack's figures and whether AEGIS's goal holds."""
-    lines = ["| model | defense | best token recovery | best presence F1 minus random | goal met (<= 0.05, <= 0.05) |", "|---|---|---|---|---|"]
+    lines = [
+        "| model | defense | best token recovery | best presence F1 minus random | goal met (<= 0.05, <= 0.05) |",
+        "|---|---|---|---|---|",
+    ]
     for m in dict.fromkeys(r["model"] for r in rows):
         for d in DEFENSES:
             mine = [r for r in rows if r["model"] == m and r["defense"] == d]
@@ -155,7 +195,10 @@ def fmt_resistance(rows: list[dict[str, Any]]) -> list[str]:
 def fmt_utility(rows: list[dict[str, Any]]) -> list[str]:
     from statistics import mean, pstdev
 
-    lines = ["| model | defense | seeds | test accuracy (%) | minus undefended (points) | test perplexity | train s |", "|---|---|---|---|---|---|---|"]
+    lines = [
+        "| model | defense | seeds | test accuracy (%) | minus undefended (points) | test perplexity | train s |",
+        "|---|---|---|---|---|---|---|",
+    ]
     groups: dict[tuple[str, str], list[dict[str, Any]]] = {}
     for r in rows:
         groups.setdefault((r["model"], r["defense"]), []).append(r)
@@ -165,14 +208,20 @@ def fmt_utility(rows: list[dict[str, Any]]) -> list[str]:
         delta = "—" if d == "none" or not base else f"{100 * (mean(acc) - mean(r['test_accuracy'] for r in base)):+.2f}"
         ppl = [r["test_perplexity"] for r in rs if "test_perplexity" in r]
         p = f"{mean(ppl):.1f} ± {pstdev(ppl):.1f}" if ppl else "—"
-        lines.append(f"| {m} | {d} | {len(rs)} | {100 * mean(acc):.2f} ± {100 * pstdev(acc):.2f} | {delta} | {p} | {mean(r['train_seconds'] for r in rs):.0f} |")
+        lines.append(
+            f"| {m} | {d} | {len(rs)} | {100 * mean(acc):.2f} ± {100 * pstdev(acc):.2f} | {delta} | {p} | {mean(r['train_seconds'] for r in rs):.0f} |"
+        )
     return lines
 
 
 def fmt_bench(b: dict[str, Any]) -> list[str]:
     where = f"on {b['device']}" if b.get("device", "cpu") != "cpu" else f"{b['threads']} threads"
-    lines = [f"{b['model']}, batch {b['batch']} x {b['len']} tokens, median of {b['repeats']} interleaved steps ({where}):", "",
-             "| variant | median step (s) | ratio to none |", "|---|---|---|"]
+    lines = [
+        f"{b['model']}, batch {b['batch']} x {b['len']} tokens, median of {b['repeats']} interleaved steps ({where}):",
+        "",
+        "| variant | median step (s) | ratio to none |",
+        "|---|---|---|",
+    ]
     lines += [f"| {n} | {b['median_s'][n]:.3f} | {b['ratio_to_none'][n]:.2f} |" for n in b["median_s"]]
     return lines
 
@@ -184,54 +233,89 @@ REPEAT_RUNS, REPEAT_GAP_S = 8, 15.0
 def fmt_repeats(reps: list[dict[str, Any]]) -> list[str]:
     """The spread of the all-core transformer4 ratio over separate runs of the same bench."""
     ratios = [r["ratio_to_none"]["aegis"] for r in reps]
-    lines = [f"transformer4 on all {reps[0]['threads']} threads, the same bench run {len(reps)} times {REPEAT_GAP_S:.0f} s apart. "
-             "This VM's two-core speed drifts between runs (the undefended step below); the random bits of AEGIS's draw are "
-             f"made on one core, so its share grows when the rest of the step gets faster. Ratio over the runs: {min(ratios):.2f}-{max(ratios):.2f}.", "",
-             "| run | none median (ms) | aegis median (ms) | ratio to none |", "|---|---|---|---|"]
-    lines += [f"| {i + 1} | {1e3 * r['median_s']['none']:.1f} | {1e3 * r['median_s']['aegis']:.1f} | {r['ratio_to_none']['aegis']:.2f} |"
-              for i, r in enumerate(reps)]
+    lines = [
+        f"transformer4 on all {reps[0]['threads']} threads, the same bench run {len(reps)} times {REPEAT_GAP_S:.0f} s apart. "
+        "This VM's two-core speed drifts between runs (the undefended step below); the random bits of AEGIS's draw are "
+        f"made on one core, so its share grows when the rest of the step gets faster. Ratio over the runs: {min(ratios):.2f}-{max(ratios):.2f}.",
+        "",
+        "| run | none median (ms) | aegis median (ms) | ratio to none |",
+        "|---|---|---|---|",
+    ]
+    lines += [
+        f"| {i + 1} | {1e3 * r['median_s']['none']:.1f} | {1e3 * r['median_s']['aegis']:.1f} | {r['ratio_to_none']['aegis']:.2f} |"
+        for i, r in enumerate(reps)
+    ]
     return lines
 
 
-UTILITY_DATA = {"sst2": {"name": "sst2", "tokenizer": "wordpiece", "max_len": 32, "train_size": 2000, "test_size": 400},
-                "agnews": {"name": "agnews", "tokenizer": "wordpiece", "max_len": 32, "train_size": 2000, "test_size": 200}}
+UTILITY_DATA = {
+    "sst2": {"name": "sst2", "tokenizer": "wordpiece", "max_len": 32, "train_size": 2000, "test_size": 400},
+    "agnews": {"name": "agnews", "tokenizer": "wordpiece", "max_len": 32, "train_size": 2000, "test_size": 200},
+}
 
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--quick", action="store_true", help="veil's encoder and decoder only (no HF GPT-2 / MiniLM attack rows)")
+    p.add_argument(
+        "--quick", action="store_true", help="veil's encoder and decoder only (no HF GPT-2 / MiniLM attack rows)"
+    )
     p.add_argument("--runs-dir", default=str(ROOT / "runs" / "aegis"))
     p.add_argument("--results", default=str(ROOT / "docs" / "results.md"))
-    p.add_argument("--attack-models", default=None, help="comma list for the attack table (default: transformer4,gpt-tiny "
-                   "with --quick, else also hf-gpt2,minilm)")
-    p.add_argument("--skip", default="", help="comma list of parts to skip (their cached results are used): attacks,utility,bench")
+    p.add_argument(
+        "--attack-models",
+        default=None,
+        help="comma list for the attack table (default: transformer4,gpt-tiny with --quick, else also hf-gpt2,minilm)",
+    )
+    p.add_argument(
+        "--skip", default="", help="comma list of parts to skip (their cached results are used): attacks,utility,bench"
+    )
     a = p.parse_args()
     torch.set_num_threads(1)
     skip = set(filter(None, a.skip.split(",")))
     runs = Path(a.runs_dir)
     runs.mkdir(parents=True, exist_ok=True)
     data_of = {"transformer4": "sst2", "gpt-tiny": "agnews", "hf-gpt2": "agnews", "minilm": "sst2"}
-    names = a.attack_models.split(",") if a.attack_models else ["transformer4", "gpt-tiny"] + ([] if a.quick else ["hf-gpt2", "minilm"])
+    names = (
+        a.attack_models.split(",")
+        if a.attack_models
+        else ["transformer4", "gpt-tiny"] + ([] if a.quick else ["hf-gpt2", "minilm"])
+    )
     if not set(names) <= set(data_of):
-        sys.exit(f"--attack-models: unknown model {sorted(set(names) - set(data_of))[0]!r}; allowed: {', '.join(data_of)}")
+        sys.exit(
+            f"--attack-models: unknown model {sorted(set(names) - set(data_of))[0]!r}; allowed: {', '.join(data_of)}"
+        )
     text_models = [(m, data_of[m]) for m in names]
-    command = "python scripts/results_aegis.py" + (" --quick" if a.quick else "") + (f" --attack-models {a.attack_models}" if a.attack_models else "")
+    command = (
+        "python scripts/results_aegis.py"
+        + (" --quick" if a.quick else "")
+        + (f" --attack-models {a.attack_models}" if a.attack_models else "")
+    )
     seeds = [0, 1, 2]
-    parts = ["## AEGIS (gradient isolation)", "",
-             f"Regenerated by `{command}`; never edit by hand. Attacks see one "
-             "client step of batch 4 (WordPiece, 24 tokens, weights at init, no dropout); presence F1 excludes [CLS]/[SEP]/[PAD] and "
-             "is shown beside the F1 of a random guess with as many guesses; `presence-average` averages 10 exports of the same "
-             "batch (fresh noise each); `span` has a budget of 50,000 candidate sentences scored and keeps the 256 candidates per position closest to the layer-1 span; `blocked` = the attack found no gradient to read (frozen). "
-             "AEGIS defaults: frozen q/k/v/o, embed_noise 3, mlp_noise 1, and on a causal model (gpt-tiny) mlp_down_noise 1; "
-             "`aegis-published` = mlp_down_noise 0 on every model (the abstract's three channels only).", ""]
+    parts = [
+        "## AEGIS (gradient isolation)",
+        "",
+        f"Regenerated by `{command}`; never edit by hand. Attacks see one "
+        "client step of batch 4 (WordPiece, 24 tokens, weights at init, no dropout); presence F1 excludes [CLS]/[SEP]/[PAD] and "
+        "is shown beside the F1 of a random guess with as many guesses; `presence-average` averages 10 exports of the same "
+        "batch (fresh noise each); `span` has a budget of 50,000 candidate sentences scored and keeps the 256 candidates per position closest to the layer-1 span; `blocked` = the attack found no gradient to read (frozen). "
+        "AEGIS defaults: frozen q/k/v/o, embed_noise 3, mlp_noise 1, and on a causal model (gpt-tiny) mlp_down_noise 1; "
+        "`aegis-published` = mlp_down_noise 0 on every model (the abstract's three channels only).",
+        "",
+    ]
     cache = runs / "attacks.json"
     if "attacks" not in skip:
         rows = []
         for m, d in text_models:
-            rows += attack_table(m, {"name": d, "tokenizer": "wordpiece", "max_len": 24, "train_size": 64, "test_size": 8}, 4, 10)
+            rows += attack_table(
+                m, {"name": d, "tokenizer": "wordpiece", "max_len": 24, "train_size": 64, "test_size": 8}, 4, 10
+            )
         cache.write_text(json.dumps(rows, indent=1))
     rows = json.loads(cache.read_text()) if cache.is_file() else []
-    parts += ["### Attacks", ""] + fmt_attacks(rows) + ["", "### Resistance per defense (the AEGIS goal) and the DP-SGD level that matches it", ""]
+    parts += (
+        ["### Attacks", ""]
+        + fmt_attacks(rows)
+        + ["", "### Resistance per defense (the AEGIS goal) and the DP-SGD level that matches it", ""]
+    )
     parts += fmt_resistance(rows) + [""]
     ucache = runs / "utility.json"
     if "utility" not in skip:
@@ -243,12 +327,17 @@ def main() -> None:
             urows += utility(m, UTILITY_DATA[d], tcfg, seeds, variants, runs)
         ucache.write_text(json.dumps(urows, indent=1))
     urows = json.loads(ucache.read_text()) if ucache.is_file() else []
-    parts += ["### Utility (3 seeds)", "",
-              "veil's encoder (SST-2, 2,000 sentences, 2 epochs)" + ("" if a.quick else " and decoder (AG News causal LM, 2,000 texts, "
-              "2 epochs; accuracy = next-token accuracy)") + ", trained FROM SCRATCH (lr 1e-3): with its attention frozen at random "
-              "init and its embedding / MLP-up gradients noised, AEGIS cannot learn a model from scratch — it is a fine-tuning "
-              "defense. DP-SGD runs at the noise level that matched AEGIS's resistance above. The fine-tuning utility (pretrained "
-              "MiniLM, HF GPT-2) is in *Utility of MJP and AEGIS* below.", ""]
+    parts += [
+        "### Utility (3 seeds)",
+        "",
+        "veil's encoder (SST-2, 2,000 sentences, 2 epochs)"
+        + ("" if a.quick else " and decoder (AG News causal LM, 2,000 texts, 2 epochs; accuracy = next-token accuracy)")
+        + ", trained FROM SCRATCH (lr 1e-3): with its attention frozen at random "
+        "init and its embedding / MLP-up gradients noised, AEGIS cannot learn a model from scratch — it is a fine-tuning "
+        "defense. DP-SGD runs at the noise level that matched AEGIS's resistance above. The fine-tuning utility (pretrained "
+        "MiniLM, HF GPT-2) is in *Utility of MJP and AEGIS* below.",
+        "",
+    ]
     parts += fmt_utility(urows) + [""]
     bcache = runs / "bench.json"
     if "bench" not in skip:
@@ -257,9 +346,11 @@ def main() -> None:
         b = []
         for threads in sorted({1, os.cpu_count() or 1}):  # one core (a loaded machine), then every core
             torch.set_num_threads(threads)
-            b += [bench("transformer4", 16, 48, 20, ["none", "aegis", "dpsgd"]),
-                  bench("gpt-tiny", 16, 48, 10, ["none", "aegis", "aegis-published", "dpsgd"]),
-                  bench("minilm", 16, 48, 6, ["none", "aegis", "dpsgd"])]
+            b += [
+                bench("transformer4", 16, 48, 20, ["none", "aegis", "dpsgd"]),
+                bench("gpt-tiny", 16, 48, 10, ["none", "aegis", "aegis-published", "dpsgd"]),
+                bench("minilm", 16, 48, 6, ["none", "aegis", "dpsgd"]),
+            ]
         reps = []
         torch.set_num_threads(os.cpu_count() or 1)
         for i in range(REPEAT_RUNS):  # the same transformer4 bench again, spread over minutes: this VM's speed drifts
@@ -269,15 +360,19 @@ def main() -> None:
         bcache.write_text(json.dumps(b, indent=1))
         (runs / "bench_repeats.json").write_text(json.dumps(reps, indent=1))
     if bcache.is_file():
-        parts += ["### Step time (goal: AEGIS <= 1.15 x none)", "",
-                  "`benchmarks/aegis_overhead.py`, glibc told to keep freed large blocks (`steady_allocator`: without it, page "
-                  "faults on freshly mapped gradient tables swung the transformer4 ratio from 0.98 to 1.42 between identical "
-                  "runs). AEGIS's own cost is one Gaussian draw per entry of the vocabulary-sized tables (token embedding, and "
-                  "an untied LM head): fixed per step, so it weighs most on a narrow model with a small batch. The draw "
-                  "(`veil.defenses.noise`) makes its bits on one core (SFC64) and runs Box-Muller, the noise scales and the adds "
-                  "as one torch.compile graph on every core torch uses; each model is timed on one thread (a fully loaded "
-                  "machine) and on all of this machine's cores. The first AEGIS step of a process compiles that graph (not "
-                  "timed here: every variant's first step is a warm-up).", ""]
+        parts += [
+            "### Step time (goal: AEGIS <= 1.15 x none)",
+            "",
+            "`benchmarks/aegis_overhead.py`, glibc told to keep freed large blocks (`steady_allocator`: without it, page "
+            "faults on freshly mapped gradient tables swung the transformer4 ratio from 0.98 to 1.42 between identical "
+            "runs). AEGIS's own cost is one Gaussian draw per entry of the vocabulary-sized tables (token embedding, and "
+            "an untied LM head): fixed per step, so it weighs most on a narrow model with a small batch. The draw "
+            "(`veil.defenses.noise`) makes its bits on one core (SFC64) and runs Box-Muller, the noise scales and the adds "
+            "as one torch.compile graph on every core torch uses; each model is timed on one thread (a fully loaded "
+            "machine) and on all of this machine's cores. The first AEGIS step of a process compiles that graph (not "
+            "timed here: every variant's first step is a warm-up).",
+            "",
+        ]
         for b in json.loads(bcache.read_text()):
             parts += fmt_bench(b) + [""]
         rcache = runs / "bench_repeats.json"
@@ -285,11 +380,15 @@ def main() -> None:
             parts += fmt_repeats(json.loads(rcache.read_text())) + [""]
     gcache = runs / "bench_gpu.json"
     if gcache.is_file():  # measured on an accelerator machine when one is lent (none is needed for the rest)
-        parts += ["### Step time on a GPU", "",
-                  f"`python benchmarks/aegis_overhead.py --suite --device cuda --repeats 20 --json {gcache.relative_to(ROOT) if gcache.is_relative_to(ROOT) else gcache}`, "
-                  "run on a machine lent for one session (not this one; CI never runs it). `hf-bert` has MiniLM-L6's shapes "
-                  "(384 wide, 6 layers, 12 heads) at random init: the step time does not depend on the weights. Steps this "
-                  "small are bound by kernel launches on a GPU, where the noise draw (cuRAND) is cheap.", ""]
+        parts += [
+            "### Step time on a GPU",
+            "",
+            f"`python benchmarks/aegis_overhead.py --suite --device cuda --repeats 20 --json {gcache.relative_to(ROOT) if gcache.is_relative_to(ROOT) else gcache}`, "
+            "run on a machine lent for one session (not this one; CI never runs it). `hf-bert` has MiniLM-L6's shapes "
+            "(384 wide, 6 layers, 12 heads) at random init: the step time does not depend on the weights. Steps this "
+            "small are bound by kernel launches on a GPU, where the noise draw (cuRAND) is cheap.",
+            "",
+        ]
         for b in json.loads(gcache.read_text()):
             parts += fmt_bench(b) + [""]
     write_section("aegis", "\n".join(parts), Path(a.results))

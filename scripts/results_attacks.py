@@ -8,14 +8,16 @@ One function per table, each returning Markdown; text tables come from
 
 With --only, the tables not regenerated are kept as they stand in the section (matched by heading).
 """
+
 from __future__ import annotations
 
 import argparse
 import importlib.util
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 import torch
 
@@ -45,20 +47,43 @@ def april_table(samples: int) -> str:
     rows = [
         ("vit-digits, digits 8x8", "none", "(a) original", ["model=vit-digits", "data=digits"], "original"),
         ("vit-tiny (1 ch), LFW 32x32", "none", "(a) original", ["model=vit-tiny", "data=lfw"], "original"),
-        ("hf-vit (1 ch), LFW 32x32", "none", "(a) original", ["model=hf-vit", "data=lfw", "model.dim=96", "model.depth=2", "model.heads=3"], "original"),
-        ("vit-digits, digits 8x8", "mjp γ=0.27", "(b) shuffled", ["model=vit-digits", "data=digits", "defense=mjp", "defense.gamma=0.27"], "shuffled"),
-        ("vit-digits, digits 8x8", "mjp γ=0.27", "(c) original", ["model=vit-digits", "data=digits", "defense=mjp", "defense.gamma=0.27"], "original"),
+        (
+            "hf-vit (1 ch), LFW 32x32",
+            "none",
+            "(a) original",
+            ["model=hf-vit", "data=lfw", "model.dim=96", "model.depth=2", "model.heads=3"],
+            "original",
+        ),
+        (
+            "vit-digits, digits 8x8",
+            "mjp γ=0.27",
+            "(b) shuffled",
+            ["model=vit-digits", "data=digits", "defense=mjp", "defense.gamma=0.27"],
+            "shuffled",
+        ),
+        (
+            "vit-digits, digits 8x8",
+            "mjp γ=0.27",
+            "(c) original",
+            ["model=vit-digits", "data=digits", "defense=mjp", "defense.gamma=0.27"],
+            "original",
+        ),
     ]
-    lines = [f"### APRIL (closed form), batch 1, {samples} test images, weights at init", "",
-             "| model / data | defense | setting (scored against) | PSNR dB | SSIM | MSE | FFT2D | s/image |",
-             "|---|---|---|---|---|---|---|---|"]
+    lines = [
+        f"### APRIL (closed form), batch 1, {samples} test images, weights at init",
+        "",
+        "| model / data | defense | setting (scored against) | PSNR dB | SSIM | MSE | FFT2D | s/image |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
     for label, defense, setting, over, ref in rows:
         m = audit(over, "april", samples=samples, reference=ref)
-        lines.append(f"| {label} | {defense} | {setting} | {fmt(m['psnr'])} | {fmt(m['ssim'], 3)} | {fmt(m['mse'], 5)} | {fmt(m['fft2d'], 3)} | {fmt(m['seconds'], 4)} |")
+        lines.append(
+            f"| {label} | {defense} | {setting} | {fmt(m['psnr'])} | {fmt(m['ssim'], 3)} | {fmt(m['mse'], 5)} | {fmt(m['fft2d'], 3)} | {fmt(m['seconds'], 4)} |"
+        )
     return "\n".join(lines + ["", APRIL_MJP_NOTE])
 
 
-APRIL_MJP_NOTE = ('*The MJP rows are the naive `april`, which ignores the mechanism: they show that this attack fails, not that MJP protects. `april-mjp`, which knows MJP, rebuilds the unshuffled patches of such updates exactly and the masked ones as a set (section "Adaptive attacker on MJP (images)"; verdict in "Seed claims").*')
+APRIL_MJP_NOTE = '*The MJP rows are the naive `april`, which ignores the mechanism: they show that this attack fails, not that MJP protects. `april-mjp`, which knows MJP, rebuilds the unshuffled patches of such updates exactly and the masked ones as a set (section "Adaptive attacker on MJP (images)"; verdict in "Seed claims").*'
 
 
 def train_briefly(model: torch.nn.Module, split: dict, epochs: int, seed: int = 0) -> float:
@@ -80,39 +105,53 @@ def train_briefly(model: torch.nn.Module, split: dict, epochs: int, seed: int = 
 def inverting_table(samples: int, iterations: int, restarts: int, epochs: int) -> str:
     """IG (input layers, its default; and all layers, the paper's objective) and DLG on vit-digits,
     batch 1, at init and after a short training."""
-    lines = [f"### Optimisation attacks on vit-digits, batch 1, {samples} test digits", "",
-             "IG: cosine + TV (1e-4), signed Adam lr 0.1 with cosine decay, box [0, 1], label read from the head's "
-             "bias gradient, restarts kept by gradient loss; `input` compares only the patch-embedding and position "
-             "gradients (the default), `all` every exported gradient (the paper's objective). DLG: L2 over all layers, "
-             "L-BFGS, soft label.", "",
-             "| attack | gradients compared | model state | iterations x restarts | PSNR dB | SSIM | it/s | s/image |",
-             "|---|---|---|---|---|---|---|---|"]
+    lines = [
+        f"### Optimisation attacks on vit-digits, batch 1, {samples} test digits",
+        "",
+        "IG: cosine + TV (1e-4), signed Adam lr 0.1 with cosine decay, box [0, 1], label read from the head's "
+        "bias gradient, restarts kept by gradient loss; `input` compares only the patch-embedding and position "
+        "gradients (the default), `all` every exported gradient (the paper's objective). DLG: L2 over all layers, "
+        "L-BFGS, soft label.",
+        "",
+        "| attack | gradients compared | model state | iterations x restarts | PSNR dB | SSIM | it/s | s/image |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
     for state in ("init", f"trained {epochs} ep"):
         model, data, defenses = build_run(load_config(None, ["model=vit-digits", "data=digits"]))
         if state != "init":
             acc = train_briefly(model, {"train": data.train, "test": data.test}, epochs)
             state += f" (acc {acc:.2f})"
-        for name, layers, settings in (("ig", "input", {"iterations": iterations, "restarts": restarts, "layers": "input"}),
-                                       ("ig", "all", {"iterations": iterations, "restarts": restarts, "layers": "all"}),
-                                       ("dlg", "all", {"iterations": iterations // 4, "restarts": 1})):
+        for name, layers, settings in (
+            ("ig", "input", {"iterations": iterations, "restarts": restarts, "layers": "input"}),
+            ("ig", "all", {"iterations": iterations, "restarts": restarts, "layers": "all"}),
+            ("dlg", "all", {"iterations": iterations // 4, "restarts": 1}),
+        ):
             m = attack_run(model, data, defenses, name, settings, samples=samples)["attacks"][name]
             its = settings["iterations"]
-            lines.append(f"| {name} | {layers} | {state} | {its} x {settings['restarts']} | {fmt(m['psnr'])} | {fmt(m['ssim'], 3)} | "
-                         f"{fmt(m.get('iterations_per_second'), 1)} | {fmt(m['seconds'], 1)} |")
+            lines.append(
+                f"| {name} | {layers} | {state} | {its} x {settings['restarts']} | {fmt(m['psnr'])} | {fmt(m['ssim'], 3)} | "
+                f"{fmt(m.get('iterations_per_second'), 1)} | {fmt(m['seconds'], 1)} |"
+            )
     return "\n".join(lines)
 
 
 def labels_table(samples: int) -> str:
     """Label recovery share on vit-digits at init for several batch sizes."""
-    lines = [f"### Label recovery from the head's bias gradient (vit-digits, init, {samples} batches)", "",
-             "| batch size | label multiset recovered |", "|---|---|"]
+    lines = [
+        f"### Label recovery from the head's bias gradient (vit-digits, init, {samples} batches)",
+        "",
+        "| batch size | label multiset recovered |",
+        "|---|---|",
+    ]
     for b in (1, 4, 8, 16):
         m = audit(["model=vit-digits", "data=digits"], "labels", samples=samples, batch_size=b)
         lines.append(f"| {b} | {fmt(m['label_accuracy'], 3)} |")
     return "\n".join(lines)
 
 
-def text_tables(quick: bool, parts: tuple[str, ...] = ("span", "decoder", "opt"), span_samples: int | None = None) -> list[str]:
+def text_tables(
+    quick: bool, parts: tuple[str, ...] = ("span", "decoder", "opt"), span_samples: int | None = None
+) -> list[str]:
     path = Path(__file__).with_name("results_attacks_text.py")
     if not path.is_file():
         return []
@@ -136,6 +175,7 @@ def old_tables(path: Path = RESULTS) -> list[str]:
 def splice(old: list[str], new: list[str]) -> list[str]:
     """Each regenerated table replaces the old one with the same heading (up to its first comma);
     the tables not regenerated are kept, in their order; new headings are appended."""
+
     def key(table: str) -> str:
         return table.split("\n", 1)[0].split(",", 1)[0].strip()
 
@@ -163,7 +203,10 @@ def main() -> None:
     makers: list[tuple[str, Callable[[], str | list[str]]]] = [
         ("april", lambda: april_table(args.samples)),
         ("labels", lambda: labels_table(args.samples)),
-        ("inverting", lambda: inverting_table(min(args.samples, 4), args.ig_iterations, args.ig_restarts, args.train_epochs)),
+        (
+            "inverting",
+            lambda: inverting_table(min(args.samples, 4), args.ig_iterations, args.ig_restarts, args.train_epochs),
+        ),
         ("text", lambda: text_tables(args.quick_text)),
         ("span", lambda: text_tables(False, ("span",), args.span_samples)),  # the span tables alone
         ("span-decoder", lambda: text_tables(False, ("decoder",), args.span_samples)),
@@ -176,8 +219,10 @@ def main() -> None:
             print(f"[{time.time() - t0:.0f}s] {key} done", flush=True)
     if only != set(FULL):  # a partial run keeps the other tables of the section
         parts = splice(old_tables(), parts)
-    note = (f"Measured on this machine (CPU, torch threads={args.threads}) by `scripts/results_attacks.py`; "
-            "regenerate, never edit by hand. Clients trained without dropout (dropout=0 in these models).")
+    note = (
+        f"Measured on this machine (CPU, torch threads={args.threads}) by `scripts/results_attacks.py`; "
+        "regenerate, never edit by hand. Clients trained without dropout (dropout=0 in these models)."
+    )
     write_section("attacks", "## Attacks\n\n" + note + "\n\n" + "\n\n".join(parts) + "\n")
 
 

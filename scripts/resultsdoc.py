@@ -1,4 +1,5 @@
 """Write one section of docs/results.md between its markers, keeping every other section."""
+
 from __future__ import annotations
 
 from pathlib import Path

@@ -25,6 +25,7 @@ minutes an epoch on this machine's contended core), in seconds, so the privacy-u
     python scripts/screen_dp_minilm.py --out runs/dp/screen [--variants "head lr3e-2 B512 E5,..."]
     python scripts/screen_dp_minilm.py --out runs/dp/curve --test --variants "head lr3e-2 B512 E5" --epsilon 1 3 8 0 --seeds 0 1 2
 """
+
 from __future__ import annotations
 
 import argparse
@@ -64,8 +65,12 @@ def build_minilm() -> nn.Module:
     from veil.config import from_dict
     from veil.experiments.build import build_run
 
-    cfg = from_dict({"model": {"name": "minilm", "dropout": 0.0, "pooling": "mean"},
-                     "data": {"name": "sst2", "tokenizer": "wordpiece", "max_len": 32, "train_size": 8000}})
+    cfg = from_dict(
+        {
+            "model": {"name": "minilm", "dropout": 0.0, "pooling": "mean"},
+            "data": {"name": "sst2", "tokenizer": "wordpiece", "max_len": 32, "train_size": 8000},
+        }
+    )
     model, data, _ = build_run(cfg)
     return model.eval(), data
 
@@ -82,9 +87,11 @@ def cache_features() -> dict[str, Tensor]:
         for split in ("train", "test"):
             d, hs = getattr(data, split), []
             for i in range(0, len(d["labels"]), 128):
-                model({k: v[i:i + 128] for k, v in d.items()})
+                model({k: v[i : i + 128] for k, v in d.items()})
                 hs.append(cap["h"].half())
-            out.update({f"{split}_h5": torch.cat(hs), f"{split}_labels": d["labels"], f"{split}_mask": d["attention_mask"]})
+            out.update(
+                {f"{split}_h5": torch.cat(hs), f"{split}_labels": d["labels"], f"{split}_mask": d["attention_mask"]}
+            )
     hook.remove()
     FEATURES.parent.mkdir(parents=True, exist_ok=True)
     torch.save(out, FEATURES)
@@ -116,8 +123,14 @@ class Head(nn.Module):
         return self.classifier(pooled)
 
 
-def run_variant(name: str, train: tuple[Tensor, Tensor, Tensor], evals: tuple[Tensor, Tensor, Tensor], base: nn.Module,
-                seed: int, eps: float | None) -> dict[str, Any]:
+def run_variant(
+    name: str,
+    train: tuple[Tensor, Tensor, Tensor],
+    evals: tuple[Tensor, Tensor, Tensor],
+    base: nn.Module,
+    seed: int,
+    eps: float | None,
+) -> dict[str, Any]:
     """Train variant `name` on `train` (x, mask, y) with DP at `eps` (None: clipping, no noise), score on `evals`."""
     from opacus import PrivacyEngine
     from torch.utils.data import DataLoader, TensorDataset
@@ -133,13 +146,22 @@ def run_variant(name: str, train: tuple[Tensor, Tensor, Tensor], evals: tuple[Te
     loader = DataLoader(TensorDataset(*train), batch_size=batch)
     pe = PrivacyEngine(accountant="rdp")
     delta = 1.0 / len(train[2])
-    common = dict(module=module, optimizer=opt, criterion=nn.CrossEntropyLoss(), data_loader=loader, max_grad_norm=1.0, grad_sample_mode="ghost")
+    common = dict(
+        module=module,
+        optimizer=opt,
+        criterion=nn.CrossEntropyLoss(),
+        data_loader=loader,
+        max_grad_norm=1.0,
+        grad_sample_mode="ghost",
+    )
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         if eps is None:
             module, opt, crit, loader = pe.make_private(noise_multiplier=0.0, **common)
         else:
-            module, opt, crit, loader = pe.make_private_with_epsilon(target_epsilon=eps, target_delta=delta, epochs=epochs, **common)
+            module, opt, crit, loader = pe.make_private_with_epsilon(
+                target_epsilon=eps, target_delta=delta, epochs=epochs, **common
+            )
         sched = torch.optim.lr_scheduler.LambdaLR(opt.original_optimizer, warmup_cosine(epochs * len(loader), 0.1))
         t0 = time.perf_counter()
         for _ in range(epochs):
@@ -153,15 +175,26 @@ def run_variant(name: str, train: tuple[Tensor, Tensor, Tensor], evals: tuple[Te
     module.eval()
     with torch.no_grad():
         acc = float((module(evals[0], evals[1]).argmax(-1) == evals[2]).float().mean())
-    return {"variant": name, "seed": seed, "accuracy": acc, "epsilon": spent, "delta": delta,
-            "noise_multiplier": opt.noise_multiplier, "seconds": round(time.perf_counter() - t0, 1)}
+    return {
+        "variant": name,
+        "seed": seed,
+        "accuracy": acc,
+        "epsilon": spent,
+        "delta": delta,
+        "noise_multiplier": opt.noise_multiplier,
+        "seconds": round(time.perf_counter() - t0, 1),
+    }
 
 
 def pooled(base: nn.Module, h5: Tensor, mask: Tensor) -> Tensor:
     """The frozen encoder's mean-pooled output from the cached last-layer inputs."""
     with torch.no_grad():
-        return torch.cat([Top(base.hf.bert.encoder.layer[5], nn.Identity())(h5[i:i + 500], mask[i:i + 500])
-                          for i in range(0, len(h5), 500)])
+        return torch.cat(
+            [
+                Top(base.hf.bert.encoder.layer[5], nn.Identity())(h5[i : i + 500], mask[i : i + 500])
+                for i in range(0, len(h5), 500)
+            ]
+        )
 
 
 def main() -> None:
@@ -169,8 +202,12 @@ def main() -> None:
     p.add_argument("--out", default="runs/dp/screen")
     p.add_argument("--variants", default=",".join(VARIANTS))
     p.add_argument("--seeds", type=int, nargs="+", default=[0])
-    p.add_argument("--epsilon", type=float, nargs="+", default=[8.0], help="target epsilons; 0 = clipping without noise")
-    p.add_argument("--test", action="store_true", help="AFTER the choice: train on all 8,000 sentences, score on the test split")
+    p.add_argument(
+        "--epsilon", type=float, nargs="+", default=[8.0], help="target epsilons; 0 = clipping without noise"
+    )
+    p.add_argument(
+        "--test", action="store_true", help="AFTER the choice: train on all 8,000 sentences, score on the test split"
+    )
     args = p.parse_args()
     torch.set_num_threads(1)
     raw = cache_features()
@@ -198,7 +235,11 @@ def main() -> None:
                 perm = torch.randperm(len(y), generator=torch.Generator().manual_seed(10_000 + seed))
                 val, tr = perm[:1000], perm[1000:]
                 train, evals = (x[tr], mask[tr], y[tr]), (x[val], mask[val], y[val])
-            row = {**run_variant(name, train, evals, base, seed, eps), "target_epsilon": eps, "split": "test" if args.test else "validation"}
+            row = {
+                **run_variant(name, train, evals, base, seed, eps),
+                "target_epsilon": eps,
+                "split": "test" if args.test else "validation",
+            }
             rows.append(row)
             print(json.dumps(row), flush=True)
             (out / "screen.json").write_text(json.dumps(rows, indent=1))

@@ -5,6 +5,7 @@
 Fills the blocks between <!-- quickstart:start/end --> (the quickstart report's tables) and
 <!-- headline:start/end --> (one line per task: accuracy and the worst-case leakage per defense).
 """
+
 from __future__ import annotations
 
 import json
@@ -34,13 +35,19 @@ def quickstart_tables(summary: dict, out: Path) -> str:
         if block[0] in ("h3", "table") or (block[0] == "h2" and block[1].startswith("Task")):
             keep.append(("h4", block[1]) if block[0] in ("h2", "h3") else block)
     md = to_markdown([("p", f"**{b[1]}**") if b[0] == "h4" else b for b in keep], out)
-    return md + f"\n*Measured by `veil audit` on this machine ({summary['versions']['platform']}); regenerate with `python scripts/update_readme.py {out}`.*"
+    return (
+        md
+        + f"\n*Measured by `veil audit` on this machine ({summary['versions']['platform']}); regenerate with `python scripts/update_readme.py {out}`.*"
+    )
 
 
 def headline(summary: dict) -> str:
     """One line per task: per defense, the accuracy and the worst case (the attack that rebuilt the most)."""
-    lines = ["Headline numbers of the quickstart audit (one seed, small models, CPU); leakage is the worst case "
-             "over the attacks that ran (`worst_case` in summary.json):", ""]
+    lines = [
+        "Headline numbers of the quickstart audit (one seed, small models, CPU); leakage is the worst case "
+        "over the attacks that ran (`worst_case` in summary.json):",
+        "",
+    ]
     for name, t in summary["tasks"].items():
         parts = []
         for d, u in t["utility"].items():

@@ -1,7 +1,9 @@
 """Small real inputs for tests: shapes each registered model accepts."""
+
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Callable
+from collections.abc import Callable
+from typing import TYPE_CHECKING
 
 import torch
 
@@ -39,7 +41,7 @@ def batch_for(model: VeilModel, batch_size: int = 2, seq_len: int = 7) -> dict[s
     return {"input_ids": ids, "attention_mask": mask, "labels": torch.arange(batch_size) % 2}
 
 
-def kill_server_after_round(monkeypatch: "pytest.MonkeyPatch", k: int) -> Callable[[], None]:
+def kill_server_after_round(monkeypatch: pytest.MonkeyPatch, k: int) -> Callable[[], None]:
     """Make the federated server raise KeyboardInterrupt right after saving round `k`'s state (a
     killed server); returns the undo, to call before resuming."""
     from veil.federated import server_app

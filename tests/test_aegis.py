@@ -1,4 +1,5 @@
 """AEGIS: frozen attention, seeded per-step noise, bit-identity at zero strength, one masked gradient."""
+
 from __future__ import annotations
 
 import pytest
@@ -118,10 +119,15 @@ def test_masked_gradient_is_exported_and_drives_the_step() -> None:
     assert not torch.equal(res.grads["tok.weight"], clean["tok.weight"])  # no clean gradient leaves
 
 
-@pytest.mark.parametrize("kw, msg", [
-    (dict(embed_noise=-1), "embed_noise"), (dict(mlp_noise="a"), "mlp_noise"),
-    (dict(freeze_attention="yes"), "freeze_attention"), (dict(seed=1.5), "seed"),
-])
+@pytest.mark.parametrize(
+    "kw, msg",
+    [
+        (dict(embed_noise=-1), "embed_noise"),
+        (dict(mlp_noise="a"), "mlp_noise"),
+        (dict(freeze_attention="yes"), "freeze_attention"),
+        (dict(seed=1.5), "seed"),
+    ],
+)
 def test_bad_settings_are_one_line_errors(kw: dict, msg: str) -> None:
     with pytest.raises(VeilError, match=msg) as e:
         create_defense("aegis", **kw)
@@ -165,7 +171,7 @@ def test_presence_adaptive_recovers_undefended_and_fails_under_aegis() -> None:
 
 
 def test_presence_average_needs_rounds_and_averages_them() -> None:
-    from veil.attacks import Knowledge, create_attack, observe
+    from veil.attacks import Knowledge, create_attack
     from veil.attacks.adaptive import observe_rounds
 
     model = tiny()
@@ -282,14 +288,15 @@ def test_lr_scale_is_the_same_run_at_a_larger_learning_rate() -> None:
 def test_standard_normal_is_box_muller_on_seeded_sfc64_bits() -> None:
     """The draw matches the documented transform computed by hand in float64, is N(0, 1), seeded, fresh per key."""
     import numpy as np
+
     from veil.defenses.noise import standard_normal
 
     n, key = 2 * 4099 + 1, (3, 7, 1)  # odd: the last pair's cosine half is cut
     z = standard_normal(n, key).double().numpy()
     m = (n + 1) // 2
     words = np.random.SFC64(np.random.SeedSequence(list(key))).random_raw(m).view(np.int32).astype(np.int64)
-    u1 = ((words[:m] >> 9) + 2 ** 22 + 0.5) / 2 ** 23
-    t = 2 * np.pi * words[m:] / 2 ** 32
+    u1 = ((words[:m] >> 9) + 2**22 + 0.5) / 2**23
+    t = 2 * np.pi * words[m:] / 2**32
     r = np.sqrt(-2 * np.log(u1))
     want = np.concatenate([r * np.sin(t), r * np.cos(t)])[:n]
     assert np.allclose(z, want, rtol=1e-5, atol=1e-5)
@@ -352,7 +359,9 @@ def test_noise_tables_add_the_keyed_draw_scaled_by_the_clean_statistic() -> None
         assert stds == pytest.approx(want_std, rel=1e-6)
         assert all(torch.allclose(t, w, rtol=1e-5, atol=1e-5) for t, w in zip(tables, want))
     (fast, stds), slow = noisy_tables(), noisy_tables(compiled=False)[0]
-    assert max(float((a - b).abs().max()) / s for a, b, s in zip(fast, slow, stds)) < 1e-5  # same bits: z apart by rounding
+    assert (
+        max(float((a - b).abs().max()) / s for a, b, s in zip(fast, slow, stds)) < 1e-5
+    )  # same bits: z apart by rounding
 
 
 def test_compiled_noise_does_not_depend_on_the_thread_count() -> None:
@@ -367,12 +376,14 @@ def test_noise_falls_back_to_numpy_without_a_compiler(tmp_path) -> None:
     import subprocess
     import sys
 
-    code = ("import warnings, torch; from tests.test_aegis import noisy_tables\n"
-            "with warnings.catch_warnings(record=True) as w:\n"
-            "    warnings.simplefilter('always')\n"
-            "    t, _ = noisy_tables()\n"
-            "print(sum('falls back to numpy' in str(x.message) for x in w))\n"
-            "torch.save(t, %r)" % str(tmp_path / "t.pt"))
+    code = (
+        "import warnings, torch; from tests.test_aegis import noisy_tables\n"
+        "with warnings.catch_warnings(record=True) as w:\n"
+        "    warnings.simplefilter('always')\n"
+        "    t, _ = noisy_tables()\n"
+        "print(sum('falls back to numpy' in str(x.message) for x in w))\n"
+        "torch.save(t, {!r})".format(str(tmp_path / "t.pt"))
+    )
     env = {**os.environ, "CXX": str(tmp_path / "no-such-g++"), "TORCHINDUCTOR_CACHE_DIR": str(tmp_path / "cache")}
     root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     out = subprocess.run([sys.executable, "-c", code], env=env, cwd=root, capture_output=True, text=True, timeout=300)

@@ -1,4 +1,5 @@
 """april-mjp recovers what MJP leaves in the update; the scoring says what leaks; MJP always moves a patch."""
+
 from __future__ import annotations
 
 import math
@@ -37,7 +38,9 @@ def test_april_mjp_recovers_unshuffled_patches_and_masked_set(digits, gamma, see
     batch = {"pixels": digits.test["pixels"][5:6].double(), "labels": digits.test["labels"][5:6]}
     rec, ref, _ = attack_once(create_attack("april-mjp"), model, batch, [d], digits, "original", 0)
     s = score(rec, ref, digits)
-    assert s["masked_patches"] == (0 if gamma == 0 else rec.stats["masked_found"]) and s["moved_patches"] >= (2 if gamma else 0)
+    assert s["masked_patches"] == (0 if gamma == 0 else rec.stats["masked_found"]) and s["moved_patches"] >= (
+        2 if gamma else 0
+    )
     assert s["psnr_unshuffled"] >= 100  # exact up to rounding
     if gamma:
         assert s["masked_patches"] >= 2 and s["psnr_masked_set"] >= 100

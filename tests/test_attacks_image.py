@@ -1,6 +1,7 @@
 """Image attacks on real tiny models: APRIL recovers a known image, DLG / IG lower the gradient
 distance, label recovery reads the label multiset, missing gradients give one-line errors, and
 `veil attack` writes its summary and picture."""
+
 from __future__ import annotations
 
 import json
@@ -38,7 +39,7 @@ def faces():
 
 
 def one(split: dict, i: int = 0, b: int = 1) -> dict:
-    return {k: v[i:i + b] for k, v in split.items()}
+    return {k: v[i : i + b] for k, v in split.items()}
 
 
 def test_registry_lists_image_attacks():
@@ -118,7 +119,11 @@ def test_labels_bias_rule_hand_values():
 def test_labels_on_text_classifier():
     torch.manual_seed(0)
     model = create_model("transformer4", vocab_size=300, max_len=12, num_classes=3)
-    batch = {"input_ids": torch.randint(104, 300, (1, 12)), "attention_mask": torch.ones(1, 12, dtype=torch.long), "labels": torch.tensor([2])}
+    batch = {
+        "input_ids": torch.randint(104, 300, (1, 12)),
+        "attention_mask": torch.ones(1, 12, dtype=torch.long),
+        "labels": torch.tensor([2]),
+    }
     rec = create_attack("labels").reconstruct(observe(model, batch), Knowledge(batch_size=1))
     assert rec.labels.tolist() == [2]
 
@@ -135,14 +140,19 @@ def test_labels_without_head_gradient_is_one_line_error(digits):
 def _gradient_distance(model, obs, x, labels, kind):
     model.eval()
     t = GradientTarget(model, obs.grads)
-    return float(t.distance(kind, t.dummy_grads(_forward_loss(model, x.clone().requires_grad_(True), labels, None))).detach())
+    return float(
+        t.distance(kind, t.dummy_grads(_forward_loss(model, x.clone().requires_grad_(True), labels, None))).detach()
+    )
 
 
-@pytest.mark.parametrize("name,kind,settings", [
-    ("ig", "cosine", {"iterations": 60, "restarts": 1}),
-    ("dlg", "l2", {"iterations": 40, "optimizer": "adam", "lr": 0.01, "label": "infer"}),
-    ("dlg", "l2", {"iterations": 20, "label": "infer"}),  # L-BFGS: used to reject every step and never move
-])
+@pytest.mark.parametrize(
+    "name,kind,settings",
+    [
+        ("ig", "cosine", {"iterations": 60, "restarts": 1}),
+        ("dlg", "l2", {"iterations": 40, "optimizer": "adam", "lr": 0.01, "label": "infer"}),
+        ("dlg", "l2", {"iterations": 20, "label": "infer"}),  # L-BFGS: used to reject every step and never move
+    ],
+)
 def test_optimisation_attacks_reduce_gradient_distance(digits, name, kind, settings):
     torch.manual_seed(0)
     model = create_model("vit-digits", depth=1, dim=32, heads=2)
@@ -181,7 +191,9 @@ def test_ig_layer_choice_is_checked(digits):
 def test_gradient_attack_without_any_gradient_is_one_line_error(digits):
     model = create_model("vit-digits", depth=1, dim=32, heads=2)
     with pytest.raises(VeilError) as e:
-        create_attack("ig", iterations=1).reconstruct(Observation(model=model, grads={}), Knowledge(batch_size=1, labels=torch.tensor([0])))
+        create_attack("ig", iterations=1).reconstruct(
+            Observation(model=model, grads={}), Knowledge(batch_size=1, labels=torch.tensor([0]))
+        )
     assert "\n" not in str(e.value)
 
 
@@ -192,7 +204,24 @@ def test_veil_attack_command_writes_summary_and_png(tmp_path):
     cfg.write_text("model: vit-digits\ndata: digits\n")
     out = tmp_path / "out"
     assert main(["attack", str(cfg), "--attack", "april", "--samples", "2", "--out", str(out), "--quiet"]) == 0
-    assert main(["attack", str(cfg), "--attack", "labels", "--batch-size", "2", "--samples", "2", "--out", str(out), "--quiet"]) == 0
+    assert (
+        main(
+            [
+                "attack",
+                str(cfg),
+                "--attack",
+                "labels",
+                "--batch-size",
+                "2",
+                "--samples",
+                "2",
+                "--out",
+                str(out),
+                "--quiet",
+            ]
+        )
+        == 0
+    )
     summary = json.loads((out / "summary.json").read_text())
     april = summary["attacks"]["april"]
     assert {"mse", "psnr", "ssim", "fft2d", "seconds"} <= set(april)
@@ -206,6 +235,22 @@ def test_veil_attack_command_reports_inapplicable_attack(tmp_path, capsys):
 
     cfg = tmp_path / "digits.yaml"
     cfg.write_text("model: vit-digits\ndata: digits\n")
-    assert main(["attack", str(cfg), "--attack", "labels", "model=vit-digits", "--samples", "1", "--out", str(tmp_path / "o"), "--quiet"]) == 0
+    assert (
+        main(
+            [
+                "attack",
+                str(cfg),
+                "--attack",
+                "labels",
+                "model=vit-digits",
+                "--samples",
+                "1",
+                "--out",
+                str(tmp_path / "o"),
+                "--quiet",
+            ]
+        )
+        == 0
+    )
     assert main(["attack", str(cfg), "--attack", "nope", "--out", str(tmp_path / "o"), "--quiet"]) == 2
     assert "unknown attack" in capsys.readouterr().err

@@ -1,4 +1,5 @@
 """Text attacks on tiny real models and real SST-2 sentences: presence, span (DAGER), TAG, LAMP."""
+
 from __future__ import annotations
 
 import pytest
@@ -97,9 +98,16 @@ def _sst2_batch(B: int, max_len: int, seed: int = 1) -> tuple[dict[str, torch.Te
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("name,B,max_len", [
-    ("transformer4", 1, 32), ("transformer4", 4, 32), ("minilm", 1, 32), ("minilm", 4, 32), ("gpt-tiny", 8, 16),
-])
+@pytest.mark.parametrize(
+    "name,B,max_len",
+    [
+        ("transformer4", 1, 32),
+        ("transformer4", 4, 32),
+        ("minilm", 1, 32),
+        ("minilm", 4, 32),
+        ("gpt-tiny", 8, 16),
+    ],
+)
 def test_span_goal_cells(name, B, max_len):
     """The issue's goals (position-aware token_recovery >= 0.95, undefended, no dropout). The
     decoder cell uses max_len 16 so that B*T < width 128 (DAGER's rank condition; at max_len 32
@@ -110,7 +118,9 @@ def test_span_goal_cells(name, B, max_len):
     torch.manual_seed(0)
     model = create_model(name, dropout=0.0) if name == "minilm" else create_model(name, dropout=0.0, max_len=32)
     model.eval()
-    rec = create_attack("span", budget=200_000).reconstruct(observe(model, batch), Knowledge(batch_size=B, seq_len=max_len, tokenizer=tok))
+    rec = create_attack("span", budget=200_000).reconstruct(
+        observe(model, batch), Knowledge(batch_size=B, seq_len=max_len, tokenizer=tok)
+    )
     rep = text_report(_refs(batch), rec.token_ids, ignore=SPECIAL)
     assert rep["token_recovery"] >= 0.95, (rep, rec.stats)
 
@@ -123,7 +133,9 @@ def test_span_goal_wider_decoder_full_sentences():
     torch.manual_seed(0)
     model = create_model("hf-gpt2", dim=256, depth=2, max_len=32, dropout=0.0)
     model.eval()
-    rec = create_attack("span", budget=100_000).reconstruct(observe(model, batch), Knowledge(batch_size=8, seq_len=32, tokenizer=tok))
+    rec = create_attack("span", budget=100_000).reconstruct(
+        observe(model, batch), Knowledge(batch_size=8, seq_len=32, tokenizer=tok)
+    )
     rep = text_report(_refs(batch), rec.token_ids, ignore=SPECIAL)
     assert rep["token_recovery"] >= 0.95, (rep, rec.stats)
 

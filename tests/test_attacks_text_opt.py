@@ -1,4 +1,5 @@
 """TAG and LAMP on a tiny real encoder/decoder and real SST-2 sentences (word vocabulary)."""
+
 from __future__ import annotations
 
 import pytest
@@ -149,10 +150,24 @@ def test_optimisation_attacks_run_against_a_model_with_defense_parameters() -> N
     from veil.config import load_config
     from veil.experiments.build import build_run
 
-    cfg = load_config(None, ["model=transformer4", "model.depth=1", "data=sst2", "data.tokenizer=word", "data.max_len=12",
-                             "data.train_size=50", "defense=mjp", "gamma=0.5", "window=8"])
+    cfg = load_config(
+        None,
+        [
+            "model=transformer4",
+            "model.depth=1",
+            "data=sst2",
+            "data.tokenizer=word",
+            "data.max_len=12",
+            "data.train_size=50",
+            "defense=mjp",
+            "gamma=0.5",
+            "window=8",
+        ],
+    )
     model, data, defenses = build_run(cfg)
     batch = private_batches(data.test, 1, 1, 0)[0]
     for name in ("tag", "lamp"):
-        rec, ref, _ = attack_once(create_attack(name, iterations=10), model, batch, defenses, data, "original", 0, {"labels": True})
+        rec, ref, _ = attack_once(
+            create_attack(name, iterations=10), model, batch, defenses, data, "original", 0, {"labels": True}
+        )
         assert "token_recovery" in score(rec, ref, data)

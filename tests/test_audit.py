@@ -1,4 +1,5 @@
 """`veil audit`: a tiny scenario end to end, its report against summary.json, resume, bad scenarios."""
+
 from __future__ import annotations
 
 import json
@@ -21,9 +22,11 @@ TINY = {
     "tasks": [
         {
             "name": "digits",
-            "run": {"model": {"name": "vit-digits", "depth": 1, "dim": 32, "heads": 2},
-                    "data": {"name": "digits", "train_size": 200, "test_size": 40},
-                    "train": {"epochs": 1, "batch_size": 64}},
+            "run": {
+                "model": {"name": "vit-digits", "depth": 1, "dim": 32, "heads": 2},
+                "data": {"name": "digits", "train_size": 200, "test_size": 40},
+                "train": {"epochs": 1, "batch_size": 64},
+            },
             "defenses": ["none", {"name": "mjp", "gamma": 0.1}],
             "attacks": ["april"],
             "knowledge": {"batch_size": 1},
@@ -31,9 +34,11 @@ TINY = {
         },
         {
             "name": "text",
-            "run": {"model": {"name": "transformer4", "depth": 2},
-                    "data": {"name": "sst2", "tokenizer": "word", "max_len": 12, "train_size": 100, "test_size": 20},
-                    "train": {"epochs": 1, "batch_size": 32}},
+            "run": {
+                "model": {"name": "transformer4", "depth": 2},
+                "data": {"name": "sst2", "tokenizer": "word", "max_len": 12, "train_size": 100, "test_size": 20},
+                "train": {"epochs": 1, "batch_size": 32},
+            },
             "defenses": ["none", "aegis"],
             "attacks": ["span"],
             "knowledge": {"labels": True, "batch_size": 1},
@@ -56,7 +61,7 @@ def test_report_matches_summary(audit: tuple[Path, dict]) -> None:
     md = (out / "report.md").read_text()
     html = (out / "report.html").read_text()
     digits = summary["tasks"]["digits"]
-    for d, u in digits["utility"].items():
+    for u in digits["utility"].values():
         assert f"{u['test_accuracy_mean']:.4f} ± {u['test_accuracy_std']:.4f}" in md
     psnr = digits["leakage"]["none"]["april"]["psnr"]
     assert psnr > 40  # APRIL rebuilds the undefended image
@@ -68,7 +73,9 @@ def test_report_matches_summary(audit: tuple[Path, dict]) -> None:
     assert text["leakage"]["none"]["span"]["token_recovery"] > 0.9  # the span attack reads the undefended update
     assert "span" in text["blocked"]["aegis"]  # AEGIS froze the layer it reads: recorded, not a crash
     assert "Blocked: `span`" in md
-    assert "presence" in digits["skipped"]  # a scenario-wide attack that does not fit images is skipped, with its reason
+    assert (
+        "presence" in digits["skipped"]
+    )  # a scenario-wide attack that does not fit images is skipped, with its reason
     assert "data:image/png;base64," in html and "<table>" in html
     assert "torch" in summary["versions"]
 
@@ -77,7 +84,7 @@ def test_summary_leads_with_the_worst_case(audit: tuple[Path, dict]) -> None:
     from veil.report.worst_case import KEYS
 
     out, summary = audit
-    for name, t in summary["tasks"].items():
+    for t in summary["tasks"].values():
         assert set(t["worst_case"]) == set(t["utility"])  # one verdict per task x defense
         assert all(tuple(wc) == KEYS and wc["attack"] in t["leakage"][d] for d, wc in t["worst_case"].items())
     none = summary["tasks"]["digits"]["worst_case"]["none"]
@@ -121,8 +128,13 @@ def test_killed_audit_resumes_with_identical_numbers(audit: tuple[Path, dict], t
     timing = {"seconds", "iterations_per_second"}
 
     def leakage(s: dict) -> dict:  # every leakage number but wall-clock timings
-        return {t: {d: {a: {m: v for m, v in cell.items() if m not in timing} for a, cell in att.items()}
-                    for d, att in task["leakage"].items()} for t, task in s["tasks"].items()}
+        return {
+            t: {
+                d: {a: {m: v for m, v in cell.items() if m not in timing} for a, cell in att.items()}
+                for d, att in task["leakage"].items()
+            }
+            for t, task in s["tasks"].items()
+        }
 
     assert leakage(resumed) == leakage(json.loads(json.dumps(summary)))
     for t in summary["tasks"]:

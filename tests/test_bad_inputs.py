@@ -1,5 +1,6 @@
 """Every bad input of issue 23, through the real `veil` entry point: exit code 2, exactly one line
 on stderr naming the problem, no traceback, and it fails before any training starts."""
+
 from __future__ import annotations
 
 from pathlib import Path
@@ -22,13 +23,25 @@ CASES = {
     "negative epochs": ([VIT, "train.epochs=-2"], "'train.epochs' must be an integer >= 1, got -2"),
     "word for a width": ([VIT, "model.dim=big"], "config key 'model.dim' must be int, got 'big'"),
     "quoted fraction": ([VIT, 'data.test_fraction="0.2"'], "config key 'data.test_fraction' must be float, got '0.2'"),
-    "hf-gpt2 dim % heads": ([VIT, "model=hf-gpt2", *TEXT, "model.dim=100", "model.heads=3"], "model 'hf-gpt2': dim 100 is not divisible by heads 3"),
-    "gpt-tiny dim % heads": ([VIT, "model=gpt-tiny", *TEXT, "model.dim=100", "model.heads=3"], "model 'gpt-tiny': dim 100 is not divisible by heads 3"),
+    "hf-gpt2 dim % heads": (
+        [VIT, "model=hf-gpt2", *TEXT, "model.dim=100", "model.heads=3"],
+        "model 'hf-gpt2': dim 100 is not divisible by heads 3",
+    ),
+    "gpt-tiny dim % heads": (
+        [VIT, "model=gpt-tiny", *TEXT, "model.dim=100", "model.heads=3"],
+        "model 'gpt-tiny': dim 100 is not divisible by heads 3",
+    ),
     "patch 5 on 32 px": ([LFW, "model.patch_size=5", *SMALL], "patch_size 5 does not divide the 32x32 image"),
     "warmup 3.0": ([VIT, "warmup=3.0"], "'train.warmup' must be a fraction of all steps in [0, 1], got 3.0"),
     "clip -1": ([VIT, "clip=-1"], "'train.clip' must be a max gradient norm >= 0"),
-    "hf-bert depth 0": ([VIT, "model=hf-bert", *TEXT, "model.depth=0"], "model 'hf-bert': depth must be an integer >= 1, got 0"),
-    "hf-vit dim % heads": ([VIT, "model=hf-vit", *SMALL, "model.dim=50", "model.heads=4"], "model 'hf-vit': dim 50 is not divisible by heads 4"),
+    "hf-bert depth 0": (
+        [VIT, "model=hf-bert", *TEXT, "model.depth=0"],
+        "model 'hf-bert': depth must be an integer >= 1, got 0",
+    ),
+    "hf-vit dim % heads": (
+        [VIT, "model=hf-vit", *SMALL, "model.dim=50", "model.heads=4"],
+        "model 'hf-vit': dim 50 is not divisible by heads 4",
+    ),
     "bare gamma": ([VIT, "gamma=1.5"], "defense=mjp defense.gamma=VALUE"),
 }
 
@@ -62,8 +75,17 @@ def test_bare_key_suggests_the_defense_key(tmp_path: Path, capsys: pytest.Captur
 
 
 def test_batch_size_zero_inside_a_scenario(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    scenario = {"name": "bad", "tasks": [{"name": "digits", "defenses": ["none"], "attacks": ["april"],
-                                          "run": {"model": "vit-digits", "data": "digits", "train": {"epochs": 1, "batch_size": 0}}}]}
+    scenario = {
+        "name": "bad",
+        "tasks": [
+            {
+                "name": "digits",
+                "defenses": ["none"],
+                "attacks": ["april"],
+                "run": {"model": "vit-digits", "data": "digits", "train": {"epochs": 1, "batch_size": 0}},
+            }
+        ],
+    }
     path = tmp_path / "s.yaml"
     path.write_text(yaml.safe_dump(scenario))
     out = tmp_path / "audit"
@@ -83,7 +105,9 @@ def _interrupted_run(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> tupl
 
 
 @pytest.mark.parametrize("hash_recorded", [True, False])
-def test_truncated_optimizer_state_on_resume(hash_recorded: bool, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+def test_truncated_optimizer_state_on_resume(
+    hash_recorded: bool, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     out, args = _interrupted_run(tmp_path, capsys)
     opt = out / "checkpoints" / "optimizer.safetensors"
     opt.write_bytes(opt.read_bytes()[:1000])

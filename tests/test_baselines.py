@@ -1,4 +1,5 @@
 """Baselines: DP-SGD (torch.func per-sample gradients), top-k pruning, plain Gaussian noise."""
+
 from __future__ import annotations
 
 import pytest
@@ -33,7 +34,7 @@ def test_per_sample_grads_match_a_loop(name: str) -> None:
     grads, losses, _ = per_sample_grads(model, b, lambda x: compute_loss(model, x, []))
     for i in range(4):
         model.zero_grad()
-        one = {k: v[i:i + 1] for k, v in b.items()}
+        one = {k: v[i : i + 1] for k, v in b.items()}
         loss = model.loss(model(one), one)
         loss.backward()
         assert float(losses[i]) == pytest.approx(float(loss.detach()), rel=1e-5)
@@ -96,10 +97,16 @@ def test_gaussian_noise_and_zero_strength() -> None:
     assert float(diff.std()) == pytest.approx(0.5, rel=0.02)
 
 
-@pytest.mark.parametrize("name, kw, msg", [
-    ("dpsgd", dict(clip=0), "clip"), ("dpsgd", dict(noise_multiplier=-1), "noise_multiplier"),
-    ("dpsgd", dict(chunk=0), "chunk"), ("prune", dict(ratio=1.5), "ratio"), ("gaussian", dict(sigma=-0.1), "sigma"),
-])
+@pytest.mark.parametrize(
+    "name, kw, msg",
+    [
+        ("dpsgd", dict(clip=0), "clip"),
+        ("dpsgd", dict(noise_multiplier=-1), "noise_multiplier"),
+        ("dpsgd", dict(chunk=0), "chunk"),
+        ("prune", dict(ratio=1.5), "ratio"),
+        ("gaussian", dict(sigma=-0.1), "sigma"),
+    ],
+)
 def test_bad_settings(name: str, kw: dict, msg: str) -> None:
     with pytest.raises(VeilError, match=msg) as e:
         create_defense(name, **kw)

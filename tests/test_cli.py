@@ -1,4 +1,5 @@
 """The `veil` command: help, list, and one line (exit 2, no traceback, nothing written) per bad input."""
+
 from __future__ import annotations
 
 import json
@@ -10,7 +11,9 @@ import pytest
 
 
 def veil(*args: str, cwd: Path | None = None) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "veil.cli", *args], capture_output=True, text=True, cwd=cwd, timeout=600)
+    return subprocess.run(
+        [sys.executable, "-m", "veil.cli", *args], capture_output=True, text=True, cwd=cwd, timeout=600
+    )
 
 
 def test_help_and_list() -> None:
@@ -55,8 +58,17 @@ def test_bad_input_is_one_line_and_writes_nothing(tmp_path: Path, args: list[str
 
 
 def test_train_end_to_end(tmp_path: Path) -> None:
-    res = veil("train", "configs/vit_digits.yaml", "train.epochs=1", "data.train_size=200", "data.test_size=50", "--out", str(tmp_path / "r"), "--quiet",
-               cwd=Path(__file__).parent.parent)
+    res = veil(
+        "train",
+        "configs/vit_digits.yaml",
+        "train.epochs=1",
+        "data.train_size=200",
+        "data.test_size=50",
+        "--out",
+        str(tmp_path / "r"),
+        "--quiet",
+        cwd=Path(__file__).parent.parent,
+    )
     assert res.returncode == 0, res.stderr
     summary = json.loads((tmp_path / "r/summary.json").read_text())
     assert summary["model"] == "vit-digits" and 0 <= summary["test_accuracy"] <= 1

@@ -1,5 +1,6 @@
 """A fast `veil`: --help, --version and list import no torch; `veil list --details NAME` prints a
 component's options from its builder's signature."""
+
 from __future__ import annotations
 
 import json
@@ -25,8 +26,13 @@ print(json.dumps(sorted(m for m in ("torch", "transformers", "numpy", "flwr", "v
 
 
 def heavy_imports(argv: list[str], env: dict[str, str] | None = None) -> tuple[list[str], str]:
-    res = subprocess.run([sys.executable, "-c", PROBE.format(argv=argv)], capture_output=True, text=True, timeout=300,
-                         env={**os.environ, **(env or {})})
+    res = subprocess.run(
+        [sys.executable, "-c", PROBE.format(argv=argv)],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env={**os.environ, **(env or {})},
+    )
     return json.loads(res.stderr.strip().splitlines()[-1]), res.stdout
 
 
@@ -67,7 +73,9 @@ def test_list_details(cache: Path, capsys: pytest.CaptureFixture[str], monkeypat
     assert main(["list", "--details", "mjp"]) == 0
     out = capsys.readouterr().out
     assert out.startswith("defense mjp: ")
-    assert any(line.split()[:4] == ["gamma", "float", "or", "none"] and "shuffle ratio" in line for line in out.splitlines())
+    assert any(
+        line.split()[:4] == ["gamma", "float", "or", "none"] and "shuffle ratio" in line for line in out.splitlines()
+    )
     assert main(["list", "--details", "vit-digits"]) == 0
     rows = {line.split()[0]: line.split()[1:] for line in capsys.readouterr().out.splitlines()[2:]}
     assert rows["dim"] == ["int", "64"] and rows["patch_size"] == ["int", "2"]  # the preset's defaults

@@ -1,5 +1,6 @@
 """A defense's client-held `secret`: the same secret replays the same draws, another secret (or the
 seed alone) gives fresh ones — so whoever knows only the config cannot regenerate them."""
+
 from __future__ import annotations
 
 import pytest
@@ -11,16 +12,22 @@ from veil.errors import VeilError
 from veil.models import create_model
 from veil.training.step import client_step
 
-NOISY = [("aegis", "transformer4", {"dim": 16, "depth": 1, "heads": 2}),
-         ("dpsgd", "vit-digits", {"dim": 16, "depth": 1, "heads": 2}),
-         ("gaussian", "vit-digits", {"dim": 16, "depth": 1, "heads": 2}),
-         ("mjp", "vit-digits", {"dim": 16, "depth": 1, "heads": 2})]
+NOISY = [
+    ("aegis", "transformer4", {"dim": 16, "depth": 1, "heads": 2}),
+    ("dpsgd", "vit-digits", {"dim": 16, "depth": 1, "heads": 2}),
+    ("gaussian", "vit-digits", {"dim": 16, "depth": 1, "heads": 2}),
+    ("mjp", "vit-digits", {"dim": 16, "depth": 1, "heads": 2}),
+]
 
 
 def _grads(defense: str, model_name: str, kw: dict, secret: int | None) -> dict[str, torch.Tensor]:
     torch.manual_seed(0)
     model = create_model(model_name, **kw)
-    settings = {"seed": 5, **({"gamma": 0.5} if defense == "mjp" else {}), **({"noise_multiplier": 1.0} if defense == "dpsgd" else {})}
+    settings = {
+        "seed": 5,
+        **({"gamma": 0.5} if defense == "mjp" else {}),
+        **({"noise_multiplier": 1.0} if defense == "dpsgd" else {}),
+    }
     d = create_defense(defense, **settings).attach(model)
     d.secret = secret
     torch.manual_seed(1)
@@ -31,8 +38,8 @@ def _grads(defense: str, model_name: str, kw: dict, secret: int | None) -> dict[
 
 @pytest.mark.parametrize("defense,model_name,kw", NOISY)
 def test_secret_replays_and_changes_a_defenses_draws(defense: str, model_name: str, kw: dict) -> None:
-    a, again = _grads(defense, model_name, kw, 2 ** 200 + 17), _grads(defense, model_name, kw, 2 ** 200 + 17)
-    other, seed_only = _grads(defense, model_name, kw, 2 ** 200 + 18), _grads(defense, model_name, kw, None)
+    a, again = _grads(defense, model_name, kw, 2**200 + 17), _grads(defense, model_name, kw, 2**200 + 17)
+    other, seed_only = _grads(defense, model_name, kw, 2**200 + 18), _grads(defense, model_name, kw, None)
     assert all(torch.equal(a[k], again[k]) for k in a)
     for b in (other, seed_only):
         assert any(not torch.equal(a[k], b[k]) for k in a)
@@ -43,7 +50,7 @@ def test_permutation_keys_follow_the_secret() -> None:
 
     h = torch.randn(3, 16, 8)
     keys = []
-    for secret in (None, 2 ** 130, 2 ** 130, 2 ** 130 + 1):
+    for secret in (None, 2**130, 2**130, 2**130 + 1):
         p = PatchPermutation(True, seed=7)
         p.secret = secret
         state: dict = {}

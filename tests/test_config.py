@@ -1,4 +1,5 @@
 """Configs: YAML + overrides, and one clear line for every bad key, type or name."""
+
 from __future__ import annotations
 
 from pathlib import Path
@@ -32,7 +33,10 @@ def test_int_is_accepted_for_float() -> None:
     [
         ({"modle": "vit-digits"}, "unknown config section 'modle'; allowed: model, data, defense, train"),
         ({"model": "vit-huge"}, "unknown model 'vit-huge'; choose one of"),
-        ({"model": {"name": "vit-digits", "widht": 3}}, "unknown config key 'model.widht' for model 'vit-digits'; allowed:"),
+        (
+            {"model": {"name": "vit-digits", "widht": 3}},
+            "unknown config key 'model.widht' for model 'vit-digits'; allowed:",
+        ),
         ({"data": "mnist"}, "unknown dataset 'mnist'; choose one of"),
         ({"data": {"name": "digits", "sizee": 3}}, "unknown config key 'data.sizee'"),
         ({"train": {"epochs": "ten"}}, "config key 'train.epochs' must be int, got 'ten'"),
@@ -85,11 +89,15 @@ def test_label_smoothing_changes_the_loss_and_is_checked() -> None:
 
     losses = []
     for ls in (0.0, 0.3):
-        model, data, _ = build_run(load_config(None, ["model=vit-digits", "data=digits", f"train.label_smoothing={ls}"]))
+        model, data, _ = build_run(
+            load_config(None, ["model=vit-digits", "data=digits", f"train.label_smoothing={ls}"])
+        )
         batch = {k: v[:8] for k, v in data.train.items()}
         losses.append(float(model.loss(model(batch), batch)))
         logits = model(batch)
-        assert torch.isclose(model.loss(logits, batch), torch.nn.functional.cross_entropy(logits, batch["labels"], label_smoothing=ls))
+        assert torch.isclose(
+            model.loss(logits, batch), torch.nn.functional.cross_entropy(logits, batch["labels"], label_smoothing=ls)
+        )
     assert losses[0] != losses[1]
     with pytest.raises(VeilError, match="label_smoothing"):
         load_config(None, ["train.label_smoothing=1.5"])

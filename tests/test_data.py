@@ -1,4 +1,5 @@
 """Behaviour of veil.data: loaders, tokenizers, user files and their errors, partitions."""
+
 from __future__ import annotations
 
 import json
@@ -8,8 +9,19 @@ import pytest
 import torch
 from PIL import Image
 
-from veil.data import (DataSplits, WordPieceTokenizer, WordTokenizer, dirichlet, iid, iterate_batches,
-                       label_skew, list_datasets, load_data, make_tokenizer, subset)
+from veil.data import (
+    DataSplits,
+    WordPieceTokenizer,
+    WordTokenizer,
+    dirichlet,
+    iid,
+    iterate_batches,
+    label_skew,
+    list_datasets,
+    load_data,
+    make_tokenizer,
+    subset,
+)
 from veil.data.text import ASSETS
 from veil.errors import VeilError
 
@@ -31,12 +43,13 @@ def check_images(d: DataSplits, shape: tuple[int, int, int], classes: int) -> No
     for split in (d.train, d.test):
         assert split["pixels"].dtype == torch.float32 and split["labels"].dtype == torch.int64
         assert split["pixels"].shape[1:] == shape
-        assert 0.0 <= split["pixels"].min() and split["pixels"].max() <= 1.0
+        assert split["pixels"].min() >= 0.0 and split["pixels"].max() <= 1.0
         assert split["labels"].min() >= 0 and split["labels"].max() < classes
     assert d.modality == "image" and d.num_classes == classes == len(d.class_names)
 
 
 # ---------------------------------------------------------------- registry
+
 
 def test_registry_lists_loaders_and_rejects_unknown_name():
     assert {"digits", "lfw", "image_folder", "sst2", "agnews", "table"} <= set(list_datasets())
@@ -45,6 +58,7 @@ def test_registry_lists_loaders_and_rejects_unknown_name():
 
 
 # ---------------------------------------------------------------- images
+
 
 def test_digits_shapes_stratified_and_seeded():
     d = load_data("digits")
@@ -100,14 +114,19 @@ def test_image_folder_reads_png_and_jpg(tmp_path):
     check_images(grey, (1, 8, 8), 2)
 
 
-@pytest.mark.parametrize("setup, message", [
-    (lambda root: None, r"image folder '.*nothing' does not exist"),
-    (lambda root: root.mkdir(), r"no class folders in '.*nothing'"),
-    (lambda root: image_tree(root, classes=("only",)), r"has 1 class folder; a classifier needs at least 2"),
-    (lambda root: (image_tree(root), (root / "dog" / "bad.png").write_bytes(b"not an image")),
-     r"cannot read image '.*bad\.png'"),
-    (lambda root: (image_tree(root), (root / "empty").mkdir()), r"class folder '.*empty' holds no images"),
-])
+@pytest.mark.parametrize(
+    "setup, message",
+    [
+        (lambda root: None, r"image folder '.*nothing' does not exist"),
+        (lambda root: root.mkdir(), r"no class folders in '.*nothing'"),
+        (lambda root: image_tree(root, classes=("only",)), r"has 1 class folder; a classifier needs at least 2"),
+        (
+            lambda root: (image_tree(root), (root / "dog" / "bad.png").write_bytes(b"not an image")),
+            r"cannot read image '.*bad\.png'",
+        ),
+        (lambda root: (image_tree(root), (root / "empty").mkdir()), r"class folder '.*empty' holds no images"),
+    ],
+)
 def test_image_folder_errors(tmp_path, setup, message):
     root = tmp_path / "nothing"
     setup(root)
@@ -118,6 +137,7 @@ def test_image_folder_errors(tmp_path, setup, message):
 
 # ---------------------------------------------------------------- tokenizers
 
+
 def test_wordpiece_known_ids_and_layout():
     tok = WordPieceTokenizer()
     assert (tok.vocab_size, tok.pad_id, tok.cls_id, tok.sep_id) == (30522, 0, 101, 102)
@@ -125,10 +145,20 @@ def test_wordpiece_known_ids_and_layout():
     ids, mask = tok.encode(["The movie was surprisingly good!", "hi"], max_len=10)
     # checked by hand against vocab.txt (line = id + 1): the=1996 movie=3185 was=2001
     # surprisingly=10889 good=2204 !=999 hi=7632
-    assert ids.tolist() == [[101, 1996, 3185, 2001, 10889, 2204, 999, 102, 0, 0],
-                            [101, 7632, 102, 0, 0, 0, 0, 0, 0, 0]]
+    assert ids.tolist() == [[101, 1996, 3185, 2001, 10889, 2204, 999, 102, 0, 0], [101, 7632, 102, 0, 0, 0, 0, 0, 0, 0]]
     check_layout(ids, mask)
-    assert tok.decode(ids[0]) == ["[CLS]", "the", "movie", "was", "surprisingly", "good", "!", "[SEP]", "[PAD]", "[PAD]"]
+    assert tok.decode(ids[0]) == [
+        "[CLS]",
+        "the",
+        "movie",
+        "was",
+        "surprisingly",
+        "good",
+        "!",
+        "[SEP]",
+        "[PAD]",
+        "[PAD]",
+    ]
     assert tok.decode(ids[1], skip_special=True) == ["hi"]
     long_ids, long_mask = tok.encode(["word " * 50], max_len=6)
     check_layout(long_ids, long_mask)
@@ -175,10 +205,17 @@ def test_tokenizer_errors(tmp_path):
 
 # ---------------------------------------------------------------- text data sets
 
+
 def test_shipped_assets_are_small_and_documented():
     files = sorted(p.relative_to(ASSETS).as_posix() for p in ASSETS.rglob("*") if p.is_file())
-    assert {"DATA_SOURCES.md", "LICENSE.alps-repo", "sst2/train.tsv.gz", "sst2/test.tsv.gz",
-            "agnews/train.tsv.gz", "agnews/test.tsv.gz"} <= set(files)
+    assert {
+        "DATA_SOURCES.md",
+        "LICENSE.alps-repo",
+        "sst2/train.tsv.gz",
+        "sst2/test.tsv.gz",
+        "agnews/train.tsv.gz",
+        "agnews/test.tsv.gz",
+    } <= set(files)
     assert sum(p.stat().st_size for p in ASSETS.rglob("*") if p.is_file()) < 1.5e6
 
 
@@ -210,7 +247,7 @@ def test_agnews_word_tokenizer_limits_and_seed():
 def test_sst2_and_agnews_from_a_folder(tmp_path):
     sst = tmp_path / "sst2"
     sst.mkdir()
-    (sst / "train.tsv").write_text("sentence\tlabel\na fine film \t1\na dull , \"flat\" mess \t0\ngreat fun\t1\n")
+    (sst / "train.tsv").write_text('sentence\tlabel\na fine film \t1\na dull , "flat" mess \t0\ngreat fun\t1\n')
     (sst / "test.tsv").write_text("sentence\tlabel\nawful\t0\nlovely\t1\n")
     d = load_data("sst2", path=sst, tokenizer="word", max_len=8)
     assert d.train["labels"].tolist() == [1, 0, 1] and d.meta["texts"]["train"][1] == 'a dull , "flat" mess'
@@ -232,17 +269,29 @@ def test_sst2_and_agnews_from_a_folder(tmp_path):
 
 # ---------------------------------------------------------------- user tables
 
-ROWS = [("good film", "pos"), ("bad film", "neg"), ("great", "pos"), ("awful", "neg"), ("nice", "pos"),
-        ("poor", "neg"), ("fine", "pos"), ("weak", "neg"), ("superb", "pos"), ("dire", "neg")]
+ROWS = [
+    ("good film", "pos"),
+    ("bad film", "neg"),
+    ("great", "pos"),
+    ("awful", "neg"),
+    ("nice", "pos"),
+    ("poor", "neg"),
+    ("fine", "pos"),
+    ("weak", "neg"),
+    ("superb", "pos"),
+    ("dire", "neg"),
+]
 
 
 def test_table_csv_tsv_jsonl_agree(tmp_path):
     csv_path, tsv_path, jsonl_path = tmp_path / "r.csv", tmp_path / "r.tsv", tmp_path / "r.jsonl"
-    csv_path.write_text("review,stars\n" + "".join(f'"{t}, really",{l}\n' for t, l in ROWS))
-    tsv_path.write_text("review\tstars\n" + "".join(f"{t}, really\t{l}\n" for t, l in ROWS))
-    jsonl_path.write_text("".join(json.dumps({"review": f"{t}, really", "stars": l}) + "\n" for t, l in ROWS))
-    loaded = [load_data("table", path=p, text_column="review", label_column="stars", tokenizer="word",
-                        max_len=8, seed=1) for p in (csv_path, tsv_path, jsonl_path)]
+    csv_path.write_text("review,stars\n" + "".join(f'"{t}, really",{y}\n' for t, y in ROWS))
+    tsv_path.write_text("review\tstars\n" + "".join(f"{t}, really\t{y}\n" for t, y in ROWS))
+    jsonl_path.write_text("".join(json.dumps({"review": f"{t}, really", "stars": y}) + "\n" for t, y in ROWS))
+    loaded = [
+        load_data("table", path=p, text_column="review", label_column="stars", tokenizer="word", max_len=8, seed=1)
+        for p in (csv_path, tsv_path, jsonl_path)
+    ]
     for d in loaded:
         assert d.class_names == ["neg", "pos"] and d.num_classes == 2
         assert torch.bincount(d.test["labels"]).tolist() == [1, 1]  # stratified 20%
@@ -251,21 +300,28 @@ def test_table_csv_tsv_jsonl_agree(tmp_path):
     assert all(t.endswith(", really") for t in loaded[0].meta["texts"]["train"])
 
 
-@pytest.mark.parametrize("name, content, kwargs, message", [
-    ("x.csv", None, {}, r"data path '.*x\.csv' does not exist"),
-    ("x.csv", "", {}, r"data set is empty: .*x\.csv"),
-    ("x.csv", "text,label\n", {}, r"data set is empty: .*x\.csv"),
-    ("x.jsonl", "\n\n", {}, r"data set is empty: .*x\.jsonl"),
-    ("x.csv", "text,label\nhi,a\nyo,b\n", {"label_column": "lbl"},
-     r"label column 'lbl' not found in .*x\.csv; columns are: text, label$"),
-    ("x.tsv", "body\tlabel\nhi\ta\n", {}, r"text column 'text' not found in .*x\.tsv; columns are: body, label"),
-    ("x.csv", "text,label\nhi,a\nyo\n", {}, r"data row 2 has 1 fields but there are 2 columns"),
-    ("x.csv", "text,label\nhi,a\nyo,a\n", {}, r"has 1 distinct value; a classifier needs at least 2"),
-    ("x.csv", "text,label\nhi,a\nyo,\n", {}, r"data row 2 has an empty label"),
-    ("x.jsonl", '{"text": "hi", "label": 1}\n[1, 2]\n', {}, r"line 2 is not a JSON object"),
-    ("x.jsonl", '{"text": "hi"\n', {}, r"line 1 is not valid JSON"),
-    ("x.parquet", "abc", {}, r"cannot tell the format of '.*x\.parquet'; name it \.csv, \.tsv or \.jsonl"),
-])
+@pytest.mark.parametrize(
+    "name, content, kwargs, message",
+    [
+        ("x.csv", None, {}, r"data path '.*x\.csv' does not exist"),
+        ("x.csv", "", {}, r"data set is empty: .*x\.csv"),
+        ("x.csv", "text,label\n", {}, r"data set is empty: .*x\.csv"),
+        ("x.jsonl", "\n\n", {}, r"data set is empty: .*x\.jsonl"),
+        (
+            "x.csv",
+            "text,label\nhi,a\nyo,b\n",
+            {"label_column": "lbl"},
+            r"label column 'lbl' not found in .*x\.csv; columns are: text, label$",
+        ),
+        ("x.tsv", "body\tlabel\nhi\ta\n", {}, r"text column 'text' not found in .*x\.tsv; columns are: body, label"),
+        ("x.csv", "text,label\nhi,a\nyo\n", {}, r"data row 2 has 1 fields but there are 2 columns"),
+        ("x.csv", "text,label\nhi,a\nyo,a\n", {}, r"has 1 distinct value; a classifier needs at least 2"),
+        ("x.csv", "text,label\nhi,a\nyo,\n", {}, r"data row 2 has an empty label"),
+        ("x.jsonl", '{"text": "hi", "label": 1}\n[1, 2]\n', {}, r"line 2 is not a JSON object"),
+        ("x.jsonl", '{"text": "hi"\n', {}, r"line 1 is not valid JSON"),
+        ("x.parquet", "abc", {}, r"cannot tell the format of '.*x\.parquet'; name it \.csv, \.tsv or \.jsonl"),
+    ],
+)
 def test_table_errors(tmp_path, name, content, kwargs, message):
     path = tmp_path / name
     if content is not None:
@@ -277,15 +333,19 @@ def test_table_errors(tmp_path, name, content, kwargs, message):
 
 # ---------------------------------------------------------------- batching
 
+
 def test_iterate_batches_and_subset():
     split = {"pixels": torch.arange(10.0)[:, None], "labels": torch.arange(10)}
     batches = list(iterate_batches(split, 4))
     assert [len(b["labels"]) for b in batches] == [4, 4, 2]
     assert torch.cat([b["labels"] for b in batches]).tolist() == list(range(10))
     assert [len(b["labels"]) for b in iterate_batches(split, 4, drop_last=True)] == [4, 4]
-    shuffled = [torch.cat([b["labels"] for b in iterate_batches(split, 3, shuffle=True,
-                                                                 generator=torch.Generator().manual_seed(7))])
-                for _ in range(2)]
+    shuffled = [
+        torch.cat(
+            [b["labels"] for b in iterate_batches(split, 3, shuffle=True, generator=torch.Generator().manual_seed(7))]
+        )
+        for _ in range(2)
+    ]
     assert torch.equal(*shuffled) and sorted(shuffled[0].tolist()) == list(range(10))
     assert not torch.equal(shuffled[0], torch.arange(10))
     for b in iterate_batches(split, 3, shuffle=True, generator=torch.Generator().manual_seed(7)):
@@ -297,6 +357,7 @@ def test_iterate_batches_and_subset():
 
 
 # ---------------------------------------------------------------- partitions
+
 
 def assert_exact_cover(parts: list[np.ndarray], n: int) -> None:
     allidx = np.concatenate(parts)

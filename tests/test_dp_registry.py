@@ -6,6 +6,7 @@ Before the fix the HF adapters registered ``_emb`` / ``_layers`` / ``_t`` as sec
 ``functional_call(tie_weights=True)`` then put functorch tensors back on one path, and after one
 DP step only 4 of MiniLM's 105 parameters were still the optimiser's.
 """
+
 from __future__ import annotations
 
 import copy
@@ -43,7 +44,7 @@ def _loop_grads(model: VeilModel, batch: dict[str, Tensor]) -> list[dict[str, Te
     n = next(iter(batch.values())).shape[0]
     out = []
     for i in range(n):
-        loss, _ = compute_loss(model, {k: v[i:i + 1] for k, v in batch.items()}, [])
+        loss, _ = compute_loss(model, {k: v[i : i + 1] for k, v in batch.items()}, [])
         grads = torch.autograd.grad(loss, list(named.values()), allow_unused=True)
         out.append({k: torch.zeros_like(p) if g is None else g for (k, p), g in zip(named.items(), grads)})
     return out
@@ -164,7 +165,9 @@ def test_dp_gradient_is_the_clipped_per_sample_mean(name: str, mode: str, reques
     assert all(p.grad is not None for p in trained.values()), f"{name}/{mode}: a trainable parameter got no DP gradient"
     got = torch.cat([trained[k].grad.flatten() for k in want])
     flat = torch.cat([want[k].flatten() for k in want])
-    assert _rel(got, flat) <= TOL, f"{name}/{mode}: DP gradient vs clipped loop mean, relative error {_rel(got, flat):.2e}"
+    assert _rel(got, flat) <= TOL, (
+        f"{name}/{mode}: DP gradient vs clipped loop mean, relative error {_rel(got, flat):.2e}"
+    )
 
 
 # ---- checkpoints of the aliased layout -----------------------------------------------------

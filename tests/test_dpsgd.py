@@ -2,6 +2,7 @@
 and clipping, clips, draws fresh noise every step, the accountant's epsilon is Opacus' own,
 target_epsilon round-trips, Poisson batches, the loop logs epsilon, and bad settings are one-line
 errors. Veil's own models (raw position slice) and a small HF BERT (Opacus hooks) both."""
+
 from __future__ import annotations
 
 import json
@@ -22,9 +23,14 @@ from veil.training.step import client_step
 
 #: (model, mode, trainable): veil's transformer under functorch; HF BERT under every mode with the
 #: raw-read tables frozen (explicit ghost / hooks) or kept out by `trainable`
-CASES = [("transformer4", "functorch", None), ("transformer4", "auto", None),
-         ("hf-bert", "ghost", None), ("hf-bert", "hooks", None), ("hf-bert", "functorch", None),
-         ("hf-bert", "auto", r"layer\.1\.|classifier")]
+CASES = [
+    ("transformer4", "functorch", None),
+    ("transformer4", "auto", None),
+    ("hf-bert", "ghost", None),
+    ("hf-bert", "hooks", None),
+    ("hf-bert", "functorch", None),
+    ("hf-bert", "auto", r"layer\.1\.|classifier"),
+]
 
 
 def _model(name: str) -> tuple[VeilModel, dict[str, torch.Tensor]]:
@@ -138,10 +144,14 @@ def test_poisson_batches_draw_each_sample_with_the_sample_rate() -> None:
 
 
 def test_training_logs_epsilon_per_epoch_and_in_the_summary(tmp_path) -> None:
-    cfg = from_dict({"model": {"name": "transformer4", "dim": 16, "depth": 1, "heads": 2},
-                     "data": {"name": "sst2", "max_len": 12, "train_size": 64, "test_size": 16},
-                     "defense": {"name": "dpsgd", "target_epsilon": 2.0, "clip": 1.0},
-                     "train": {"epochs": 2, "batch_size": 16, "threads": 1}})
+    cfg = from_dict(
+        {
+            "model": {"name": "transformer4", "dim": 16, "depth": 1, "heads": 2},
+            "data": {"name": "sst2", "max_len": 12, "train_size": 64, "test_size": 16},
+            "defense": {"name": "dpsgd", "target_epsilon": 2.0, "clip": 1.0},
+            "train": {"epochs": 2, "batch_size": 16, "threads": 1},
+        }
+    )
     summary = train(cfg, tmp_path, progress=False)
     priv = summary["privacy"]
     assert priv["epsilon"] == pytest.approx(2.0, abs=0.05) and priv["delta"] == 1 / 64 and priv["steps"] == 8
@@ -150,14 +160,21 @@ def test_training_logs_epsilon_per_epoch_and_in_the_summary(tmp_path) -> None:
     assert [e["epoch"] for e in evals] == [1, 2] and evals[0]["epsilon"] < evals[1]["epsilon"] == priv["epsilon"]
 
 
-@pytest.mark.parametrize("kw,match", [
-    ({}, "exactly one of noise_multiplier"), ({"noise_multiplier": 1.0, "target_epsilon": 3.0}, "exactly one of"),
-    ({"noise_multiplier": -1}, "noise_multiplier"), ({"target_epsilon": 0}, "target_epsilon"),
-    ({"noise_multiplier": 1.0, "clip": 0}, "clip"), ({"noise_multiplier": 1.0, "delta": 1.5}, "delta"),
-    ({"noise_multiplier": 1.0, "mode": "fast"}, "mode must be one of"),
-    ({"noise_multiplier": 1.0, "accountant": "gdp2"}, "accountant must be one of"),
-    ({"noise_multiplier": 1.0, "trainable": "(("}, "regular expression"),
-    ({"noise_multiplier": 1.0, "chunk": 0}, "chunk")])
+@pytest.mark.parametrize(
+    "kw,match",
+    [
+        ({}, "exactly one of noise_multiplier"),
+        ({"noise_multiplier": 1.0, "target_epsilon": 3.0}, "exactly one of"),
+        ({"noise_multiplier": -1}, "noise_multiplier"),
+        ({"target_epsilon": 0}, "target_epsilon"),
+        ({"noise_multiplier": 1.0, "clip": 0}, "clip"),
+        ({"noise_multiplier": 1.0, "delta": 1.5}, "delta"),
+        ({"noise_multiplier": 1.0, "mode": "fast"}, "mode must be one of"),
+        ({"noise_multiplier": 1.0, "accountant": "gdp2"}, "accountant must be one of"),
+        ({"noise_multiplier": 1.0, "trainable": "(("}, "regular expression"),
+        ({"noise_multiplier": 1.0, "chunk": 0}, "chunk"),
+    ],
+)
 def test_bad_settings_are_one_line_errors(kw: dict, match: str) -> None:
     with pytest.raises(VeilError, match=match) as e:
         create_defense("dpsgd", **kw)
@@ -180,10 +197,31 @@ def test_the_report_states_epsilon() -> None:
 
     from veil.report.render import task_blocks
 
-    priv = {"epsilon": 7.99, "delta": 1 / 8000, "accountant": "rdp", "noise_multiplier": 0.72, "sample_rate": 0.064, "steps": 80, "mode": "ghost"}
-    t = {"model": "m", "data": "d", "protocol": "single-step", "dropout": 0.0, "knowledge": {}, "samples": 1,
-         "utility": {"dpsgd": {"test_accuracy_mean": 0.8, "test_accuracy_std": 0.0, "privacy": priv}},
-         "leakage": {}, "skipped": {}, "blocked": {}, "overhead": {}, "step_seconds": {}, "attacker_knows": {}, "worst_case": {}}
+    priv = {
+        "epsilon": 7.99,
+        "delta": 1 / 8000,
+        "accountant": "rdp",
+        "noise_multiplier": 0.72,
+        "sample_rate": 0.064,
+        "steps": 80,
+        "mode": "ghost",
+    }
+    t = {
+        "model": "m",
+        "data": "d",
+        "protocol": "single-step",
+        "dropout": 0.0,
+        "knowledge": {},
+        "samples": 1,
+        "utility": {"dpsgd": {"test_accuracy_mean": 0.8, "test_accuracy_std": 0.0, "privacy": priv}},
+        "leakage": {},
+        "skipped": {},
+        "blocked": {},
+        "overhead": {},
+        "step_seconds": {},
+        "attacker_knows": {},
+        "worst_case": {},
+    }
     text = " ".join(b[1] for b in task_blocks("x", t, Path(".")) if b[0] == "p")
     assert "Privacy of `dpsgd`: epsilon = 7.99 at delta = 0.000125 (rdp accountant, noise multiplier 0.720" in text
 
@@ -196,8 +234,8 @@ def test_the_cached_encoder_screen_computes_veils_dp_update() -> None:
     from pathlib import Path
 
     from opacus.grad_sample.grad_sample_module_fast_gradient_clipping import GradSampleModuleFastGradientClipping
-    from opacus.utils.fast_gradient_clipping_utils import DPLossFastGradientClipping
     from opacus.optimizers import DPOptimizerFastGradientClipping
+    from opacus.utils.fast_gradient_clipping_utils import DPLossFastGradientClipping
 
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "scripts"))
     from screen_dp_minilm import Top
@@ -217,12 +255,17 @@ def test_the_cached_encoder_screen_computes_veils_dp_update() -> None:
 
     top = Top(copy.deepcopy(model.hf.bert.encoder.layer[5]), copy.deepcopy(model.hf.classifier))
     gsm = GradSampleModuleFastGradientClipping(top, max_grad_norm=0.3, use_ghost_clipping=True)
-    opt = DPOptimizerFastGradientClipping(torch.optim.SGD(top.parameters(), lr=0.0), noise_multiplier=0.0, max_grad_norm=0.3, expected_batch_size=6)
+    opt = DPOptimizerFastGradientClipping(
+        torch.optim.SGD(top.parameters(), lr=0.0), noise_multiplier=0.0, max_grad_norm=0.3, expected_batch_size=6
+    )
     crit = DPLossFastGradientClipping(gsm, opt, torch.nn.CrossEntropyLoss(), "mean")
     opt.zero_grad()
     crit(gsm(cap["h"], b["attention_mask"]), b["labels"]).backward()
     opt.pre_step()
-    theirs = {"hf.bert.encoder.layer.5." + n[len("layer."):] if n.startswith("layer.") else "hf." + n: p.grad for n, p in top.named_parameters()}
+    theirs = {
+        "hf.bert.encoder.layer.5." + n[len("layer.") :] if n.startswith("layer.") else "hf." + n: p.grad
+        for n, p in top.named_parameters()
+    }
     assert set(theirs) == set(veil) and _flat(veil).norm() > 1e-3
     for k in veil:
         assert torch.allclose(veil[k], theirs[k], atol=1e-6), k
@@ -259,12 +302,18 @@ def test_length_grouped_micro_batches_keep_the_clipped_update_and_the_sample_ord
     mask = (torch.arange(16)[None] < lengths[:, None]).long()
     ids = ids * mask
     b = {"input_ids": ids, "attention_mask": mask, "labels": torch.arange(7) % 2}
-    wide = {"input_ids": torch.nn.functional.pad(ids, (0, 9)), "attention_mask": torch.nn.functional.pad(mask, (0, 9)), "labels": b["labels"]}
+    wide = {
+        "input_ids": torch.nn.functional.pad(ids, (0, 9)),
+        "attention_mask": torch.nn.functional.pad(mask, (0, 9)),
+        "labels": b["labels"],
+    }
     parts, order = micro_batches(b, 3)
     assert [p["input_ids"].shape[1] for p in parts] == [5, 11, 12] and order.tolist() == [1, 5, 3, 4, 0, 6, 2]
     out = {}
     for key, batch, chunk in (("grouped", b, 3), ("one", b, 7), ("wide", wide, 2)):
-        d = DPSGD(clip=0.05, noise_multiplier=0.0, mode=mode, chunk=chunk, trainable=r"layer|block|classifier|head").attach(model)
+        d = DPSGD(
+            clip=0.05, noise_multiplier=0.0, mode=mode, chunk=chunk, trainable=r"layer|block|classifier|head"
+        ).attach(model)
         res = client_step(model, batch, [d])
         d.detach()
         out[key] = _flat(res.grads)

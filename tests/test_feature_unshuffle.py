@@ -1,5 +1,6 @@
 """Split learning: feature inversion un-shuffles through the frozen head by default wherever the
 p-FeSTA permutation is on, and the feature audit leads with it (the naive decoder follows)."""
+
 from __future__ import annotations
 
 from pathlib import Path
@@ -26,9 +27,14 @@ def test_unshuffle_is_on_exactly_when_the_permutation_is_known_to_be_on() -> Non
 
 
 def test_feature_audit_leads_with_the_unshuffled_inversion(tmp_path: Path) -> None:
-    assert next(iter(DEFAULT_ATTACKS)) == "feature_inversion+unshuffle" and DEFAULT_ATTACKS["feature_inversion+unshuffle"] == {}
+    assert (
+        next(iter(DEFAULT_ATTACKS)) == "feature_inversion+unshuffle"
+        and DEFAULT_ATTACKS["feature_inversion+unshuffle"] == {}
+    )
     p = tmp_path / "split.yaml"
-    p.write_text("model: {name: vit-digits}\ndata: {name: digits}\ntrain: {lr: 0.002, seed: 0}\nsplit: {protocol: pfesta}\n")
+    p.write_text(
+        "model: {name: vit-digits}\ndata: {name: digits}\ntrain: {lr: 0.002, seed: 0}\nsplit: {protocol: pfesta}\n"
+    )
     spec = load_split_spec(p, ["model.dim=16", "model.depth=1", "model.heads=2"])
     small = {"steps": 100, "hidden": 128, "lr": 3e-3}
     res = feature_attacks(spec, victims=32, attacks={"feature_inversion+unshuffle": small, "feature_inversion": small})

@@ -1,6 +1,7 @@
 """Federated learning on Flower: FedAvg / FedSGD / FedProx rounds, the defended exported update,
 the live privacy auditor, client failures and exact resume. Fast tests use the in-process grid
 (real Flower messages, serialised); the Ray simulation engine runs in the slow ones."""
+
 from __future__ import annotations
 
 import json
@@ -19,14 +20,25 @@ from helpers import kill_server_after_round
 from veil.errors import VeilError
 from veil.federated.task import load_spec
 
-TINY = ["model.dim=16", "model.depth=1", "model.heads=2", "data.train_size=240", "data.test_size=100",
-        "train.batch_size=16", "train.lr=0.003", "federated.backend=inline", "federated.audit=[]"]
+TINY = [
+    "model.dim=16",
+    "model.depth=1",
+    "model.heads=2",
+    "data.train_size=240",
+    "data.test_size=100",
+    "train.batch_size=16",
+    "train.lr=0.003",
+    "federated.backend=inline",
+    "federated.audit=[]",
+]
 
 
 def write_cfg(tmp: Path) -> Path:
     p = tmp / "fed.yaml"
-    p.write_text("model: {name: vit-digits}\ndata: {name: digits}\ntrain: {seed: 0}\n"
-                 "federated: {clients: 2, rounds: 2, partition: dirichlet, alpha: 0.5, local_steps: 2}\n")
+    p.write_text(
+        "model: {name: vit-digits}\ndata: {name: digits}\ntrain: {seed: 0}\n"
+        "federated: {clients: 2, rounds: 2, partition: dirichlet, alpha: 0.5, local_steps: 2}\n"
+    )
     return p
 
 
@@ -58,8 +70,15 @@ def test_fedavg_round_trip_writes_run_folder(tmp_path: Path) -> None:
 
 def test_fedsgd_audit_april_rebuilds_batch_of_one(tmp_path: Path) -> None:
     """FedSGD at batch 1: the update is the raw gradient, APRIL's closed form recovers the image."""
-    s = fed(tmp_path, "federated.mode=fedsgd", "train.batch_size=1", "federated.rounds=1", "federated.audit=[april]",
-            "federated.audit_clients=2", "model.dim=32")
+    s = fed(
+        tmp_path,
+        "federated.mode=fedsgd",
+        "train.batch_size=1",
+        "federated.rounds=1",
+        "federated.audit=[april]",
+        "federated.audit_clients=2",
+        "model.dim=32",
+    )
     audits = [e for e in events(tmp_path / "run") if e["event"] == "audit"]
     assert len(audits) == 2 and all(e["verified"] and e["psnr"] > 30 for e in audits), audits
     assert s["leakage"]["april"]["psnr"] > 30
@@ -73,12 +92,17 @@ def _fedsgd_reply(tmp_path: Path, *overrides: str):
     from veil.federated.grid import LocalGrid
     from veil.federated.task import client_world, model_arrays, reset_defenses
 
-    spec = load_spec(write_cfg(tmp_path), [*TINY, "federated.mode=fedsgd", "defense=gaussian", "defense.sigma=0.5", *overrides])
+    spec = load_spec(
+        write_cfg(tmp_path), [*TINY, "federated.mode=fedsgd", "defense=gaussian", "defense.sigma=0.5", *overrides]
+    )
     world = client_world(spec.text())
     reset_defenses(world)
     arrays = model_arrays(world.model)
-    msg = Message(RecordDict({"arrays": arrays, "config": ConfigRecord({"spec": spec.text(), "lr": 0.01, "server-round": 3})}),
-                  dst_node_id=1002, message_type="train")
+    msg = Message(
+        RecordDict({"arrays": arrays, "config": ConfigRecord({"spec": spec.text(), "lr": 0.01, "server-round": 3})}),
+        dst_node_id=1002,
+        message_type="train",
+    )
     reply = list(LocalGrid(app, 2).send_and_receive([msg], timeout=60))[0]
     return spec, world, arrays, reply.content["arrays"].to_torch_state_dict()
 
@@ -121,7 +145,7 @@ def test_server_cannot_regenerate_a_clients_noise_unless_secrets_are_seeded(tmp_
     spec, world, arrays, sent = _fedsgd_reply(tmp_path, f"federated.secret={mode}")
     from veil.federated.client_secret import process_secret
 
-    assert str(process_secret()) not in spec.text() and str(process_secret() % 2 ** 64) not in spec.text()
+    assert str(process_secret()) not in spec.text() and str(process_secret() % 2**64) not in spec.text()
     guess, clean = _recompute(spec, world, arrays, round_secret("seeded", 0, 3, 1), round_seed(0, 3, 1))
     miss = torch.cat([(sent[k] - guess[k]).flatten() for k in sent]).norm()
     noise = torch.cat([(sent[k] - clean[k]).flatten() for k in sent]).norm()
@@ -148,7 +172,9 @@ def test_client_that_times_out_is_dropped_from_the_round(tmp_path: Path) -> None
     assert len(fail) == 1 and fail[0]["round"] == 2 and "timeout" in fail[0]["reason"]
 
 
-def test_server_killed_after_round_k_resumes_to_identical_weights(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_server_killed_after_round_k_resumes_to_identical_weights(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """Exact resume needs the clients' randomness seeded (`federated.secret: seeded`)."""
 
     run = ["federated.rounds=3", "federated.fraction=0.5", "federated.secret=seeded"]
@@ -178,7 +204,9 @@ def test_fedprox_sends_mu_and_pulls_towards_global(tmp_path: Path) -> None:
     term = ProximalTerm(2.0, world.model)
     with torch.no_grad():
         world.model.head.weight.add_(0.5)
-    assert float(term.aux_loss(world.model, {}, torch.zeros(1))) == pytest.approx(0.5 * 2.0 * 0.25 * world.model.head.weight.numel(), rel=1e-4)
+    assert float(term.aux_loss(world.model, {}, torch.zeros(1))) == pytest.approx(
+        0.5 * 2.0 * 0.25 * world.model.head.weight.numel(), rel=1e-4
+    )
     s = fed(tmp_path, "federated.strategy=fedprox", "federated.proximal_mu=0.1", "federated.rounds=1")
     assert s["strategy"] == "fedprox" and s["rounds"] == 1
 
@@ -203,8 +231,14 @@ def test_federated_evaluate_handler(tmp_path: Path) -> None:
     spec = load_spec(write_cfg(tmp_path), TINY)
     arrays = model_arrays(client_world(spec.text()).model)
     grid = LocalGrid(app, 2)
-    msgs = [Message(RecordDict({"arrays": arrays, "config": ConfigRecord({"spec": spec.text()})}), dst_node_id=n, message_type="evaluate")
-            for n in grid.get_node_ids()]
+    msgs = [
+        Message(
+            RecordDict({"arrays": arrays, "config": ConfigRecord({"spec": spec.text()})}),
+            dst_node_id=n,
+            message_type="evaluate",
+        )
+        for n in grid.get_node_ids()
+    ]
     replies = list(grid.send_and_receive(msgs, timeout=60))
     assert sum(int(r.content["metrics"]["num-examples"]) for r in replies) == 100
     assert all(0 <= r.content["metrics"]["test_accuracy"] <= 1 for r in replies)
@@ -213,7 +247,9 @@ def test_federated_evaluate_handler(tmp_path: Path) -> None:
 # ---- Flower's simulation engine (Ray) -----------------------------------------------------------
 def _veil(*args: str) -> subprocess.Popen:
     env = {**os.environ, "FLWR_TELEMETRY_ENABLED": "0"}
-    return subprocess.Popen([sys.executable, "-m", "veil.cli", *args], env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    return subprocess.Popen(
+        [sys.executable, "-m", "veil.cli", *args], env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
+    )
 
 
 @pytest.mark.slow
@@ -221,7 +257,14 @@ def test_ray_client_killed_mid_round_and_server_killed_then_resumed(tmp_path: Pa
     """Ray: a client process dies (os._exit) in round 2, the run goes on; the server process is
     SIGKILLed after round 2 and `--resume` ends with the weights of an uninterrupted run."""
     cfg = write_cfg(tmp_path)
-    common = [*TINY, "federated.backend=ray", "federated.rounds=4", "federated.clients=3", "federated.timeout=60", "federated.secret=seeded"]
+    common = [
+        *TINY,
+        "federated.backend=ray",
+        "federated.rounds=4",
+        "federated.clients=3",
+        "federated.timeout=60",
+        "federated.secret=seeded",
+    ]
     full = _veil("federate", str(cfg), *common, "--out", str(tmp_path / "full"), "--quiet")
     assert full.wait(600) == 0, full.stdout.read()
     cut = _veil("federate", str(cfg), *common, "--out", str(tmp_path / "cut"), "--quiet")
@@ -236,7 +279,15 @@ def test_ray_client_killed_mid_round_and_server_killed_then_resumed(tmp_path: Pa
     a = load_file(str(tmp_path / "full" / "checkpoints" / "model.safetensors"))
     b = load_file(str(tmp_path / "cut" / "checkpoints" / "model.safetensors"))
     assert all(torch.equal(a[k], b[k]) for k in a)
-    dead = _veil("federate", str(cfg), *common, "federated.fail={client: 2, round: 2, mode: exit}", "--out", str(tmp_path / "dead"), "--quiet")
+    dead = _veil(
+        "federate",
+        str(cfg),
+        *common,
+        "federated.fail={client: 2, round: 2, mode: exit}",
+        "--out",
+        str(tmp_path / "dead"),
+        "--quiet",
+    )
     assert dead.wait(600) == 0, dead.stdout.read()
     ev = events(tmp_path / "dead")
     assert any(e["event"] == "client_failure" and e["round"] == 2 and e["client"] == 2 for e in ev)

@@ -1,6 +1,7 @@
 """`veil audit` with `protocol: fedavg` / `protocol: split`: the live auditor's per-round leakage and
 the split protocols' feature attacks land in the same summary / report as single-step tasks; a
 killed federated audit resumes with identical numbers; bad protocols are one-line errors."""
+
 from __future__ import annotations
 
 import copy
@@ -14,19 +15,53 @@ from veil.errors import VeilError
 from veil.experiments.audit import run_audit, validate
 from veil.experiments.scenario import parse_scenario
 
-TINY_RUN = {"model": {"name": "vit-digits", "dim": 16, "depth": 1, "heads": 2},
-            "data": {"name": "digits", "train_size": 240, "test_size": 100}, "train": {"batch_size": 16, "lr": 0.003, "seed": 0}}
-FEDAVG = {"name": "fed", "seeds": [0], "tasks": [
-    {"name": "avg", "protocol": "fedavg", "run": TINY_RUN, "defenses": ["none", {"name": "gaussian", "sigma": 0.1}],
-     "attacks": ["april", {"name": "ig", "iterations": 3}, "labels"],
-     "federated": {"clients": 2, "rounds": 2, "local_steps": 2, "audit_clients": 2}},
-    {"name": "sgd", "protocol": "fedavg", "run": {**TINY_RUN, "model": {**TINY_RUN["model"], "dim": 32}, "train": {"batch_size": 1, "lr": 0.003, "seed": 0, "clip": 0.0}},
-     "attacks": ["april"], "federated": {"clients": 2, "rounds": 1, "mode": "fedsgd", "audit_clients": 1}}]}
-SPLIT = {"name": "split", "seeds": [0], "tasks": [
-    {"name": "sp", "protocol": "split", "run": {**TINY_RUN, "data": {"name": "digits"}, "train": {"batch_size": 64, "lr": 0.001, "seed": 0}},
-     "defenses": ["sl", "pfesta", "fl"],
-     "attacks": [{"name": "feature_inversion", "steps": 20}, {"name": "feature_inversion", "unshuffle": False, "steps": 20}],
-     "federated": {"tasks": ["classify", "segment"], "clients_per_task": 1, "epochs": 1, "victims": 8}}]}
+TINY_RUN = {
+    "model": {"name": "vit-digits", "dim": 16, "depth": 1, "heads": 2},
+    "data": {"name": "digits", "train_size": 240, "test_size": 100},
+    "train": {"batch_size": 16, "lr": 0.003, "seed": 0},
+}
+FEDAVG = {
+    "name": "fed",
+    "seeds": [0],
+    "tasks": [
+        {
+            "name": "avg",
+            "protocol": "fedavg",
+            "run": TINY_RUN,
+            "defenses": ["none", {"name": "gaussian", "sigma": 0.1}],
+            "attacks": ["april", {"name": "ig", "iterations": 3}, "labels"],
+            "federated": {"clients": 2, "rounds": 2, "local_steps": 2, "audit_clients": 2},
+        },
+        {
+            "name": "sgd",
+            "protocol": "fedavg",
+            "run": {
+                **TINY_RUN,
+                "model": {**TINY_RUN["model"], "dim": 32},
+                "train": {"batch_size": 1, "lr": 0.003, "seed": 0, "clip": 0.0},
+            },
+            "attacks": ["april"],
+            "federated": {"clients": 2, "rounds": 1, "mode": "fedsgd", "audit_clients": 1},
+        },
+    ],
+}
+SPLIT = {
+    "name": "split",
+    "seeds": [0],
+    "tasks": [
+        {
+            "name": "sp",
+            "protocol": "split",
+            "run": {**TINY_RUN, "data": {"name": "digits"}, "train": {"batch_size": 64, "lr": 0.001, "seed": 0}},
+            "defenses": ["sl", "pfesta", "fl"],
+            "attacks": [
+                {"name": "feature_inversion", "steps": 20},
+                {"name": "feature_inversion", "unshuffle": False, "steps": 20},
+            ],
+            "federated": {"tasks": ["classify", "segment"], "clients_per_task": 1, "epochs": 1, "victims": 8},
+        }
+    ],
+}
 SIGMA, ROUNDS = 0.3, 10
 TIMING = {"seconds", "iterations_per_second", "train_seconds", "train_seconds_mean"}
 
@@ -45,7 +80,9 @@ def test_fedavg_audit_reports_per_round_leakage_and_worst_case(tmp_path: Path) -
     s = run_audit(parse_scenario(copy.deepcopy(FEDAVG)), tmp_path / "out", progress=False)
     t = s["tasks"]["avg"]
     assert t["protocol"] == "fedavg" and set(t["rounds"]) == {"none", "gaussian(sigma=0.1)"}
-    assert "fedsgd" in t["skipped"]["april"]  # APRIL's closed form does not model a multi-step update: not applicable, with the reason
+    assert (
+        "fedsgd" in t["skipped"]["april"]
+    )  # APRIL's closed form does not model a multi-step update: not applicable, with the reason
     for d, rows in t["rounds"].items():
         assert [r["round"] for r in rows] == [1, 2]
         for r in rows:  # every round: accuracy, bytes, and each attack's leakage on the updates the server received
@@ -87,7 +124,9 @@ def test_killed_fedavg_audit_resumes_with_identical_numbers(tmp_path: Path, monk
     monkeypatch.setattr(server_app.ServerState, "save", original)
     finished = (tmp_path / "cut" / "runs" / "avg" / "none" / "seed0" / "metrics.jsonl").read_text()
     resumed = run_audit(parse_scenario(copy.deepcopy(raw)), tmp_path / "cut", progress=False)
-    assert (tmp_path / "cut" / "runs" / "avg" / "none" / "seed0" / "metrics.jsonl").read_text() == finished  # reused, not rerun
+    assert (
+        tmp_path / "cut" / "runs" / "avg" / "none" / "seed0" / "metrics.jsonl"
+    ).read_text() == finished  # reused, not rerun
     assert untimed(resumed["tasks"]) == untimed(full["tasks"])
 
 
@@ -97,7 +136,9 @@ def test_split_audit_reports_protocols_bytes_and_feature_attacks(tmp_path: Path)
     t = s["tasks"]["sp"]
     adaptive, naive = "feature_inversion(steps=20)", "feature_inversion(steps=20,unshuffle=False)"
     assert set(t["split"]) == {"sl", "pfesta", "fl"}
-    assert t["split"]["pfesta"]["bytes_per_client"] < t["split"]["sl"]["bytes_per_client"]  # features sent once, not every step
+    assert (
+        t["split"]["pfesta"]["bytes_per_client"] < t["split"]["sl"]["bytes_per_client"]
+    )  # features sent once, not every step
     assert set(t["leakage"]) == {"sl", "pfesta"} and t["worst_case"]["fl"]["attack"] is None  # FL sends no features
     # un-shuffling through the head undoes p-FeSTA's permutation exactly: the same PSNR as on SL's plain features
     assert t["leakage"]["pfesta"][adaptive]["psnr"] == pytest.approx(t["leakage"]["sl"][adaptive]["psnr"], abs=1e-4)
@@ -109,18 +150,23 @@ def test_split_audit_reports_protocols_bytes_and_feature_attacks(tmp_path: Path)
 def test_unknown_protocol_is_a_one_line_error() -> None:
     raw = copy.deepcopy(FEDAVG)
     raw["tasks"][0]["protocol"] = "gossip"
-    with pytest.raises(VeilError, match="unknown protocol 'gossip' in tasks\\[0\\]; allowed: single-step, fedavg, split") as e:
+    with pytest.raises(
+        VeilError, match="unknown protocol 'gossip' in tasks\\[0\\]; allowed: single-step, fedavg, split"
+    ) as e:
         parse_scenario(raw)
     assert "\n" not in str(e.value)
 
 
-@pytest.mark.parametrize("change, message", [
-    (lambda t: t["federated"].update(audit=["ig"]), "federated.audit is set from the task's attacks"),
-    (lambda t: t["federated"].update(clients=0), "federated.clients and federated.rounds must be at least 1"),
-    (lambda t: t["federated"].update(colour=1), "unknown config key 'federated.colour'"),
-    (lambda t: t.update(knowledge={"labels": True}), "knowledge.labels cannot be granted"),
-    (lambda t: t.update(attacks=["feature_inversion"]), "does not apply to task 'avg'"),
-])
+@pytest.mark.parametrize(
+    "change, message",
+    [
+        (lambda t: t["federated"].update(audit=["ig"]), "federated.audit is set from the task's attacks"),
+        (lambda t: t["federated"].update(clients=0), "federated.clients and federated.rounds must be at least 1"),
+        (lambda t: t["federated"].update(colour=1), "unknown config key 'federated.colour'"),
+        (lambda t: t.update(knowledge={"labels": True}), "knowledge.labels cannot be granted"),
+        (lambda t: t.update(attacks=["feature_inversion"]), "does not apply to task 'avg'"),
+    ],
+)
 def test_bad_fedavg_task_is_refused_before_training(change: Any, message: str) -> None:
     raw = copy.deepcopy(FEDAVG)
     change(raw["tasks"][0])
@@ -148,11 +194,24 @@ def test_split_run_config_is_audited_as_its_protocol_table() -> None:
     assert {a["name"] for a in task.attacks} == {"feature_inversion", "fsha"} and "protocol" not in task.federated
 
 
-MULTI = {"name": "multi", "seeds": [0], "tasks": [
-    {"name": "rounds", "protocol": "fedavg", "run": TINY_RUN, "defenses": [{"name": "gaussian", "sigma": 0.1}],
-     "attacks": [{"name": "ig-fedavg", "iterations": 2}, {"name": "multi-round", "iterations": 3},
-                 {"name": "multi-round-global", "iterations": 3}],
-     "federated": {"clients": 2, "rounds": 3, "local_steps": 2, "audit_clients": 1}}]}
+MULTI = {
+    "name": "multi",
+    "seeds": [0],
+    "tasks": [
+        {
+            "name": "rounds",
+            "protocol": "fedavg",
+            "run": TINY_RUN,
+            "defenses": [{"name": "gaussian", "sigma": 0.1}],
+            "attacks": [
+                {"name": "ig-fedavg", "iterations": 2},
+                {"name": "multi-round", "iterations": 3},
+                {"name": "multi-round-global", "iterations": 3},
+            ],
+            "federated": {"clients": 2, "rounds": 3, "local_steps": 2, "audit_clients": 1},
+        }
+    ],
+}
 
 
 def test_server_knowledge_rebuilds_the_clients_real_round(tmp_path: Path) -> None:
@@ -167,7 +226,9 @@ def test_server_knowledge_rebuilds_the_clients_real_round(tmp_path: Path) -> Non
     task = parse_scenario(copy.deepcopy(MULTI)).tasks[0]
     spec = task_spec(task, {"name": "none"}, 0, [{"name": "ig-fedavg"}])
     spec.cfg.train.weight_decay, spec.cfg.train.clip = 0.05, 1.0
-    spec = type(spec)(spec.cfg, spec.fed, {**spec.raw, "train": {**spec.raw["train"], "weight_decay": 0.05, "clip": 1.0}})
+    spec = type(spec)(
+        spec.cfg, spec.fed, {**spec.raw, "train": {**spec.raw["train"], "weight_decay": 0.05, "clip": 1.0}}
+    )
     world = client_world(spec.text())
     reset_defenses(world)
     state = ServerState(spec, tmp_path)
@@ -203,7 +264,9 @@ def test_multi_round_attackers_and_their_resume(tmp_path: Path, monkeypatch: pyt
     t = full["tasks"]["rounds"]
     mean, glob, ig = "multi-round(iterations=3)", "multi-round-global(iterations=3)", "ig-fedavg(iterations=2)"
     rows = t["rounds"]["gaussian(sigma=0.1)"]
-    assert [sorted(r["leakage"]) for r in rows] == [sorted([mean, ig])] + [sorted([mean, glob, ig])] * 2  # no previous global model at round 1
+    assert [sorted(r["leakage"]) for r in rows] == [sorted([mean, ig])] + [
+        sorted([mean, glob, ig])
+    ] * 2  # no previous global model at round 1
     assert [r["leakage"][mean]["rounds_averaged"] for r in rows] == [1.0, 2.0, 3.0]  # the client's running mean
     assert [r["leakage"][glob]["of_round"] for r in rows[1:]] == [1.0, 2.0]
     assert set(t["clients"]["gaussian(sigma=0.1)"]) == {"0"}  # the aggregate's rebuild is scored per audited client
@@ -227,8 +290,10 @@ def test_rounds_attacks_are_refused_outside_fedavg() -> None:
     raw["tasks"][0]["attacks"] = [{"name": "multi-round", "attack": "april"}]
     with pytest.raises(VeilError, match="multi-round: attack must be one of ig, dlg, labels"):
         validate(parse_scenario(raw))
-    for entry, message in (({"name": "multi-round", "iterashuns": 3}, "multi-round: unknown option 'iterashuns' for its attack ig"),
-                           ({"name": "ig-fedavg", "iterashuns": 3}, "ig-fedavg: unknown option 'iterashuns'")):
+    for entry, message in (
+        ({"name": "multi-round", "iterashuns": 3}, "multi-round: unknown option 'iterashuns' for its attack ig"),
+        ({"name": "ig-fedavg", "iterashuns": 3}, "ig-fedavg: unknown option 'iterashuns'"),
+    ):
         raw["tasks"][0]["attacks"] = [entry]
         with pytest.raises(VeilError, match=message) as e:
             validate(parse_scenario(raw))
@@ -242,12 +307,24 @@ def test_averaging_over_rounds_removes_fresh_noise(tmp_path: Path) -> None:
     rounds): per-round 0.18-0.65 (last 0.43, mean of rounds 6-10 0.52); on the running mean rising
     to 0.77 (rounds 6-10: 0.73)."""
     torch.set_num_threads(1)
-    raw = {"name": "avg", "seeds": [0], "tasks": [
-        {"name": "noisy", "protocol": "fedavg",
-         "run": {**TINY_RUN, "data": {"name": "digits", "train_size": 120, "test_size": 100},
-                 "train": {"batch_size": 64, "lr": 0.001, "seed": 0, "clip": 0.0}},
-         "defenses": [{"name": "gaussian", "sigma": SIGMA}], "attacks": ["labels", {"name": "multi-round", "attack": "labels"}],
-         "federated": {"clients": 2, "rounds": ROUNDS, "mode": "fedsgd", "partition": "iid", "audit_clients": 1}}]}
+    raw = {
+        "name": "avg",
+        "seeds": [0],
+        "tasks": [
+            {
+                "name": "noisy",
+                "protocol": "fedavg",
+                "run": {
+                    **TINY_RUN,
+                    "data": {"name": "digits", "train_size": 120, "test_size": 100},
+                    "train": {"batch_size": 64, "lr": 0.001, "seed": 0, "clip": 0.0},
+                },
+                "defenses": [{"name": "gaussian", "sigma": SIGMA}],
+                "attacks": ["labels", {"name": "multi-round", "attack": "labels"}],
+                "federated": {"clients": 2, "rounds": ROUNDS, "mode": "fedsgd", "partition": "iid", "audit_clients": 1},
+            }
+        ],
+    }
     s = run_audit(parse_scenario(raw), tmp_path / "out", progress=False)
     rows = s["tasks"]["noisy"]["rounds"][f"gaussian(sigma={SIGMA})"]
     single = [r["leakage"]["labels"]["label_accuracy"] for r in rows]

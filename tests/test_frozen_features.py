@@ -2,6 +2,7 @@
 computed once, is the same training as re-running the encoder every step — same DP-SGD weights
 (clipping and noise included), same test accuracy — and it is refused, with one line, wherever
 the encoder's output is not a fixed function of the sample."""
+
 from __future__ import annotations
 
 import pytest
@@ -12,14 +13,22 @@ from veil.config import from_dict
 from veil.errors import VeilError
 from veil.training.loop import train
 
-BASE = {"model": {"name": "hf-bert", "dim": 32, "depth": 2, "heads": 2, "dropout": 0.0},
-        "data": {"name": "sst2", "max_len": 16, "train_size": 96, "test_size": 32}}
+BASE = {
+    "model": {"name": "hf-bert", "dim": 32, "depth": 2, "heads": 2, "dropout": 0.0},
+    "data": {"name": "sst2", "max_len": 16, "train_size": 96, "test_size": 32},
+}
 DP = {"name": "dpsgd", "noise_multiplier": 1.0, "clip": 0.5, "trainable": "classifier", "seed": 3, "chunk": 16}
 
 
 def _run(tmp_path, name: str, frozen: bool, defense=DP, model=None) -> tuple[dict, dict]:
-    cfg = from_dict({**BASE, "model": model or BASE["model"], "defense": defense,
-                     "train": {"epochs": 2, "batch_size": 32, "lr": 0.05, "threads": 1, "frozen_features": frozen}})
+    cfg = from_dict(
+        {
+            **BASE,
+            "model": model or BASE["model"],
+            "defense": defense,
+            "train": {"epochs": 2, "batch_size": 32, "lr": 0.05, "threads": 1, "frozen_features": frozen},
+        }
+    )
     summary = train(cfg, tmp_path / name, progress=False)
     return summary, load_file(str(tmp_path / name / "checkpoints" / "model.safetensors"))
 
@@ -36,11 +45,15 @@ def test_cached_features_train_the_same_dp_head(tmp_path) -> None:
     assert fast["privacy"]["epsilon"] == full["privacy"]["epsilon"] and fast["steps"] == full["steps"]
 
 
-@pytest.mark.parametrize("defense,model,match", [
-    ({**DP, "trainable": "layer\\.1\\.|classifier"}, None, "parameters outside the classifier train"),
-    ([DP, {"name": "mjp", "gamma": 0.3}], None, "defense mjp changes the forward"),
-    (DP, {**BASE["model"], "dropout": 0.1}, "dropout .* is active before the head"),
-    ("none", None, "parameters outside the classifier train")])
+@pytest.mark.parametrize(
+    "defense,model,match",
+    [
+        ({**DP, "trainable": "layer\\.1\\.|classifier"}, None, "parameters outside the classifier train"),
+        ([DP, {"name": "mjp", "gamma": 0.3}], None, "defense mjp changes the forward"),
+        (DP, {**BASE["model"], "dropout": 0.1}, "dropout .* is active before the head"),
+        ("none", None, "parameters outside the classifier train"),
+    ],
+)
 def test_refused_where_the_encoder_output_is_not_fixed(tmp_path, defense, model, match: str) -> None:
     with pytest.raises(VeilError, match=f"^train.frozen_features: {match}"):
         _run(tmp_path, "x", True, defense=defense, model=model)

@@ -1,5 +1,6 @@
 """head-embedding: a head-only update of one sentence gives the frozen MiniLM embedding exactly
 (dL/dW_k / dL/db_k) and so the sentence among candidates; DP-SGD noise at sigma 1 hides it."""
+
 from __future__ import annotations
 
 import pytest
@@ -11,8 +12,10 @@ from veil.defenses.dpsgd import DPSGD
 from veil.errors import VeilError
 from veil.experiments.build import build_run
 
-CFG = {"model": {"name": "minilm", "dropout": 0.0, "pooling": "mean"},
-       "data": {"name": "sst2", "max_len": 32, "train_size": 16, "test_size": 24}}
+CFG = {
+    "model": {"name": "minilm", "dropout": 0.0, "pooling": "mean"},
+    "data": {"name": "sst2", "max_len": 32, "train_size": 16, "test_size": 24},
+}
 
 
 @pytest.fixture(scope="module")
@@ -23,7 +26,7 @@ def setup():
 
 
 def _attack(model, data, pool, i: int, defenses: list) -> tuple[list[int], dict]:
-    batch = {k: v[i:i + 1] for k, v in data.test.items()}
+    batch = {k: v[i : i + 1] for k, v in data.test.items()}
     obs = observe(model, batch, defenses)
     rec = create_attack("head-embedding").reconstruct(obs, Knowledge(batch_size=1, aux_data={"candidates": pool}))
     truth = batch["input_ids"][0][batch["attention_mask"][0].bool()].tolist()

@@ -1,5 +1,6 @@
 """ig-fedavg (Geiping et al. 2020 sec. 5): the simulated local training reproduces a real client's
 multi-step update, and simulating it rebuilds images that plain IG on the pseudo-gradient cannot."""
+
 from __future__ import annotations
 
 import pytest
@@ -18,8 +19,13 @@ from veil.training.step import client_step
 def client_update(n: int, batch: int, epochs: int, lr: float, weight_decay: float, clip: float | None):
     """A real client: veil's AdamW and defended step over consecutive batches of n digits; returns
     (model at w_0, its data, the images, labels, the pseudo-gradient (w_0 - w_k) / (lr s), LocalTraining)."""
-    cfg = from_dict({"model": {"name": "vit-digits"}, "data": {"name": "digits", "train_size": 240, "test_size": 100},
-                     "train": {"batch_size": batch, "lr": lr, "seed": 0, "weight_decay": weight_decay}})
+    cfg = from_dict(
+        {
+            "model": {"name": "vit-digits"},
+            "data": {"name": "digits", "train_size": 240, "test_size": 100},
+            "train": {"batch_size": batch, "lr": lr, "seed": 0, "weight_decay": weight_decay},
+        }
+    )
     model, data, _ = build_run(cfg)
     x, y = data.train["pixels"][:n], data.train["labels"][:n]
     w0 = {k: p.detach().clone() for k, p in model.named_parameters()}
@@ -29,7 +35,9 @@ def client_update(n: int, batch: int, epochs: int, lr: float, weight_decay: floa
     steps = 0
     for _ in range(epochs):
         for i in range(0, n, batch):
-            client_step(model, {"pixels": x[i:i + batch], "labels": y[i:i + batch]}, [], opt, clip=clip, export=False)
+            client_step(
+                model, {"pixels": x[i : i + batch], "labels": y[i : i + batch]}, [], opt, clip=clip, export=False
+            )
             steps += 1
     delta = {k: w0[k] - p.detach() for k, p in model.named_parameters()}
     model.load_state_dict({**model.state_dict(), **w0})
@@ -44,9 +52,13 @@ def test_simulated_local_training_reproduces_the_clients_update() -> None:
     model.eval()
     sim = LocalSimulator(model, names, local)
     got = dict(zip(names, sim.unflat(sim.delta(x, y).detach())))
-    assert local.steps == 4 and any(wd > 0 for _, wd in local.groups.values())  # 2 epochs of a 4 + a 2 batch; decayed groups
+    assert local.steps == 4 and any(
+        wd > 0 for _, wd in local.groups.values()
+    )  # 2 epochs of a 4 + a 2 batch; decayed groups
     for n in names:
-        if n.endswith("attn.k.bias"):  # softmax is shift invariant: its true gradient is 0, AdamW steps on rounding noise
+        if n.endswith(
+            "attn.k.bias"
+        ):  # softmax is shift invariant: its true gradient is 0, AdamW steps on rounding noise
             continue
         assert torch.allclose(got[n], delta[n], rtol=1e-3, atol=1e-7), n
 
@@ -73,9 +85,13 @@ def test_ig_fedavg_refuses_what_it_cannot_simulate() -> None:
     with pytest.raises(VeilError, match="on a single gradient use ig"):
         create_attack("ig-fedavg").reconstruct(Observation(model, grads, kind="delta"), Knowledge())
     with pytest.raises(VeilError, match="label must be 'infer' or 'soft'"):
-        create_attack("ig-fedavg", label="guess").reconstruct(Observation(model, grads, kind="delta", local=local), Knowledge())
+        create_attack("ig-fedavg", label="guess").reconstruct(
+            Observation(model, grads, kind="delta", local=local), Knowledge()
+        )
     with pytest.raises(VeilError, match="layers must be 'all' or 'input'"):
-        create_attack("ig-fedavg", layers="first").reconstruct(Observation(model, grads, kind="delta", local=local), Knowledge())
+        create_attack("ig-fedavg", layers="first").reconstruct(
+            Observation(model, grads, kind="delta", local=local), Knowledge()
+        )
     bad = LocalTraining(lr=0.003, steps=5, batch_size=1, epochs=1, samples=2)
     with pytest.raises(VeilError, match="does not match the update's 5 steps"):
         create_attack("ig-fedavg").reconstruct(Observation(model, grads, kind="delta", local=bad), Knowledge())

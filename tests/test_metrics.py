@@ -1,4 +1,5 @@
 """Leakage metrics against hand-computed values, plus bad inputs."""
+
 from __future__ import annotations
 
 import math
@@ -164,11 +165,11 @@ def test_image_bad_inputs():
 
 
 # ----------------------------------------------------------------------------- text
-REF = "the cat sat on the mat".split()
+REF = ["the", "cat", "sat", "on", "the", "mat"]
 
 
 def test_rouge_by_hand():
-    scores = rouge([REF], ["the cat on mat".split()])
+    scores = rouge([REF], [["the", "cat", "on", "mat"]])
     # ROUGE-1: 4 clipped unigram matches, P = 4/4, R = 4/6 -> F = 0.8
     assert scores["rouge1"] == pytest.approx(0.8)
     # ROUGE-2: 1 shared bigram ("the cat"), P = 1/3, R = 1/5 -> F = 0.25
@@ -184,7 +185,7 @@ def test_wordpiece_pieces_are_joined():
 
 
 def test_google_bleu_by_hand():
-    hyp = "the cat on the mat".split()
+    hyp = ["the", "cat", "on", "the", "mat"]
     # n-grams (n=1..4): ref 6+5+4+3 = 18, hyp 5+4+3+2 = 14; matches 5 + 3 + 1 + 0 = 9
     assert google_bleu([REF], [hyp]) == pytest.approx(9 / 18)
     # corpus level: add an exact pair "a dog" (3 n-grams, all matched) -> (9 + 3) / (18 + 3)
@@ -194,8 +195,8 @@ def test_google_bleu_by_hand():
 
 def test_google_bleu_matches_nltk():
     gleu = pytest.importorskip("nltk.translate.gleu_score")
-    refs = [REF, "a dog runs in the park".split(), "one two three".split()]
-    hyps = ["the cat on the mat".split(), "a dog runs the park".split(), "three two one four".split()]
+    refs = [REF, ["a", "dog", "runs", "in", "the", "park"], ["one", "two", "three"]]
+    hyps = [["the", "cat", "on", "the", "mat"], ["a", "dog", "runs", "the", "park"], ["three", "two", "one", "four"]]
     expected = gleu.corpus_gleu([[r] for r in refs], hyps, min_len=1, max_len=4)
     assert google_bleu(refs, hyps) == pytest.approx(expected)
 
@@ -234,7 +235,7 @@ def test_presence_by_hand():
 
 
 def test_text_report_undoes_permutation():
-    refs = [REF, "a dog runs in the park".split(), "one two three four five".split()]
+    refs = [REF, ["a", "dog", "runs", "in", "the", "park"], ["one", "two", "three", "four", "five"]]
     perm = [2, 0, 1]
     report = text_report(refs, [refs[i] for i in perm])
     assert set(TEXT_KEYS) <= set(report)
@@ -272,8 +273,25 @@ def test_text_bad_inputs():
 
 def test_metric_keys():
     assert METRIC_KEYS == (
-        "mse", "psnr", "ssim", "fft2d", "rouge1", "rouge2", "rougeL", "sacrebleu", "google_bleu",
-        "token_accuracy", "token_recovery", "presence_precision", "presence_recall", "presence_f1",
-        "exact_recovery", "bag_recall", "bag_precision", "unshuffled_recovery", "moved_tokens", "seconds",
+        "mse",
+        "psnr",
+        "ssim",
+        "fft2d",
+        "rouge1",
+        "rouge2",
+        "rougeL",
+        "sacrebleu",
+        "google_bleu",
+        "token_accuracy",
+        "token_recovery",
+        "presence_precision",
+        "presence_recall",
+        "presence_f1",
+        "exact_recovery",
+        "bag_recall",
+        "bag_precision",
+        "unshuffled_recovery",
+        "moved_tokens",
+        "seconds",
     )
     assert set(IMAGE_KEYS) | set(TEXT_KEYS) | set(PRESENCE_KEYS) | {"seconds"} == set(METRIC_KEYS)

@@ -1,4 +1,5 @@
 """MJP: jigsaw shuffle, E_unk, DAL/DRL, variants, HF BERT + checkpoints, one-line errors."""
+
 from __future__ import annotations
 
 import copy
@@ -125,7 +126,9 @@ def test_unk_gets_zero_gradient_when_nothing_is_masked() -> None:
     model = make("transformer4")
     d = MJP(gamma=0.9, aux="none").attach(model)
     ids = torch.tensor([[101, 102, 0, 0], [101, 102, 0, 0]])  # nothing movable
-    client_step(model.train(), {"input_ids": ids, "attention_mask": (ids != 0).long(), "labels": torch.tensor([0, 1])}, [d])
+    client_step(
+        model.train(), {"input_ids": ids, "attention_mask": (ids != 0).long(), "labels": torch.tensor([0, 1])}, [d]
+    )
     assert not d.last.mask.any()
     assert torch.equal(model.mjp.unk.grad, torch.zeros_like(model.mjp.unk))
 
@@ -215,7 +218,7 @@ def _hf_round_trip(model, tmp_path) -> None:
 def test_hf_bert_trains_one_step_and_round_trips_a_checkpoint(tmp_path) -> None:
     torch.manual_seed(0)
     model = create_model("hf-bert", dim=32, depth=2, heads=2, max_len=32, vocab_size=2100)
-    loaded = _hf_round_trip(model, tmp_path)
+    _hf_round_trip(model, tmp_path)
     fresh = create_model("hf-bert", dim=32, depth=2, heads=2, max_len=32, vocab_size=2100)
     MJP(gamma=0.5, window=4, aux="dal").attach(fresh)
     from safetensors.torch import load_model
@@ -239,8 +242,20 @@ def test_hf_vit_with_mjp_trains() -> None:
 
 
 # ---- errors --------------------------------------------------------------------------------------
-@pytest.mark.parametrize("kw", [{"gamma": 1.5}, {"gamma": -0.1}, {"window": 1}, {"window": 2.5}, {"selection": "grid"},
-                                {"aux": "xyz"}, {"variant": "abc"}, {"aux_lambda": -1}, {"variant": "nope", "aux": "dal"}])
+@pytest.mark.parametrize(
+    "kw",
+    [
+        {"gamma": 1.5},
+        {"gamma": -0.1},
+        {"window": 1},
+        {"window": 2.5},
+        {"selection": "grid"},
+        {"aux": "xyz"},
+        {"variant": "abc"},
+        {"aux_lambda": -1},
+        {"variant": "nope", "aux": "dal"},
+    ],
+)
 def test_bad_values_are_one_line_errors(kw) -> None:
     with pytest.raises(VeilError) as e:
         MJP(**kw)
@@ -260,7 +275,9 @@ def test_eval_shuffle_and_analyze_pe_commands(tmp_path) -> None:
     from veil.config import load_config
     from veil.training.loop import train
 
-    cfg = load_config(None, ["model=vit-digits", "data=digits", "defense=mjp", "gamma=0.1", "train.max_steps=3", "train.epochs=1"])
+    cfg = load_config(
+        None, ["model=vit-digits", "data=digits", "defense=mjp", "gamma=0.1", "train.max_steps=3", "train.epochs=1"]
+    )
     run = tmp_path / "run"
     train(cfg, run, progress=False)
     assert main(["eval", str(run), "--shuffle-gamma", "0.27", "--out", str(tmp_path / "ev")]) == 0

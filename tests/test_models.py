@@ -1,4 +1,5 @@
 """Every registered model: forward, backward, double backward, and the handles defenses use."""
+
 from __future__ import annotations
 
 import pytest

@@ -1,5 +1,6 @@
 """Every reproduction config in configs/paper/ is runnable: it validates (names, keys, attacks
 that apply) without training, and says in its header which table it mirrors."""
+
 from __future__ import annotations
 
 from pathlib import Path

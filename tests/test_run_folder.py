@@ -1,5 +1,6 @@
 """Run-folder safety: one writer per folder, failed starts that block nothing, and checkpoints or
 cached results that fail their integrity check are never silently reused."""
+
 from __future__ import annotations
 
 import json
@@ -17,7 +18,14 @@ from veil.errors import VeilError
 from veil.runlock import LOCK_NAME, hold, holds_progress
 
 ROOT = Path(__file__).resolve().parent.parent
-TINY = [str(ROOT / "configs" / "vit_digits.yaml"), "model.depth=1", "model.dim=16", "data.train_size=64", "data.test_size=20", "--quiet"]
+TINY = [
+    str(ROOT / "configs" / "vit_digits.yaml"),
+    "model.depth=1",
+    "model.dim=16",
+    "data.train_size=64",
+    "data.test_size=20",
+    "--quiet",
+]
 
 
 def veil(*args: str) -> subprocess.CompletedProcess:
@@ -39,14 +47,20 @@ def test_second_writer_stops_at_once_naming_the_holder(tmp_path: Path) -> None:
 
 def test_two_trainings_on_one_folder_the_first_finishes_unharmed(tmp_path: Path) -> None:
     out = tmp_path / "run"
-    first = subprocess.Popen([sys.executable, "-m", "veil.cli", "train", *TINY, "train.epochs=3", "--out", str(out)],
-                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    first = subprocess.Popen(
+        [sys.executable, "-m", "veil.cli", "train", *TINY, "train.epochs=3", "--out", str(out)],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     while not (out / LOCK_NAME).is_file() and first.poll() is None:
         time.sleep(0.02)
     second = veil("train", *TINY, "train.epochs=3", "--out", str(out))
     assert first.wait(timeout=300) == 0, first.stderr.read() if first.stderr else ""
     assert second.returncode == 2 and "in use by another veil process" in second.stderr
-    epochs = [json.loads(line)["epoch"] for line in (out / "metrics.jsonl").read_text().splitlines() if '"eval"' in line]
+    epochs = [
+        json.loads(line)["epoch"] for line in (out / "metrics.jsonl").read_text().splitlines() if '"eval"' in line
+    ]
     assert epochs == [1, 2, 3]
     assert not (out / LOCK_NAME).exists()
 
@@ -56,16 +70,17 @@ def test_the_lock_goes_with_a_killed_holder(tmp_path: Path) -> None:
     code = f"from veil.runlock import hold\nwith hold({str(out)!r}):\n    print('held', flush=True)\n    import time; time.sleep(60)\n"
     holder = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True)
     assert holder.stdout is not None and holder.stdout.readline().strip() == "held"
-    with pytest.raises(VeilError, match=f"pid {holder.pid}"):
-        with hold(out):
-            pass
+    with pytest.raises(VeilError, match=f"pid {holder.pid}"), hold(out):
+        pass
     holder.send_signal(signal.SIGKILL)
     holder.wait()
     with hold(out):  # the kernel released it; the stale file blocks nothing
         assert (out / LOCK_NAME).read_text().strip() == str(os.getpid())
 
 
-def test_a_run_that_failed_before_its_first_step_blocks_nothing(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+def test_a_run_that_failed_before_its_first_step_blocks_nothing(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     out = tmp_path / "run"
     out.mkdir()
     (out / "config.yaml").write_text("model: {name: vit-digits, dim: 8}\ntrain: {epochs: 7}\n")  # what it left
@@ -87,7 +102,9 @@ def test_a_corrupt_final_checkpoint_is_rebuilt_not_reused(tmp_path: Path, capsys
     capsys.readouterr()
     assert main(["train", *TINY, "train.max_steps=2", "--out", str(out)]) == 0
     err = capsys.readouterr().err.strip().splitlines()
-    assert err == [f"veil: checkpoint '{model}' fails its integrity check; rebuilding it from the run's last checkpoint"]
+    assert err == [
+        f"veil: checkpoint '{model}' fails its integrity check; rebuilding it from the run's last checkpoint"
+    ]
     assert model.read_bytes() == good  # the same weights, from the verified last checkpoint
     assert json.loads((out / "summary.json").read_text()) == first
 

@@ -1,5 +1,6 @@
 """scripts/results_seed_claims.py: reads figures from caches / docs sections, says "not measured"
 where none holds one, and applies its verdict rules (constructed caches, hand-set numbers)."""
+
 from __future__ import annotations
 
 import importlib.util
@@ -42,23 +43,35 @@ def test_pfesta_is_refuted_when_unshuffling_restores_the_inversion(claims: Modul
     (claims.RUNS / "results").mkdir(parents=True)
     cell = lambda plain, perm: {"plain": {"psnr": plain}, "permuted": {"psnr": perm}}  # noqa: E731
     path = claims.RUNS / "results" / "features.json"
-    path.write_text(json.dumps({"feature_inversion": cell(25.5, 10.0), "feature_inversion+unshuffle": cell(25.5, 25.2)}))
+    path.write_text(
+        json.dumps({"feature_inversion": cell(25.5, 10.0), "feature_inversion+unshuffle": cell(25.5, 25.2)})
+    )
     row = claims.pfesta()
     assert row["verdict"] == "refuted" and "25.2 dB" in row["adaptive"] and "10.0 dB permuted" in row["naive"]
-    path.write_text(json.dumps({"feature_inversion": cell(25.5, 10.0), "feature_inversion+unshuffle": cell(25.5, 11.0)}))
+    path.write_text(
+        json.dumps({"feature_inversion": cell(25.5, 10.0), "feature_inversion+unshuffle": cell(25.5, 11.0)})
+    )
     assert claims.pfesta()["verdict"] == "confirmed"  # the adaptive attacker did no better than the naive one
 
 
 def test_mjp_images_read_the_adaptive_image_cache(claims: ModuleType) -> None:
     (claims.RUNS / "adaptive_image").mkdir(parents=True)
-    cache = {"april": {"mean": {"psnr": 10.4}}, "april-mjp": {"mean": {"psnr": 25.0, "psnr_unshuffled": 86.0, "psnr_masked_set": 40.0}}}
+    cache = {
+        "april": {"mean": {"psnr": 10.4}},
+        "april-mjp": {"mean": {"psnr": 25.0, "psnr_unshuffled": 86.0, "psnr_masked_set": 40.0}},
+    }
     (claims.RUNS / "adaptive_image" / "digits_init_g0.27_n8.json").write_text(json.dumps(cache))
     row = claims.mjp_images(None)
     assert row["verdict"] == "refuted"
-    assert "unshuffled patches 86.0 dB, masked set 40.0 dB, whole image 25.0 dB (`april` on the same updates: 10.4 dB" in row["adaptive"]
+    assert (
+        "unshuffled patches 86.0 dB, masked set 40.0 dB, whole image 25.0 dB (`april` on the same updates: 10.4 dB"
+        in row["adaptive"]
+    )
 
 
-@pytest.mark.parametrize("bag, tok, verdict", [(0.96, 0.8, "refuted"), (0.2, 0.1, "partly"), (0.01, 0.0, "confirmed"), (None, None, "open")])
+@pytest.mark.parametrize(
+    "bag, tok, verdict", [(0.96, 0.8, "refuted"), (0.2, 0.1, "partly"), (0.01, 0.0, "confirmed"), (None, None, "open")]
+)
 def test_text_verdict_rule(claims: ModuleType, bag: float | None, tok: float | None, verdict: str) -> None:
     assert claims.text_verdict(bag, tok) == verdict
 
@@ -81,7 +94,13 @@ def test_mjp_text_reads_the_adaptive_text_cache(claims: ModuleType) -> None:
 
 def test_dropout_row_reads_the_span_robust_cache(claims: ModuleType) -> None:
     (claims.RUNS / "span_robust").mkdir(parents=True)
-    cell = lambda naive, robust: {"span": {"mean": {"token_recovery": naive}}, "span-robust": {"mean": {"token_recovery": robust}}}  # noqa: E731
+
+    def cell(naive, robust):
+        return {
+            "span": {"mean": {"token_recovery": naive}},
+            "span-robust": {"mean": {"token_recovery": robust}},
+        }  # noqa: E731
+
     (claims.RUNS / "span_robust" / "minilm_b1_t32_p0.1_n8.json").write_text(json.dumps(cell(0.0, 0.95)))
     (claims.RUNS / "span_robust" / "minilm_b4_t32_p0.1_n8.json").write_text(json.dumps(cell(0.0, 0.6)))
     row = claims.dropout()
@@ -94,7 +113,8 @@ def test_aegis_is_partly_when_one_model_leaks_and_another_does_not(claims: Modul
         "<!-- aegis:start -->\n| model | defense | attack | presence F1 (random, same guesses) | token recovery | note |\n|---|---|---|---|---|---|\n"
         "| transformer4 | aegis | presence | 0.003 (0.0026) | - | x |\n| transformer4 | aegis | span | 0 | 0 | blocked: frozen |\n<!-- aegis:end -->\n"
         "<!-- aegis-tag:start -->\n| task | defense | test accuracy (%) | TAG token recovery |\n|---|---|---|---|\n"
-        "| sst2-text (transformer4) | aegis | 54.6 | 0.250 |\n| sst2-minilm (minilm) | aegis(lr_scale=3.0) | 79.8 | 0.000 |\n<!-- aegis-tag:end -->\n")
+        "| sst2-text (transformer4) | aegis | 54.6 | 0.250 |\n| sst2-minilm (minilm) | aegis(lr_scale=3.0) | 79.8 | 0.000 |\n<!-- aegis-tag:end -->\n"
+    )
     row = claims.aegis(None)
     assert "span blocked" in row["naive"] and "0.250 on transformer4, 0.000 on MiniLM" in row["adaptive"]
     assert row["verdict"] == "partly"

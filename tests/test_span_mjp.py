@@ -1,5 +1,6 @@
 """span-mjp (DAGER + E_unk against MJP's text defense), its n-gram orderer, and the text scores
 that say what leaks (bag of words, unshuffled tokens in place, moved tokens)."""
+
 from __future__ import annotations
 
 from collections import Counter
@@ -36,7 +37,7 @@ def _mjp_model(gamma: float = 0.5, window: int = 8):
 
 
 def _one(data, index: int) -> dict[str, torch.Tensor]:
-    return {k: v[index: index + 1] for k, v in data.test.items()}
+    return {k: v[index : index + 1] for k, v in data.test.items()}
 
 
 @pytest.mark.parametrize("index", [3, 7])
@@ -100,7 +101,10 @@ def test_span_mjp_bad_corpus_says_so(sst2):
 # ----------------------------------------------------------------------------- the n-gram orderer
 def test_ngram_orderer_puts_a_known_phrase_in_order():
     the, movie, was, really, good, bad, cls, sep = 10, 11, 12, 13, 14, 15, 101, 102
-    corpus = [[cls, the, movie, was, really, good, sep]] * 3 + [[cls, the, movie, was, bad, sep], [cls, really, bad, sep]]
+    corpus = [[cls, the, movie, was, really, good, sep]] * 3 + [
+        [cls, the, movie, was, bad, sep],
+        [cls, really, bad, sep],
+    ]
     lm = NGram(corpus, vocab_size=200, bos=cls, order=3)
     template = [cls, None, None, None, None, None, sep]
     got, logp = order_bag(lm, template, [good, really, the, was, movie], beam=16)
@@ -146,8 +150,12 @@ def test_harness_scores_every_text_attack_with_the_bag_and_the_moved_tokens(sst2
     """`score` on a ref that carries the shuffle record: the bag keys, presence from the sentences
     when the attack returns no token set, and the moved count."""
     ids = torch.tensor([[101, 5, 6, 7, 102, 0]])
-    ref = {"input_ids": ids, "attention_mask": (ids != 0).long(), "labels": torch.tensor([1]),
-           "moved": torch.tensor([[False, True, True, False, False, False]])}
+    ref = {
+        "input_ids": ids,
+        "attention_mask": (ids != 0).long(),
+        "labels": torch.tensor([1]),
+        "moved": torch.tensor([[False, True, True, False, False, False]]),
+    }
     m = score(Reconstruction(token_ids=[[101, 6, 5, 7, 102]]), ref, sst2)
     assert m["token_recovery"] == pytest.approx(1 / 3) and m["unshuffled_recovery"] == 1.0 and m["moved_tokens"] == 2.0
     assert m["bag_recall"] == 1.0 and m["presence_f1"] == 1.0 and m["rouge1"] == 1.0 and m["exact_recovery"] == 0.0

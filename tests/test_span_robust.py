@@ -1,4 +1,5 @@
 """span-robust: the span attack when the client trains with dropout (issue 16)."""
+
 from __future__ import annotations
 
 import pytest
@@ -96,5 +97,7 @@ def test_batch_size_not_granted_is_read_from_the_pairs(sst2):
     batch = _batch(sst2, 1, 0)
     model.train()
     torch.manual_seed(0)
-    rec = create_attack("span-robust").reconstruct(observe(model, batch), Knowledge(seq_len=24, tokenizer=sst2.meta["tokenizer"]))
+    rec = create_attack("span-robust").reconstruct(
+        observe(model, batch), Knowledge(seq_len=24, tokenizer=sst2.meta["tokenizer"])
+    )
     assert text_report(_refs(batch), rec.token_ids, ignore=SPECIAL)["exact_recovery"] == 1.0

@@ -1,10 +1,10 @@
 """Split learning (SL / FeSTA / p-FeSTA) over Flower messages: the permutation module's algebra,
 that no key, permutation or private sample reaches the server, byte accounting, protocols."""
+
 from __future__ import annotations
 
 from pathlib import Path
 
-import numpy as np
 import pytest
 import torch
 
@@ -12,13 +12,22 @@ from veil.defenses.permutation import PatchPermutation, fresh_keys, permute, unp
 from veil.errors import VeilError
 from veil.federated.split import load_split_spec
 
-TINY = ["model.dim=16", "model.depth=1", "model.heads=2", "train.batch_size=64", "split.epochs=1",
-        "split.clients_per_task=1", "split.tasks=[classify, segment]"]
+TINY = [
+    "model.dim=16",
+    "model.depth=1",
+    "model.heads=2",
+    "train.batch_size=64",
+    "split.epochs=1",
+    "split.clients_per_task=1",
+    "split.tasks=[classify, segment]",
+]
 
 
 def cfg(tmp: Path) -> Path:
     p = tmp / "split.yaml"
-    p.write_text("model: {name: vit-digits}\ndata: {name: digits}\ntrain: {lr: 0.002, seed: 0}\nsplit: {protocol: pfesta}\n")
+    p.write_text(
+        "model: {name: vit-digits}\ndata: {name: digits}\ntrain: {lr: 0.002, seed: 0}\nsplit: {protocol: pfesta}\n"
+    )
     return p
 
 
@@ -82,7 +91,13 @@ def _tensors(obj: object, seen: set | None = None, depth: int = 0) -> list[torch
         return [obj]
     if isinstance(obj, torch.nn.Module):
         return [t for t in obj.state_dict().values()]
-    items = obj.values() if isinstance(obj, dict) else obj if isinstance(obj, (list, tuple)) else getattr(obj, "__dict__", {}).values()
+    items = (
+        obj.values()
+        if isinstance(obj, dict)
+        else obj
+        if isinstance(obj, (list, tuple))
+        else getattr(obj, "__dict__", {}).values()
+    )
     out: list[torch.Tensor] = []
     for v in items:
         if type(v).__module__.startswith(("veil", "torch", "builtins")) or isinstance(v, (dict, list, tuple)):
@@ -90,7 +105,9 @@ def _tensors(obj: object, seen: set | None = None, depth: int = 0) -> list[torch
     return out
 
 
-def test_no_key_permutation_or_private_batch_reaches_the_server(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_no_key_permutation_or_private_batch_reaches_the_server(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     summary, up, (server, contexts) = _spy_run(tmp_path, monkeypatch)
     # the clients' secrets: their permutation keys (only in Context.state) and their raw data
     keys = [c.state["keys"].to_torch_state_dict()["keys"] for c in contexts]
@@ -101,7 +118,7 @@ def test_no_key_permutation_or_private_batch_reaches_the_server(tmp_path: Path, 
     # 1. no reply to the server names or carries a key
     arrays = []
     for m in up:
-        assert not any("key" in name for name in m.content.keys())
+        assert not any("key" in name for name in m.content)
         for rec in m.content.array_records.values():
             arrays += [v for v in rec.to_torch_state_dict().values()]
     assert arrays
@@ -125,7 +142,11 @@ def test_no_key_permutation_or_private_batch_reaches_the_server(tmp_path: Path, 
     from veil.federated.split_client import build_parts
 
     head, _ = build_parts(world.spec, "classify")
-    emb = next(m for m in up if "features" in m.content and m.content["features"]["x"].shape[0] == len(world.clients[0][1]["target"]))
+    emb = next(
+        m
+        for m in up
+        if "features" in m.content and m.content["features"]["x"].shape[0] == len(world.clients[0][1]["target"])
+    )
     sent = emb.content["features"].to_torch_state_dict()["x"]
     with torch.no_grad():
         clean = head(world.clients[0][1]["pixels"])
@@ -135,8 +156,9 @@ def test_no_key_permutation_or_private_batch_reaches_the_server(tmp_path: Path, 
 
 
 @pytest.mark.parametrize("mode", ["random", "seeded"])
-def test_server_cannot_rederive_the_permutation_keys_unless_secrets_are_seeded(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
-                                                                                mode: str) -> None:
+def test_server_cannot_rederive_the_permutation_keys_unless_secrets_are_seeded(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, mode: str
+) -> None:
     """The server knows the seed, each client's id and how many batches it asked for: with the
     default client-held secret that does not give it the keys; with `split.secret: seeded` it does."""
     _, _, (_, contexts) = _spy_run(tmp_path, monkeypatch, f"split.secret={mode}")
@@ -145,8 +167,14 @@ def test_server_cannot_rederive_the_permutation_keys_unless_secrets_are_seeded(t
         keys = c.state["keys"].to_torch_state_dict()["keys"]
         calls, pid = int(c.state["perm-calls"]["n"]), int(c.node_config["partition-id"])
         seed = 0 * 1009 + pid  # train.seed * 1009 + pid, as the client seeds its PatchPermutation
-        rederived.append(any(torch.equal(fresh_keys(keys.shape[0], keys.shape[1], torch.Generator().manual_seed(seed * 1_000_003 + n)), keys)
-                             for n in range(calls)))  # any of the client's calls so far
+        rederived.append(
+            any(
+                torch.equal(
+                    fresh_keys(keys.shape[0], keys.shape[1], torch.Generator().manual_seed(seed * 1_000_003 + n)), keys
+                )
+                for n in range(calls)
+            )
+        )  # any of the client's calls so far
     assert len(rederived) == 2 and all(rederived) == (mode == "seeded") and any(rederived) == (mode == "seeded")
 
 

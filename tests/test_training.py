@@ -1,4 +1,5 @@
 """Training: seeded and repeatable, checkpoints as safetensors, resume equals uninterrupted."""
+
 from __future__ import annotations
 
 import json
@@ -14,8 +15,17 @@ from veil.experiments.build import build_run, load_run
 from veil.training.checkpoint import load_model_weights, save_model_weights
 from veil.training.loop import train
 
-TINY = ["model=vit-digits", "model.depth=1", "model.dim=32", "model.heads=2", "data.train_size=256", "data.test_size=64",
-        "train.epochs=2", "train.batch_size=64", "train.lr=0.003"]
+TINY = [
+    "model=vit-digits",
+    "model.depth=1",
+    "model.dim=32",
+    "model.heads=2",
+    "data.train_size=256",
+    "data.test_size=64",
+    "train.epochs=2",
+    "train.batch_size=64",
+    "train.lr=0.003",
+]
 
 
 def test_run_folder_contents_and_repeatability(tmp_path: Path) -> None:
@@ -28,7 +38,7 @@ def test_run_folder_contents_and_repeatability(tmp_path: Path) -> None:
     wa = load_file(str(tmp_path / "a/checkpoints/model.safetensors"))
     wb = load_file(str(tmp_path / "b/checkpoints/model.safetensors"))
     assert all(torch.equal(wa[k], wb[k]) for k in wa)
-    events = [json.loads(l) for l in (tmp_path / "a/metrics.jsonl").read_text().splitlines()]
+    events = [json.loads(line) for line in (tmp_path / "a/metrics.jsonl").read_text().splitlines()]
     assert [e["epoch"] for e in events if e["event"] == "eval"] == [1, 2]
     assert load_config(tmp_path / "a") == cfg  # the resolved config reloads to the same run
 
@@ -98,7 +108,18 @@ def test_other_config_in_run_folder_is_refused(tmp_path: Path) -> None:
 
 
 def test_language_model_reports_perplexity(tmp_path: Path) -> None:
-    cfg = load_config(None, ["model=gpt-tiny", "model.depth=1", "data=sst2", "data.tokenizer=word", "data.max_len=16",
-                             "data.train_size=128", "data.test_size=32", "train.epochs=1"])
+    cfg = load_config(
+        None,
+        [
+            "model=gpt-tiny",
+            "model.depth=1",
+            "data=sst2",
+            "data.tokenizer=word",
+            "data.max_len=16",
+            "data.train_size=128",
+            "data.test_size=32",
+            "train.epochs=1",
+        ],
+    )
     s = train(cfg, tmp_path / "lm", progress=False)
     assert s["test_perplexity"] > 1 and 0 <= s["test_accuracy"] <= 1

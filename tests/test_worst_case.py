@@ -1,6 +1,7 @@
 """The audit's verdict is the worst case: the selection picks the highest leakage (constructed
 cells, hand-computed scores), blocked attacks are shown as blocked beside the one that worked,
 and the summary.json keys stay stable."""
+
 from __future__ import annotations
 
 import math
@@ -11,16 +12,37 @@ import pytest
 from veil.report.render import write_reports
 from veil.report.worst_case import KEYS, cell_leakage, worst_case
 
-KNOWS = {"april": "naive", "april-mjp": "the MJP mechanism", "span": "naive", "span-mjp": "the MJP mechanism",
-         "presence": "naive", "tag": "naive", "labels": "naive", "ig": "naive"}
+KNOWS = {
+    "april": "naive",
+    "april-mjp": "the MJP mechanism",
+    "span": "naive",
+    "span-mjp": "the MJP mechanism",
+    "presence": "naive",
+    "tag": "naive",
+    "labels": "naive",
+    "ig": "naive",
+}
 
 
 def test_image_worst_case_is_the_best_region_of_the_strongest_attack() -> None:
-    leak = {"april": {"psnr": 10.6, "ssim": 0.4},
-            "april-mjp": {"psnr": 12.0, "ssim": 0.5, "psnr_unshuffled": 97.0, "ssim_unshuffled": 1.0, "masked_patches": 2.0},
-            "ig": {"psnr": 9.1, "ssim": 0.39, "label_accuracy": 1.0}}
+    leak = {
+        "april": {"psnr": 10.6, "ssim": 0.4},
+        "april-mjp": {
+            "psnr": 12.0,
+            "ssim": 0.5,
+            "psnr_unshuffled": 97.0,
+            "ssim_unshuffled": 1.0,
+            "masked_patches": 2.0,
+        },
+        "ig": {"psnr": 9.1, "ssim": 0.39, "label_accuracy": 1.0},
+    }
     wc = worst_case(leak, KNOWS)
-    assert (wc["attack"], wc["metric"], wc["value"], wc["region"]) == ("april-mjp", "psnr_unshuffled", 97.0, "unshuffled patches")
+    assert (wc["attack"], wc["metric"], wc["value"], wc["region"]) == (
+        "april-mjp",
+        "psnr_unshuffled",
+        97.0,
+        "unshuffled patches",
+    )
     assert wc["knows"] == "the MJP mechanism"
     assert wc["beside"] == {"ssim_unshuffled": 1.0, "psnr": 12.0, "masked_patches": 2.0}
     assert wc["ranking"] == ["april-mjp", "april", "ig"]
@@ -32,15 +54,19 @@ def test_whole_image_wins_when_it_is_higher_and_nan_regions_are_ignored() -> Non
     # both exact (above 100 dB): a tie, named by the attack listed first (the naive one)
     assert worst_case({"april": {"psnr": 115.4}, "april-mjp": {"psnr": 116.4}}, KNOWS)["attack"] == "april"
     assert worst_case({"april-mjp": {"psnr": 116.4}, "april": {"psnr": float("inf")}}, KNOWS)["attack"] == "april-mjp"
-    assert worst_case({"april": {"psnr": 30.0004}, "ig": {"psnr": 30.0001}}, KNOWS)["attack"] == "april"  # equal at 3 decimals
+    assert (
+        worst_case({"april": {"psnr": 30.0004}, "ig": {"psnr": 30.0001}}, KNOWS)["attack"] == "april"
+    )  # equal at 3 decimals
     assert worst_case({"april": {"psnr": 30.0}, "ig": {"psnr": 30.01}}, KNOWS)["attack"] == "ig"
 
 
 def test_text_worst_case_counts_words_and_positions() -> None:
-    leak = {"presence": {"presence_f1": 1.0},  # the whole bag, nothing in place: 1.0
-            "span": {"token_recovery": 0.336, "rouge1": 0.491, "presence_f1": 0.969},  # 0.969 + 0.336 = 1.305
-            "span-mjp": {"token_recovery": 0.7, "rouge1": 0.96, "presence_f1": 0.98, "exact_recovery": 0.0},  # 0.98 + 0.7
-            "tag": {"token_recovery": 0.0, "rouge1": 0.011}}
+    leak = {
+        "presence": {"presence_f1": 1.0},  # the whole bag, nothing in place: 1.0
+        "span": {"token_recovery": 0.336, "rouge1": 0.491, "presence_f1": 0.969},  # 0.969 + 0.336 = 1.305
+        "span-mjp": {"token_recovery": 0.7, "rouge1": 0.96, "presence_f1": 0.98, "exact_recovery": 0.0},  # 0.98 + 0.7
+        "tag": {"token_recovery": 0.0, "rouge1": 0.011},
+    }
     wc = worst_case(leak, KNOWS)
     assert (wc["attack"], wc["metric"], wc["value"], wc["region"]) == ("span-mjp", "presence_f1", 0.98, "bag of words")
     assert wc["score"] == pytest.approx(1.68)
@@ -64,15 +90,36 @@ def test_all_blocked_gives_no_attack_and_keys_stay_stable() -> None:
 
 
 def _summary() -> dict:
-    util = {d: {"test_accuracy_mean": acc, "test_accuracy_std": 0.0, "test_accuracy_values": [acc], "train_seconds_mean": 1.0}
-            for d, acc in (("none", 0.68), ("aegis", 0.55))}
-    leak = {"none": {"span": {"token_recovery": 1.0, "rouge1": 1.0, "presence_f1": 0.97}, "presence": {"presence_f1": 1.0}},
-            "aegis": {"presence": {"presence_f1": 0.011}, "tag": {"token_recovery": 0.206, "rouge1": 0.273}}}
+    util = {
+        d: {
+            "test_accuracy_mean": acc,
+            "test_accuracy_std": 0.0,
+            "test_accuracy_values": [acc],
+            "train_seconds_mean": 1.0,
+        }
+        for d, acc in (("none", 0.68), ("aegis", 0.55))
+    }
+    leak = {
+        "none": {"span": {"token_recovery": 1.0, "rouge1": 1.0, "presence_f1": 0.97}, "presence": {"presence_f1": 1.0}},
+        "aegis": {"presence": {"presence_f1": 0.011}, "tag": {"token_recovery": 0.206, "rouge1": 0.273}},
+    }
     blocked = {"aegis": {"span": "the observation has no gradient for blocks.0.attn.qkv.weight (frozen)"}}
-    t = {"model": "transformer4", "data": "sst2", "protocol": "single-step", "dropout": 0.0, "knowledge": {}, "samples": 1,
-         "utility": util, "leakage": leak, "skipped": {}, "blocked": blocked, "overhead": {"none": 1.0, "aegis": 1.01},
-         "step_seconds": {"none": 0.02, "aegis": 0.02}, "attacker_knows": KNOWS,
-         "worst_case": {d: worst_case(leak[d], KNOWS, blocked.get(d)) for d in util}}
+    t = {
+        "model": "transformer4",
+        "data": "sst2",
+        "protocol": "single-step",
+        "dropout": 0.0,
+        "knowledge": {},
+        "samples": 1,
+        "utility": util,
+        "leakage": leak,
+        "skipped": {},
+        "blocked": blocked,
+        "overhead": {"none": 1.0, "aegis": 1.01},
+        "step_seconds": {"none": 0.02, "aegis": 0.02},
+        "attacker_knows": KNOWS,
+        "worst_case": {d: worst_case(leak[d], KNOWS, blocked.get(d)) for d in util},
+    }
     return {"scenario": "t", "seeds": [0], "tasks": {"text": t}, "versions": {"torch": "x"}, "config": {"name": "t"}}
 
 
@@ -80,12 +127,17 @@ def test_report_leads_each_task_with_the_worst_case_and_shows_blocked_attacks(tm
     write_reports(_summary(), tmp_path)
     md = (tmp_path / "report.md").read_text()
     task = md.index("## Task `text`")
-    verdict, utility, every = (md.index(h, task) for h in ("### Worst case per defense", "### Utility and cost", "### Every attack"))
+    verdict, utility, every = (
+        md.index(h, task) for h in ("### Worst case per defense", "### Utility and cost", "### Every attack")
+    )
     assert task < verdict < utility < every  # the verdict first, the naive rows after
     rows = md[verdict:utility]
     assert "| none | span | rouge1 1.000 (bag of words); token_recovery 1.000 | naive | — |" in rows
     assert "| aegis | tag | rouge1 0.273 (bag of words); token_recovery 0.206 | naive | span |" in rows
-    assert "Blocked: `span` could not run against `aegis`" in md and "still worked against `aegis`: `tag`: rouge1 0.273" in md
+    assert (
+        "Blocked: `span` could not run against `aegis`" in md
+        and "still worked against `aegis`: `tag`: rouge1 0.273" in md
+    )
     html = (tmp_path / "report.html").read_text()
     assert html.index("Worst case per defense") < html.index("Utility and cost") < html.index("Every attack")
     assert (tmp_path / "figures" / "text_privacy_utility.png").is_file()

@@ -1,6 +1,7 @@
 """The `veil` command. Each subcommand lives in `veil/commands/<name>.py` with
 `add_parser(subparsers)` and `run(args) -> int`. A bad input prints one line and exits 2.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -17,7 +18,10 @@ WRITERS = ("train", "attack", "federate", "split", "audit")
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="veil", description="Train Transformers with privacy defenses in federated and split learning, and audit them with the attacks a curious server would run.")
+    parser = argparse.ArgumentParser(
+        prog="veil",
+        description="Train Transformers with privacy defenses in federated and split learning, and audit them with the attacks a curious server would run.",
+    )
     from veil import __version__
 
     parser.add_argument("--version", action="version", version=f"veil {__version__}")
@@ -48,7 +52,9 @@ def main(argv: list[str] | None = None) -> int:
     args, extra = parser.parse_known_args(argv)
     kv = [a for a in extra if "=" in a and not a.startswith("-")]
     if extra != kv or (kv and not hasattr(args, "overrides")):
-        parser.error(f"unrecognized arguments: {' '.join(a for a in extra if a not in kv or not hasattr(args, 'overrides'))}")
+        parser.error(
+            f"unrecognized arguments: {' '.join(a for a in extra if a not in kv or not hasattr(args, 'overrides'))}"
+        )
     if kv:  # key=value overrides may also follow the options
         args.overrides = list(args.overrides or []) + kv
     if not getattr(args, "run", None):

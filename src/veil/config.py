@@ -12,13 +12,15 @@ Overrides: `model=minilm`, `train.epochs=3`, `defense=mjp`, `defense.gamma=0.1`,
 `gamma=0.1` when exactly one section knows the key. Every bad key, type or name is a one-line
 `VeilError` naming the key and what is allowed.
 """
+
 from __future__ import annotations
 
 import dataclasses
 import inspect
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 import yaml
 
@@ -40,7 +42,9 @@ class TrainConfig:
     eval_batch_size: int = 256
     max_steps: int = 0  # 0: epochs decide
     label_smoothing: float = 0.0  # classification cross-entropy smoothing, in [0, 1)
-    frozen_features: bool = False  # only the classifier trains: compute the frozen encoder's output once (veil.training.frozen)
+    frozen_features: bool = (
+        False  # only the classifier trains: compute the frozen encoder's output once (veil.training.frozen)
+    )
 
 
 @dataclass
@@ -51,8 +55,12 @@ class RunConfig:
     train: TrainConfig = field(default_factory=TrainConfig)
 
     def to_dict(self) -> dict[str, Any]:
-        return {"model": dict(self.model), "data": dict(self.data), "defense": [dict(d) for d in self.defense],
-                "train": dataclasses.asdict(self.train)}
+        return {
+            "model": dict(self.model),
+            "data": dict(self.data),
+            "defense": [dict(d) for d in self.defense],
+            "train": dataclasses.asdict(self.train),
+        }
 
 
 SECTIONS = ("model", "data", "defense", "train")
@@ -60,7 +68,9 @@ SECTIONS = ("model", "data", "defense", "train")
 
 # ---- option discovery: what each named object accepts ------------------------------------------
 def _params(fn: Callable[..., Any]) -> set[str]:
-    return {n for n, p in inspect.signature(fn).parameters.items() if p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)} - {"self"}
+    return {
+        n for n, p in inspect.signature(fn).parameters.items() if p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)
+    } - {"self"}
 
 
 def model_keys(name: str) -> set[str]:
@@ -175,7 +185,9 @@ def _check_options(section: str, entry: dict[str, Any]) -> None:
     allowed = _KEYS[section](entry["name"])
     for key in entry:
         if key != "name" and key not in allowed:
-            raise VeilError(f"unknown config key '{section}.{key}' for {section} {entry['name']!r}; allowed: {', '.join(sorted(allowed)) or '(none)'}")
+            raise VeilError(
+                f"unknown config key '{section}.{key}' for {section} {entry['name']!r}; allowed: {', '.join(sorted(allowed)) or '(none)'}"
+            )
     schema = _SCHEMAS[section](entry["name"])
     for key, value in entry.items():
         if key in schema:
@@ -247,7 +259,9 @@ def _set(raw: dict[str, Any], key: str, value: Any) -> None:
     if section == "defense":
         ds = _defenses(raw.get("defense"))
         if len(ds) != 1:
-            raise VeilError(f"override '{key}' needs exactly one defense in the config (found {len(ds)}); set defense=NAME first")
+            raise VeilError(
+                f"override '{key}' needs exactly one defense in the config (found {len(ds)}); set defense=NAME first"
+            )
         ds[0][sub] = value
         raw["defense"] = ds
         return
@@ -273,7 +287,9 @@ def _resolve_bare(raw: dict[str, Any], key: str) -> str:
     if len(ds) == 1 and key in defense_keys(ds[0]["name"]):
         owners.append("defense")
     if len(owners) > 1:
-        raise VeilError(f"config key '{key}' is ambiguous (it fits {', '.join(owners)}); write it as section.key, e.g. {owners[0]}.{key}")
+        raise VeilError(
+            f"config key '{key}' is ambiguous (it fits {', '.join(owners)}); write it as section.key, e.g. {owners[0]}.{key}"
+        )
     if not owners:
         raise VeilError(f"unknown config key '{key}' (no section accepts it){_who_takes(key)}")
     return f"{owners[0]}.{key}"

@@ -2,6 +2,7 @@
 
 The CLI catches `VeilError` and prints its message as one line, exit code 2, no traceback.
 """
+
 from __future__ import annotations
 
 

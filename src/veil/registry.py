@@ -2,9 +2,11 @@
 
 Models, defenses and attacks each own one `Registry`; `veil list` shows all of them.
 """
+
 from __future__ import annotations
 
-from typing import Any, Callable, Generic, TypeVar
+from collections.abc import Callable
+from typing import Any, Generic, TypeVar
 
 from veil.errors import VeilError
 

@@ -10,13 +10,15 @@ that is still empty is removed too, with the empty parents it made (a bad input 
 events, results) — a folder with nothing but a resolved config from a run that failed before its
 first step does not, and a corrected command may take it over.
 """
+
 from __future__ import annotations
 
+import contextlib
 import fcntl
 import os
+from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Iterator
 
 from veil.errors import VeilError
 
@@ -51,8 +53,10 @@ def _acquire(path: Path, folder: Path) -> int:
         except BlockingIOError:
             pid = os.read(fd, 32).decode(errors="replace").strip() or "unknown"
             os.close(fd)
-            raise VeilError(f"run folder '{folder}' is in use by another veil process (pid {pid}); "
-                            "wait for it to finish, or pick another --out") from None
+            raise VeilError(
+                f"run folder '{folder}' is in use by another veil process (pid {pid}); "
+                "wait for it to finish, or pick another --out"
+            ) from None
         try:  # the holder we waited on may have removed the file: lock the one that is there now
             same = os.stat(path).st_ino == os.fstat(fd).st_ino
         except FileNotFoundError:
@@ -65,10 +69,8 @@ def _acquire(path: Path, folder: Path) -> int:
 
 
 def _release(fd: int, path: Path, created: list[Path]) -> None:
-    try:
+    with contextlib.suppress(FileNotFoundError):
         path.unlink()  # before unlocking: a process that opened it meanwhile sees the inode change
-    except FileNotFoundError:
-        pass
     os.close(fd)
     for folder in created:  # the folders this lock made, while they are empty
         try:

@@ -5,14 +5,16 @@ types (one line per bad value); `veil list --details NAME` prints them.
 Only plain types are checked (int, float, bool, str, their unions with None, Literal); an option
 of any other type is passed through to its builder, which checks it.
 """
+
 from __future__ import annotations
 
 import inspect
 import re
 import types
 import typing
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Callable, Literal, Union
+from typing import Any, Literal, Union
 
 from veil.errors import VeilError
 

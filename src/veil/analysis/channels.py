@@ -16,6 +16,7 @@ For a gradient G (out, in) and the true inputs X (n, in) of its module we report
              of another batch (a test that passes everything tells nothing). A full-rank
              gradient (noise) passes every vector: span_hit is then 0 by definition (no test).
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass, field
@@ -39,8 +40,10 @@ class Capture:
 
     def run(self, model: VeilModel, batch: Batch) -> dict[str, Tensor]:
         mask = batch["attention_mask"].bool()
-        hooks = [m.register_forward_pre_hook(lambda _m, a, k=k: self.seen.__setitem__(k, a[0].detach()[mask]))
-                 for k, m in self.modules.items()]
+        hooks = [
+            m.register_forward_pre_hook(lambda _m, a, k=k: self.seen.__setitem__(k, a[0].detach()[mask]))
+            for k, m in self.modules.items()
+        ]
         try:
             with torch.no_grad():
                 model(batch)
@@ -79,8 +82,16 @@ def span_stats(g: Tensor, x: Tensor, decoys: Tensor, tol: float) -> dict[str, An
     testable = 0 < rank < width
     hit = float((rel(x, full) < tol).double().mean()) if testable else 0.0
     decoy = float((rel(decoys, full) < tol).double().mean()) if testable and len(decoys) else 0.0
-    return {"rank": rank, "width": width, "tokens": len(x), "overlap": overlap, "chance": (k / width) ** 0.5,
-            "span_hit": hit, "decoy_hit": decoy, "full_rank": rank >= width}
+    return {
+        "rank": rank,
+        "width": width,
+        "tokens": len(x),
+        "overlap": overlap,
+        "chance": (k / width) ** 0.5,
+        "span_hit": hit,
+        "decoy_hit": decoy,
+        "full_rank": rank >= width,
+    }
 
 
 def embedding_stats(obs: Observation, batch: Batch, special: set[int]) -> dict[str, Any]:
@@ -99,14 +110,24 @@ def embedding_stats(obs: Observation, batch: Batch, special: set[int]) -> dict[s
     tested = set(guess_present(z, rows.shape[1], 1.0 / rows.shape[0]).tolist()) - special
     present = norms[sorted(truth)] if truth else norms[:0]
     V = rows.shape[0]
-    return {"exported": True, "vocab": V, "present_tokens": len(truth), "nonzero_rows": int((norms > 0).sum()),
-            "row_norm_max_over_median": float(present.max() / present.median()) if len(present) and present.median() > 0 else None,
-            "nonzero_f1": presence(truth, nonzero)["presence_f1"], "chi2_test_f1": presence(truth, tested)["presence_f1"],
-            "chi2_found": len(tested), "random_f1_same_guesses": random_guess_f1(len(truth), len(tested), V)}
+    return {
+        "exported": True,
+        "vocab": V,
+        "present_tokens": len(truth),
+        "nonzero_rows": int((norms > 0).sum()),
+        "row_norm_max_over_median": float(present.max() / present.median())
+        if len(present) and present.median() > 0
+        else None,
+        "nonzero_f1": presence(truth, nonzero)["presence_f1"],
+        "chi2_test_f1": presence(truth, tested)["presence_f1"],
+        "chi2_found": len(tested),
+        "random_f1_same_guesses": random_guess_f1(len(truth), len(tested), V),
+    }
 
 
-def analyze_channels(model: VeilModel, batch: Batch, decoy: Batch, defenses: list, tol: float = 0.01,
-                     special: set[int] | None = None) -> dict[str, Any]:
+def analyze_channels(
+    model: VeilModel, batch: Batch, decoy: Batch, defenses: list, tol: float = 0.01, special: set[int] | None = None
+) -> dict[str, Any]:
     """Run one defended client step on `batch` and measure every channel per layer."""
     was = model.training
     model.eval()
@@ -126,27 +147,41 @@ def analyze_channels(model: VeilModel, batch: Batch, decoy: Batch, defenses: lis
             g = torch.cat([linear_weight(m, obs.grad(m)) for m in modules], dim=0)
             row.update(exported=True, **span_stats(g, true_x[key], decoy_x[key], tol))
         layers.append(row)
-    return {"layers": layers, "embedding": embedding_stats(obs, batch, special or set()), "tol": tol,
-            "batch_size": int(batch["input_ids"].shape[0]), "tokens": int(batch["attention_mask"].sum())}
+    return {
+        "layers": layers,
+        "embedding": embedding_stats(obs, batch, special or set()),
+        "tol": tol,
+        "batch_size": int(batch["input_ids"].shape[0]),
+        "tokens": int(batch["attention_mask"].sum()),
+    }
 
 
 def markdown_table(result: dict[str, Any], title: str) -> str:
-    lines = [f"# Leakage channels: {title}", "",
-             f"One client step, batch {result['batch_size']} ({result['tokens']} real tokens); span tolerance {result['tol']}.", "",
-             "| layer | channel | exported | rank / width | overlap (chance) | span hit | decoy hit |", "|---|---|---|---|---|---|---|"]
+    lines = [
+        f"# Leakage channels: {title}",
+        "",
+        f"One client step, batch {result['batch_size']} ({result['tokens']} real tokens); span tolerance {result['tol']}.",
+        "",
+        "| layer | channel | exported | rank / width | overlap (chance) | span hit | decoy hit |",
+        "|---|---|---|---|---|---|---|",
+    ]
     for r in result["layers"]:
         if not r["exported"]:
             lines.append(f"| {r['key']} | {r['channel']} | no (frozen) | - | - | 0 | - |")
         else:
-            lines.append(f"| {r['key']} | {r['channel']} | yes | {r['rank']} / {r['width']} | {r['overlap']:.3f} ({r['chance']:.3f}) "
-                         f"| {r['span_hit']:.3f} | {r['decoy_hit']:.3f} |")
+            lines.append(
+                f"| {r['key']} | {r['channel']} | yes | {r['rank']} / {r['width']} | {r['overlap']:.3f} ({r['chance']:.3f}) "
+                f"| {r['span_hit']:.3f} | {r['decoy_hit']:.3f} |"
+            )
     e = result["embedding"]
     lines += ["", "## Channel 2: token-embedding rows", ""]
     if e.get("exported"):
-        lines += [f"- present tokens (non-special): {e['present_tokens']}; non-zero rows: {e['nonzero_rows']} of {e['vocab']}",
-                  f"- largest / median present-row norm: {e['row_norm_max_over_median']}",
-                  f"- presence F1 of the non-zero rows: {e['nonzero_f1']:.3f}; of the chi-square test (noise law known): "
-                  f"{e['chi2_test_f1']:.3f} with {e['chi2_found']} guesses (random guess, same count: {e['random_f1_same_guesses']:.4f})"]
+        lines += [
+            f"- present tokens (non-special): {e['present_tokens']}; non-zero rows: {e['nonzero_rows']} of {e['vocab']}",
+            f"- largest / median present-row norm: {e['row_norm_max_over_median']}",
+            f"- presence F1 of the non-zero rows: {e['nonzero_f1']:.3f}; of the chi-square test (noise law known): "
+            f"{e['chi2_test_f1']:.3f} with {e['chi2_found']} guesses (random guess, same count: {e['random_f1_same_guesses']:.4f})",
+        ]
     else:
         lines.append("- not exported")
     return "\n".join(lines) + "\n"

@@ -5,6 +5,7 @@ every slot for text), `pca` projects them with a numpy SVD, `explained_variance`
 cumulative share of variance kept by the first k components (Table XII), and `plot_pe` draws the
 1-D (PC1 against position), 2-D and 3-D projections with position labels.
 """
+
 from __future__ import annotations
 
 import json
@@ -22,7 +23,7 @@ def pe_rows(model: VeilModel, rows: int | None = None) -> tuple[np.ndarray, list
     table = table.reshape(-1, table.shape[-1])
     if model.modality == "image":
         H, W = model.grid_shape
-        table = table[1: 1 + H * W]  # row 0 is [CLS]
+        table = table[1 : 1 + H * W]  # row 0 is [CLS]
         labels = [f"{i // W},{i % W}" for i in range(H * W)]
     else:
         table = table[:rows] if rows else table
@@ -88,17 +89,27 @@ def _save(fig: Any, path: Path) -> Path:
     return path
 
 
-def analyze_model_pe(model: VeilModel, out: str | Path, title: str = "position embeddings", dims: int = 10,
-                     rows: int | None = None, plots: bool = True) -> dict[str, Any]:
+def analyze_model_pe(
+    model: VeilModel,
+    out: str | Path,
+    title: str = "position embeddings",
+    dims: int = 10,
+    rows: int | None = None,
+    plots: bool = True,
+) -> dict[str, Any]:
     """Write pe_analysis.json / .md (Table XII analogue) and the PCA plots into `out`."""
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
     x, labels = pe_rows(model, rows)
     proj, ratios = pca(x)
     ev = explained_variance(ratios, dims)
-    result = {"title": title, "rows": int(x.shape[0]), "dim": int(x.shape[1]),
-              "explained_variance_percent": {str(k): v for k, v in ev.items()},
-              "component_ratio_percent": [round(float(r) * 100, 3) for r in ratios[:dims]]}
+    result = {
+        "title": title,
+        "rows": int(x.shape[0]),
+        "dim": int(x.shape[1]),
+        "explained_variance_percent": {str(k): v for k, v in ev.items()},
+        "component_ratio_percent": [round(float(r) * 100, 3) for r in ratios[:dims]],
+    }
     if plots:
         every = 1 if len(labels) <= 80 else max(1, len(labels) // 40)
         result["plots"] = [p.name for p in plot_pe(proj, labels, out, title, every)]

@@ -1,4 +1,5 @@
 """Attack registry: `create_attack(name, **settings)` / `list_attacks()`; one family per file."""
+
 from __future__ import annotations
 
 import importlib
@@ -9,7 +10,22 @@ from veil.registry import Registry
 
 ATTACKS: Registry[Attack] = Registry("attack")
 
-_FAMILIES = ("analytic_vit", "april_mjp", "inverting", "labels", "presence", "span", "text_opt", "adaptive", "features", "span_mjp", "span_robust", "inverting_fedavg", "head_embedding", "multiround")
+_FAMILIES = (
+    "analytic_vit",
+    "april_mjp",
+    "inverting",
+    "labels",
+    "presence",
+    "span",
+    "text_opt",
+    "adaptive",
+    "features",
+    "span_mjp",
+    "span_robust",
+    "inverting_fedavg",
+    "head_embedding",
+    "multiround",
+)
 
 
 def _load_builtin() -> None:
@@ -31,4 +47,14 @@ def list_attacks() -> list[str]:
     return ATTACKS.names()
 
 
-__all__ = ["ATTACKS", "Attack", "Knowledge", "LocalTraining", "Observation", "Reconstruction", "create_attack", "list_attacks", "observe"]
+__all__ = [
+    "ATTACKS",
+    "Attack",
+    "Knowledge",
+    "LocalTraining",
+    "Observation",
+    "Reconstruction",
+    "create_attack",
+    "list_attacks",
+    "observe",
+]

@@ -24,10 +24,10 @@ span-unfrozen       DAGER's span check (eq. 2-3) on every 2-D gradient that is s
                     decoder's first token (it attends only to [CLS] and itself), approximate for an
                     encoder (every position attends to the rest of the sentence).
 """
+
 from __future__ import annotations
 
 import math
-from typing import Any
 
 import torch
 from scipy.stats import chi2
@@ -49,7 +49,9 @@ def presence_rows(obs: Observation, source: str) -> Tensor:
     tied = getattr(head, "weight", None) is emb.weight
     if source == "embedding":
         if tied:
-            raise VeilError("presence-adaptive needs an untied token embedding; this model ties it to the LM head (use source=head on untied decoders)")
+            raise VeilError(
+                "presence-adaptive needs an untied token embedding; this model ties it to the LM head (use source=head on untied decoders)"
+            )
         return obs.grad(emb).float()
     if source == "head":
         if model.task != "lm" or tied:
@@ -109,12 +111,23 @@ class _PresenceTest(Attack):
             found = set(guess_present(z, rows.shape[1], alpha).tolist())
         if not self.settings.get("keep_special", False):
             found -= set(special_ids(obs.model, know.tokenizer))
-        return Reconstruction(token_set=found, stats={"found": len(found), "noise_std": math.sqrt(s2), "alpha": alpha,
-                                                      "rows": rows.shape[0], "rounds": rounds,
-                                                      "max_z": float(z.max()) if torch.isfinite(z.max()) else None})
+        return Reconstruction(
+            token_set=found,
+            stats={
+                "found": len(found),
+                "noise_std": math.sqrt(s2),
+                "alpha": alpha,
+                "rows": rows.shape[0],
+                "rounds": rounds,
+                "max_z": float(z.max()) if torch.isfinite(z.max()) else None,
+            },
+        )
 
 
-@ATTACKS.register("presence-adaptive", help="token bag by a chi-square test of embedding row norms, knowing the noise law (adaptive vs AEGIS)")
+@ATTACKS.register(
+    "presence-adaptive",
+    help="token bag by a chi-square test of embedding row norms, knowing the noise law (adaptive vs AEGIS)",
+)
 class PresenceAdaptive(_PresenceTest):
     """Settings: ``alpha`` (1/V, false-positive rate per row), ``source`` (embedding | head), ``keep_special``."""
 
@@ -125,7 +138,9 @@ class PresenceAdaptive(_PresenceTest):
         return self._test(presence_rows(obs, str(self.settings.get("source", "embedding"))), obs, know, 1)
 
 
-@ATTACKS.register("presence-average", help="presence test on the mean of R rounds of one client's updates (needs aux_data rounds)")
+@ATTACKS.register(
+    "presence-average", help="presence test on the mean of R rounds of one client's updates (needs aux_data rounds)"
+)
 class PresenceAverage(_PresenceTest):
     """Settings as presence-adaptive; the other rounds in ``Knowledge.aux_data["rounds"]``."""
 
@@ -136,7 +151,9 @@ class PresenceAverage(_PresenceTest):
         source = str(self.settings.get("source", "embedding"))
         others = (know.aux_data or {}).get("rounds") if isinstance(know.aux_data, dict) else None
         if not others:
-            raise VeilError("presence-average needs the client's other updates in knowledge aux_data={'rounds': [grads, ...]}")
+            raise VeilError(
+                "presence-average needs the client's other updates in knowledge aux_data={'rounds': [grads, ...]}"
+            )
         rows = presence_rows(obs, source)
         for grads in others:
             rows = rows + presence_rows(Observation(obs.model, grads), source)
@@ -159,11 +176,20 @@ def module_inputs(model: VeilModel, modules: list[nn.Module], ids: Tensor, prefi
     """Inputs of `modules` at the last position when each id in `ids` follows the known `prefix`
     (e.g. [CLS]) as a short sentence."""
     seen: dict[int, Tensor] = {}
-    hooks = [m.register_forward_pre_hook(lambda mod, a, i=i: seen.__setitem__(i, a[0][:, -1].detach())) for i, m in enumerate(modules)]
+    hooks = [
+        m.register_forward_pre_hook(lambda mod, a, i=i: seen.__setitem__(i, a[0][:, -1].detach()))
+        for i, m in enumerate(modules)
+    ]
     seqs = torch.cat([torch.tensor(prefix, dtype=torch.long).expand(len(ids), len(prefix)), ids[:, None]], dim=1)
     try:
         with torch.no_grad():
-            model({"input_ids": seqs, "attention_mask": torch.ones_like(seqs), "labels": torch.zeros(len(ids), dtype=torch.long)})
+            model(
+                {
+                    "input_ids": seqs,
+                    "attention_mask": torch.ones_like(seqs),
+                    "labels": torch.zeros(len(ids), dtype=torch.long),
+                }
+            )
     finally:
         for h in hooks:
             h.remove()
@@ -184,7 +210,10 @@ def noisy_span(g: Tensor, noise_aware: bool, rank_tol: float = 1e-6) -> Tensor:
     return vh[keep].T
 
 
-@ATTACKS.register("span-unfrozen", help="DAGER span check on every still-exported first-block layer (MLP up/down, head), noise-aware rank")
+@ATTACKS.register(
+    "span-unfrozen",
+    help="DAGER span check on every still-exported first-block layer (MLP up/down, head), noise-aware rank",
+)
 class SpanUnfrozen(Attack):
     """Settings: ``tol`` (0.01) span distance, ``blocks`` (1), ``noise_aware`` (True when a defense is known)."""
 
@@ -203,8 +232,12 @@ class SpanUnfrozen(Attack):
     def _reconstruct(self, obs: Observation, know: Knowledge) -> Reconstruction:
         model = obs.model
         tol = float(self.settings.get("tol", 0.01))
-        noise_aware = bool(self.settings.get("noise_aware", bool(know.defense) and know.defense.get("name") not in (None, "none")))
-        targets = {k: m for k, m in self._targets(model, int(self.settings.get("blocks", 1))).items() if obs.has_grad(m)}
+        noise_aware = bool(
+            self.settings.get("noise_aware", bool(know.defense) and know.defense.get("name") not in (None, "none"))
+        )
+        targets = {
+            k: m for k, m in self._targets(model, int(self.settings.get("blocks", 1))).items() if obs.has_grad(m)
+        }
         vocab = torch.arange(model.token_embedding().weight.shape[0])
         was = model.training
         model.eval()
@@ -216,8 +249,11 @@ class SpanUnfrozen(Attack):
         specials = set(special_ids(model, know.tokenizer))
         per_layer, found = {}, set()
         for (name, mod), x in zip(targets.items(), inputs):
-            noised = noise_aware and (name.startswith("mlp_up") or (name.startswith("mlp_down") and bool(know.defense.get("mlp_down_noise")))
-                                      or (name == "head" and bool(know.defense.get("head_noise"))))
+            noised = noise_aware and (
+                name.startswith("mlp_up")
+                or (name.startswith("mlp_down") and bool(know.defense.get("mlp_down_noise")))
+                or (name == "head" and bool(know.defense.get("head_noise")))
+            )
             basis = noisy_span(linear_weight(mod, obs.grad(mod)), noised)
             if basis.shape[1] == 0 or basis.shape[1] >= basis.shape[0] or x.shape[-1] != basis.shape[0]:
                 per_layer[name] = {"rank": int(basis.shape[1]), "width": int(basis.shape[0]), "passed": 0}

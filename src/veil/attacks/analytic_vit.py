@@ -29,6 +29,7 @@ spread over it, and DAL's term (Eq. 4, added to the unmasked rows of dL/dE_pos) 
 low PSNR is this attacker's failure, not MJP's protection: `april-mjp` (`veil.attacks.april_mjp`)
 knows the mechanism and recovers the unmasked patches exactly and the masked ones as a set.
 """
+
 from __future__ import annotations
 
 import torch
@@ -90,15 +91,24 @@ class April(Attack):
         G = position_rows(obs)
         dW = weight_as_matrix(obs.grad(model.token_embedding()))
         if G.shape[0] != model.grid**2:
-            raise VeilError(f"april: position gradient has {G.shape[0]} patch rows, the model has {model.grid ** 2} patches")
+            raise VeilError(
+                f"april: position gradient has {G.shape[0]} patch rows, the model has {model.grid**2} patches"
+            )
         X = solve_patches(G, dW, float(self.settings.get("rcond", 1e-7)))
         img = unpatchify(X.unsqueeze(0), p, chans, size)
         if self.settings.get("clamp", True):
             img = img.clamp(0.0, 1.0)
         rank = int(torch.linalg.matrix_rank(G.double()))
         batch = know.batch_size or 1
-        return Reconstruction(images=img.detach(), stats={"rank": rank, "patches": G.shape[0], "width": G.shape[1],
-                                                          "exact_possible": rank == G.shape[0] and batch == 1})
+        return Reconstruction(
+            images=img.detach(),
+            stats={
+                "rank": rank,
+                "patches": G.shape[0],
+                "width": G.shape[1],
+                "exact_possible": rank == G.shape[0] and batch == 1,
+            },
+        )
 
 
 ATTACKS.register("april", "APRIL closed form: patches = pinv(dL/dE_pos^T) dL/dW_patch (ViT, batch 1)")(April)

@@ -49,11 +49,13 @@ Options: iterations (LM / L-BFGS iterations, 0 = closed form only; default 200),
 matching left them), rcond, clamp, seed (symmetry-breaking noise on the start).
 DRL (sampled pairs) cannot be replayed: with aux=drl the position rows are left out of the match.
 """
+
 from __future__ import annotations
 
 import copy
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Any
 
 import torch
 from torch import Tensor
@@ -68,7 +70,16 @@ from veil.models.base import VeilModel
 from veil.models.vit import unpatchify
 
 LM_FLOOR = 1e-8  # residual cost below which the match is at the float32 update's rounding (1e-13 to 4e-9 measured)
-DEFAULTS: dict[str, Any] = {"iterations": 200, "restarts": 6, "solver": "auto", "lm_max": 1024, "place": "solver", "rcond": 1e-7, "clamp": True, "seed": 0}
+DEFAULTS: dict[str, Any] = {
+    "iterations": 200,
+    "restarts": 6,
+    "solver": "auto",
+    "lm_max": 1024,
+    "place": "solver",
+    "rcond": 1e-7,
+    "clamp": True,
+    "seed": 0,
+}
 
 
 class Twin:
@@ -111,7 +122,11 @@ class Twin:
         from veil.defenses.mjp import grid_locations
 
         m = self.model
-        if mech.get("aux") != "dal" or not float(mech.get("aux_lambda") or 0) or not hasattr(getattr(m, "mjp", None), "loc"):
+        if (
+            mech.get("aux") != "dal"
+            or not float(mech.get("aux_lambda") or 0)
+            or not hasattr(getattr(m, "mjp", None), "loc")
+        ):
             return {}
         table = m.position_embeddings(None)[0]  # (N, D): the patch slots' rows
         keep = (~masked).to(table.dtype)
@@ -151,8 +166,10 @@ class AprilMJP(April):
     """APRIL with MJP's mechanism known: masked slots found, DAL removed, masked set matched, placed."""
 
     name = "april-mjp"
-    knows = ("the update of one image (batch 1), the weights and MJP's mechanism (Knowledge.defense: E_unk at the masked "
-             "slots, DAL's loss and weight); not the masks, the shuffle or the label")
+    knows = (
+        "the update of one image (batch 1), the weights and MJP's mechanism (Knowledge.defense: E_unk at the masked "
+        "slots, DAL's loss and weight); not the masks, the shuffle or the label"
+    )
 
     def opt(self, key: str) -> Any:
         return self.settings.get(key, DEFAULTS[key])
@@ -163,11 +180,15 @@ class AprilMJP(April):
         mech = dict(know.defense.get("mjp") or {})
         rows = position_rows(obs).double()  # one-line errors when the update lacks these gradients
         obs.grad(model.token_embedding())
-        if rows.shape[0] != model.grid ** 2:
-            raise VeilError(f"april-mjp: position gradient has {rows.shape[0]} patch rows, the model has {model.grid ** 2} patches")
+        if rows.shape[0] != model.grid**2:
+            raise VeilError(
+                f"april-mjp: position gradient has {rows.shape[0]} patch rows, the model has {model.grid**2} patches"
+            )
         solver, place_how = str(self.opt("solver")), str(self.opt("place"))
         if solver not in ("auto", "lm", "lbfgs") or place_how not in ("solver", "slots"):
-            raise VeilError(f"april-mjp: solver must be 'auto', 'lm' or 'lbfgs' and place must be 'solver' or 'slots', got {solver!r}, {place_how!r}")
+            raise VeilError(
+                f"april-mjp: solver must be 'auto', 'lm' or 'lbfgs' and place must be 'solver' or 'slots', got {solver!r}, {place_how!r}"
+            )
         twin = Twin(model)
         masked = rows.abs().amax(-1) == 0  # step 1
         target, scale, dal = self._target(twin, obs, masked, mech)  # step 2
@@ -176,7 +197,12 @@ class AprilMJP(April):
         dW = weight_as_matrix(target[twin.name(twin.model.token_embedding().weight)])
         S = target.get("mjp.unk", torch.zeros(1, G.shape[1], dtype=G.dtype)).reshape(-1)
         X = structured_solve(G, masked, S, dW, float(self.opt("rcond")))  # step 3
-        stats: dict[str, Any] = {"masked_found": int(masked.sum()), "dal_removed": bool(dal), "scale": scale, "iterations": 0}
+        stats: dict[str, Any] = {
+            "masked_found": int(masked.sum()),
+            "dal_removed": bool(dal),
+            "scale": scale,
+            "iterations": 0,
+        }
         batch = int(know.batch_size or 1)
         if int(self.opt("iterations")) > 0 and batch == 1:
             prob = Problem(twin, G, dW, S, masked, recover_labels(obs, 1), (p, chans, size), mech.get("aux") != "drl")
@@ -196,7 +222,9 @@ class AprilMJP(April):
         stats["exact_possible"] = batch == 1
         return Reconstruction(images=img.detach(), stats=stats)
 
-    def _target(self, twin: Twin, obs: Observation, masked: Tensor, mech: dict[str, Any]) -> tuple[dict[str, Tensor], float, dict[str, Tensor]]:
+    def _target(
+        self, twin: Twin, obs: Observation, masked: Tensor, mech: dict[str, Any]
+    ) -> tuple[dict[str, Tensor], float, dict[str, Tensor]]:
         """The exported gradients in float64, rescaled, with DAL's term removed (and g's dropped)."""
         dal = twin.dal(masked, mech)
         grads = {n: g.double() for n, g in obs.grads.items() if n in set(twin.names.values())}
@@ -223,7 +251,9 @@ class AprilMJP(April):
         evals = 0
         for r in range(max(1, int(self.opt("restarts")))):
             x0 = self._start(X, prob.masked, r)
-            x, cost, n = levenberg_marquardt(lambda flat: prob.residual(flat.view(-1, *X.shape)), x0.flatten(), int(self.opt("iterations")))
+            x, cost, n = levenberg_marquardt(
+                lambda flat: prob.residual(flat.view(-1, *X.shape)), x0.flatten(), int(self.opt("iterations"))
+            )
             evals += n
             if best is None or cost < best[1]:
                 best = (x.view_as(X), cost)
@@ -245,11 +275,23 @@ class AprilMJP(April):
 
         def build() -> Tensor:
             XU, XM = (a, C) if V is None else (fixed + a @ V, C @ V)
-            return torch.zeros_like(X0).index_put((keep.nonzero().flatten(),), XU).index_put((masked.nonzero().flatten(),), XM)
+            return (
+                torch.zeros_like(X0)
+                .index_put((keep.nonzero().flatten(),), XU)
+                .index_put((masked.nonzero().flatten(),), XM)
+            )
 
         its = int(self.opt("iterations"))
-        lbfgs = torch.optim.LBFGS([a, C], lr=1.0, max_iter=its, max_eval=its * 5 // 4, history_size=50, tolerance_grad=1e-16,
-                                  tolerance_change=1e-20, line_search_fn="strong_wolfe")
+        lbfgs = torch.optim.LBFGS(
+            [a, C],
+            lr=1.0,
+            max_iter=its,
+            max_eval=its * 5 // 4,
+            history_size=50,
+            tolerance_grad=1e-16,
+            tolerance_change=1e-20,
+            line_search_fn="strong_wolfe",
+        )
         evals = 0
 
         def closure() -> Tensor:
@@ -281,8 +323,14 @@ def masked_span(G_U: Tensor, dW: Tensor, m: int) -> Tensor | None:
     return torch.linalg.svd(Q.t() @ dW, full_matrices=False)[2][:m]
 
 
-def levenberg_marquardt(residual: Callable[[Tensor], Tensor], x0: Tensor, iterations: int, chunk: int = 128,
-                        h: float = 1e-7, floor: float = LM_FLOOR) -> tuple[Tensor, float, int]:
+def levenberg_marquardt(
+    residual: Callable[[Tensor], Tensor],
+    x0: Tensor,
+    iterations: int,
+    chunk: int = 128,
+    h: float = 1e-7,
+    floor: float = LM_FLOOR,
+) -> tuple[Tensor, float, int]:
     """min ||r(x)||^2 by Levenberg-Marquardt (Marquardt's diagonal scaling); the Jacobian by forward
     differences, all n perturbed points in batched calls of `residual` ((B, n) -> (B, R)). Stops
     when no step lowers the cost, or when an iteration gains < 1% with the cost under `floor`.
@@ -293,7 +341,7 @@ def levenberg_marquardt(residual: Callable[[Tensor], Tensor], x0: Tensor, iterat
     cost, lam, evals = float(r @ r), 1e-3, 1
     eye = torch.eye(n, dtype=x.dtype)
     for _ in range(iterations):
-        J = torch.cat([(residual(x + h * eye[i:i + chunk]) - r) / h for i in range(0, n, chunk)]).t()  # (R, n)
+        J = torch.cat([(residual(x + h * eye[i : i + chunk]) - r) / h for i in range(0, n, chunk)]).t()  # (R, n)
         evals += n
         A, g = J.t() @ J, J.t() @ r
         scale = torch.diag(A.diagonal().clamp(min=1e-30))
@@ -322,5 +370,8 @@ def structured_solve(G: Tensor, masked: Tensor, S: Tensor, dW: Tensor, rcond: fl
     return torch.linalg.pinv(G.t(), rtol=rcond) @ dW.double()
 
 
-ATTACKS.register("april-mjp", "APRIL knowing MJP: masked slots from zero rows, DAL removed, masked set by gradient matching, "
-                              "jigsaw-placed (ViT, batch 1)")(AprilMJP)
+ATTACKS.register(
+    "april-mjp",
+    "APRIL knowing MJP: masked slots from zero rows, DAL removed, masked set by gradient matching, "
+    "jigsaw-placed (ViT, batch 1)",
+)(AprilMJP)

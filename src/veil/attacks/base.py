@@ -2,6 +2,7 @@
 (`Knowledge`), and what it returns (`Reconstruction`). breaching's rule holds: an attack never
 receives the private batch; metrics compare against it afterwards, outside the attack.
 """
+
 from __future__ import annotations
 
 import time
@@ -55,7 +56,9 @@ class Observation:
             param = getattr(param, what)
         name = self._names().get(id(param))
         if name is None or name not in self.grads:
-            raise VeilError(f"the observation has no gradient for {name or 'this parameter'} (frozen or not exported); this attack needs it")
+            raise VeilError(
+                f"the observation has no gradient for {name or 'this parameter'} (frozen or not exported); this attack needs it"
+            )
         return self.grads[name]
 
     def has_grad(self, param: nn.Parameter | nn.Module, what: str = "weight") -> bool:

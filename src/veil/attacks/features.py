@@ -29,9 +29,11 @@ slot i holding patch i, which is what p-FeSTA's permutation module takes away.
    knows); True / False force it (False is the naive decoder of 1.). Measured on digits: 25.2 dB
    with the permutation vs 25.5 without (docs/results.md); the naive decoder falls to 10.1 dB.
 """
+
 from __future__ import annotations
 
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 import torch
 from torch import Tensor, nn
@@ -49,7 +51,14 @@ class Decoder(nn.Module):
         super().__init__()
         self.shape = shape
         out = shape[0] * shape[1] * shape[2]
-        self.net = nn.Sequential(nn.Flatten(), nn.Linear(tokens * dim, hidden), nn.GELU(), nn.Linear(hidden, hidden), nn.GELU(), nn.Linear(hidden, out))
+        self.net = nn.Sequential(
+            nn.Flatten(),
+            nn.Linear(tokens * dim, hidden),
+            nn.GELU(),
+            nn.Linear(hidden, hidden),
+            nn.GELU(),
+            nn.Linear(hidden, out),
+        )
 
     def forward(self, f: Tensor) -> Tensor:
         return self.net(f).sigmoid().view(-1, *self.shape)
@@ -188,5 +197,10 @@ class FeatureHijack(_FeatureAttack):
             return Reconstruction(images=dec(f), stats={"d_loss": float(d_loss), "g_loss": float(g_loss)})
 
 
-ATTACKS.register("feature_inversion", "split learning: decoder trained on the head's features of auxiliary data, applied to intercepted features")(FeatureInversion)
-ATTACKS.register("fsha", "split learning: feature-space hijacking (encoder + decoder + discriminator on auxiliary data), passive")(FeatureHijack)
+ATTACKS.register(
+    "feature_inversion",
+    "split learning: decoder trained on the head's features of auxiliary data, applied to intercepted features",
+)(FeatureInversion)
+ATTACKS.register(
+    "fsha", "split learning: feature-space hijacking (encoder + decoder + discriminator on auxiliary data), passive"
+)(FeatureHijack)

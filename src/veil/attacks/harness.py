@@ -9,10 +9,12 @@ the evaluator also keeps which slots the shuffle selected and which tokens it mo
 (`shuffle_record`; never given to the attacker): `score` reports unshuffled_recovery and
 moved_tokens from them.
 """
+
 from __future__ import annotations
 
+from collections.abc import Iterator
 from contextlib import contextmanager
-from typing import Any, Iterator
+from typing import Any
 
 import torch
 from torch import Tensor
@@ -30,7 +32,9 @@ def private_batches(split: dict[str, Tensor], batch_size: int, samples: int, see
     if batch_size < 1 or samples < 1:
         raise VeilError(f"--batch-size and --samples must be at least 1, got {batch_size} and {samples}")
     if batch_size * samples > n:
-        raise VeilError(f"{samples} samples of batch {batch_size} need {batch_size * samples} examples; the test split has {n}")
+        raise VeilError(
+            f"{samples} samples of batch {batch_size} need {batch_size * samples} examples; the test split has {n}"
+        )
     order = torch.randperm(n, generator=torch.Generator().manual_seed(seed))[: batch_size * samples]
     return [{k: v[idx] for k, v in split.items()} for idx in order.reshape(samples, batch_size)]
 
@@ -89,8 +93,8 @@ def shuffled_reference(model: VeilModel, batch: dict[str, Tensor], order: Tensor
         return batch
     out = dict(batch)
     if "pixels" in batch:
-        from veil.models.vit import patchify, unpatchify
         from veil.attacks.analytic_vit import patch_geometry
+        from veil.models.vit import patchify, unpatchify
 
         p, chans, size = patch_geometry(model)
         patches = patchify(batch["pixels"], p)
@@ -101,25 +105,47 @@ def shuffled_reference(model: VeilModel, batch: dict[str, Tensor], order: Tensor
     return out
 
 
-def knowledge_for(batch: dict[str, Tensor], data: Any, defenses: list, seed: int, grant: dict[str, Any] | None = None) -> Knowledge:
+def knowledge_for(
+    batch: dict[str, Tensor], data: Any, defenses: list, seed: int, grant: dict[str, Any] | None = None
+) -> Knowledge:
     """What the attacker is granted. By default: batch size, input shape, the public tokenizer and
     the defense's settings (an adaptive attacker), not the labels. `grant` switches each off/on:
     {labels: bool, batch_size: bool, seq_len: bool, defense: bool, candidates: bool}; candidates (the
     test split's inputs as `aux_data["candidates"]`) is on for an attack that declares ``needs_pool``."""
-    grant = {"labels": False, "batch_size": True, "seq_len": True, "defense": True, "candidates": False, **(grant or {})}
+    grant = {
+        "labels": False,
+        "batch_size": True,
+        "seq_len": True,
+        "defense": True,
+        "candidates": False,
+        **(grant or {}),
+    }
     B = len(next(iter(batch.values())))
     # a candidate pool that holds the private batch (the attacked batches are drawn from the test split)
     pool = {"candidates": {k: v for k, v in data.test.items() if k != "labels"}} if grant["candidates"] else None
     shape = tuple(batch["pixels"].shape[1:]) if "pixels" in batch else (batch["input_ids"].shape[1],)
-    return Knowledge(batch_size=B if grant["batch_size"] else None, input_shape=shape,
-                     seq_len=shape[0] if "input_ids" in batch and grant["seq_len"] else None,
-                     labels=batch["labels"].clone() if grant["labels"] and "labels" in batch else None,
-                     tokenizer=data.meta.get("tokenizer"),
-                     defense={d.name: d.describe() for d in defenses} if grant["defense"] else {}, aux_data=pool, seed=seed)
+    return Knowledge(
+        batch_size=B if grant["batch_size"] else None,
+        input_shape=shape,
+        seq_len=shape[0] if "input_ids" in batch and grant["seq_len"] else None,
+        labels=batch["labels"].clone() if grant["labels"] and "labels" in batch else None,
+        tokenizer=data.meta.get("tokenizer"),
+        defense={d.name: d.describe() for d in defenses} if grant["defense"] else {},
+        aux_data=pool,
+        seed=seed,
+    )
 
 
-def attack_once(attack: Attack, model: VeilModel, batch: dict[str, Tensor], defenses: list, data: Any,
-                reference: str, seed: int, grant: dict[str, Any] | None = None) -> tuple[Reconstruction, dict[str, Tensor], Observation]:
+def attack_once(
+    attack: Attack,
+    model: VeilModel,
+    batch: dict[str, Tensor],
+    defenses: list,
+    data: Any,
+    reference: str,
+    seed: int,
+    grant: dict[str, Any] | None = None,
+) -> tuple[Reconstruction, dict[str, Tensor], Observation]:
     """One defended client step, the attack on what the server saw, and the reference to score against."""
     with recorded_order(model) as rec:
         obs = observe(model, batch, defenses)
@@ -161,11 +187,25 @@ def score(rec: Reconstruction, ref: dict[str, Tensor], data: Any) -> dict[str, f
             out.update(shuffle_scores(ref, rec.images, report["order"]))
     if rec.token_ids is not None:
         flags = {k: sequences({**ref, "input_ids": ref[k]}) for k in ("moved", "shuffled") if k in ref}
-        out.update({k: float(v) for k, v in text_report(sequences(ref), rec.token_ids, ignore=special_ids(data), **flags).items() if k != "order"})
-    if rec.token_set is not None or rec.token_ids is not None:  # a text attack's bag: its token set, else its sentences' tokens
+        out.update(
+            {
+                k: float(v)
+                for k, v in text_report(sequences(ref), rec.token_ids, ignore=special_ids(data), **flags).items()
+                if k != "order"
+            }
+        )
+    if (
+        rec.token_set is not None or rec.token_ids is not None
+    ):  # a text attack's bag: its token set, else its sentences' tokens
         true = {int(t) for t in ref["input_ids"][ref["attention_mask"].bool()].tolist()} - set(special_ids(data))
-        bag = rec.token_set if rec.token_set is not None else {int(t) for s in rec.token_ids for t in s} - set(special_ids(data))
-        out.update({f"presence_{k}" if not k.startswith("presence") else k: float(v) for k, v in presence(true, bag).items()})
+        bag = (
+            rec.token_set
+            if rec.token_set is not None
+            else {int(t) for s in rec.token_ids for t in s} - set(special_ids(data))
+        )
+        out.update(
+            {f"presence_{k}" if not k.startswith("presence") else k: float(v) for k, v in presence(true, bag).items()}
+        )
     if rec.labels is not None and "labels" in ref:
         from veil.attacks.labels import label_accuracy
 

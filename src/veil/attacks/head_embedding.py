@@ -20,6 +20,7 @@ the test split the attacked batches are drawn from), optionally with `"candidate
 already embedded by the same frozen model. Cost: one forward of the pool per attacked update. Under DP-SGD the
 noise on dL/dW and dL/db hides h; the guarantee bounds this attacker like any other.
 """
+
 from __future__ import annotations
 
 import torch
@@ -52,8 +53,10 @@ class HeadEmbedding(Attack):
 
     name = "head-embedding"
     modality = "any"
-    knows = ("the classifier's update (batch 1), the frozen global model, and a pool of candidate inputs that holds the "
-             "private one (Knowledge.aux_data['candidates']); not the defense (naive)")
+    knows = (
+        "the classifier's update (batch 1), the frozen global model, and a pool of candidate inputs that holds the "
+        "private one (Knowledge.aux_data['candidates']); not the defense (naive)"
+    )
     defaults = {"pool_batch": 256}
     needs_pool = True  # veil's harness grants the test split's inputs, which hold the attacked batch
 
@@ -73,8 +76,7 @@ class HeadEmbedding(Attack):
         if "input_ids" in pool:
             ids = pool["input_ids"][i][pool["attention_mask"][i].bool()].tolist()
             return Reconstruction(token_ids=[ids], stats=stats)
-        return Reconstruction(images=pool["pixels"][i:i + 1].clamp(0, 1), stats=stats)
-
+        return Reconstruction(images=pool["pixels"][i : i + 1].clamp(0, 1), stats=stats)
 
     def _pool_features(self, obs: Observation, pool: dict[str, Tensor], device: torch.device) -> Tensor:
         """The pool's embeddings, computed once per model state: the updates of one cell share the
@@ -87,7 +89,10 @@ class HeadEmbedding(Attack):
         return self._pool_cache[1]
 
 
-ATTACKS.register("head-embedding", help="the classifier's input read off its gradient (batch 1), matched to a candidate "
-                                         "pool with the frozen model (needs aux_data candidates)")(HeadEmbedding)
+ATTACKS.register(
+    "head-embedding",
+    help="the classifier's input read off its gradient (batch 1), matched to a candidate "
+    "pool with the frozen model (needs aux_data candidates)",
+)(HeadEmbedding)
 
 __all__ = ["HeadEmbedding", "best_match", "embedding_from_head"]

@@ -18,10 +18,12 @@ input layers only (`layers="input"`, see `InvertingGradients`), or all of them. 
 gradient is taken with `create_graph=True` (double backward, eager attention). The model runs
 in eval mode during the search (dropout off): the attacker cannot replay the client's masks.
 """
+
 from __future__ import annotations
 
+import contextlib
 import time
-from typing import Callable
+from collections.abc import Callable
 
 import torch
 from torch import Tensor
@@ -40,7 +42,9 @@ class GradientTarget:
     def __init__(self, model: VeilModel, grads: dict[str, Tensor], only: set[str] | None = None) -> None:
         named = [(n, p) for n, p in model.named_parameters() if n in grads and (only is None or n in only)]
         if not named:
-            raise VeilError("the observation exports no gradient of this model's parameters; a gradient-matching attack needs some")
+            raise VeilError(
+                "the observation exports no gradient of this model's parameters; a gradient-matching attack needs some"
+            )
         self.model = model
         self.names = [n for n, _ in named]
         self.params = [p for _, p in named]
@@ -63,7 +67,11 @@ class GradientTarget:
         # A tensor whose observed gradient is rounding noise (e.g. attention key biases: softmax is
         # shift invariant, so their true gradient is 0) has no direction to match; skip it.
         floor = 1e-6 * max(float(t.norm()) for t in self.target)
-        terms = [1.0 - (g * t).sum() / (g.norm() * t.norm() + 1e-12) for g, t in zip(grads, self.target) if g is not None and float(t.norm()) > floor]
+        terms = [
+            1.0 - (g * t).sum() / (g.norm() * t.norm() + 1e-12)
+            for g, t in zip(grads, self.target)
+            if g is not None and float(t.norm()) > floor
+        ]
         return torch.stack(terms).mean()
 
     def distance(self, kind: str, grads: list[Tensor | None]) -> Tensor:
@@ -130,15 +138,30 @@ class _Inversion(Attack):
             model.train(was_training)
         elapsed = time.perf_counter() - t0
         assert best is not None
-        return Reconstruction(images=best[1].detach().clamp(0, 1), labels=best[2],
-                              stats={"loss": best[0], "iterations": steps, "restarts": int(self.opt("restarts")),
-                                     "iterations_per_second": steps / max(elapsed, 1e-9), "matched": len(target.names)})
+        return Reconstruction(
+            images=best[1].detach().clamp(0, 1),
+            labels=best[2],
+            stats={
+                "loss": best[0],
+                "iterations": steps,
+                "restarts": int(self.opt("restarts")),
+                "iterations_per_second": steps / max(elapsed, 1e-9),
+                "matched": len(target.names),
+            },
+        )
 
     def target_for(self, model: VeilModel, obs: Observation) -> GradientTarget:
         return GradientTarget(model, obs.grads)
 
-    def run_once(self, model: VeilModel, target: GradientTarget, shape: tuple[int, ...], labels: Tensor | None,
-                 gen: torch.Generator, restart: int) -> tuple[float, Tensor, Tensor | None, int]:
+    def run_once(
+        self,
+        model: VeilModel,
+        target: GradientTarget,
+        shape: tuple[int, ...],
+        labels: Tensor | None,
+        gen: torch.Generator,
+        restart: int,
+    ) -> tuple[float, Tensor, Tensor | None, int]:
         raise NotImplementedError
 
 
@@ -185,8 +208,16 @@ def _optimise(params: list[Tensor], objective: Callable[[], Tensor], kind: str, 
     if kind == "lbfgs":
         # One call runs all the iterations: with max_iter=1 per call, torch's strong-Wolfe search
         # gets max_eval - 1 = 0 trial points, rejects every step, and x never leaves its start.
-        opt = torch.optim.LBFGS(params, lr=lr, max_iter=iterations, max_eval=iterations * 5 // 4, history_size=100,
-                                tolerance_grad=1e-10, tolerance_change=1e-12, line_search_fn="strong_wolfe")
+        opt = torch.optim.LBFGS(
+            params,
+            lr=lr,
+            max_iter=iterations,
+            max_eval=iterations * 5 // 4,
+            history_size=100,
+            tolerance_grad=1e-10,
+            tolerance_change=1e-12,
+            line_search_fn="strong_wolfe",
+        )
 
         def closure() -> Tensor:
             nonlocal evals
@@ -214,14 +245,10 @@ def input_layer_names(model: VeilModel, exported: dict[str, Tensor]) -> set[str]
     weight and bias and the position table. At batch 1 their gradients hold the image linearly
     (dL/dW_patch = G^T X, dL/dpos = G), the part of the update that depends on x most directly."""
     ids = set()
-    try:
+    with contextlib.suppress(NotImplementedError):
         ids |= {id(p) for p in model.token_embedding().parameters()}
-    except NotImplementedError:
-        pass
-    try:
+    with contextlib.suppress(NotImplementedError):
         ids.add(id(model.position_table()))
-    except NotImplementedError:
-        pass
     return {n for n, p in model.named_parameters() if id(p) in ids and n in exported}
 
 
@@ -242,8 +269,18 @@ class InvertingGradients(_Inversion):
 
     name = "ig"
     knows = "the update, the weights, batch size and input shape (labels if granted); not the defense (naive)"
-    defaults = {"iterations": 800, "restarts": 2, "lr": 0.1, "tv": 1e-4, "label": "infer", "signed": True, "seed": 0,
-                "distance": "cosine", "layers": "input", "schedule": "cosine"}
+    defaults = {
+        "iterations": 800,
+        "restarts": 2,
+        "lr": 0.1,
+        "tv": 1e-4,
+        "label": "infer",
+        "signed": True,
+        "seed": 0,
+        "distance": "cosine",
+        "layers": "input",
+        "schedule": "cosine",
+    }
 
     def target_for(self, model: VeilModel, obs: Observation) -> GradientTarget:
         layers = str(self.opt("layers"))
@@ -263,12 +300,16 @@ class InvertingGradients(_Inversion):
         if schedule == "cosine":
             sched = torch.optim.lr_scheduler.CosineAnnealingLR(opt, max(its, 1), eta_min=float(self.opt("lr")) * 1e-3)
         elif schedule == "step":
-            sched = torch.optim.lr_scheduler.MultiStepLR(opt, milestones=[its * 3 // 8, its * 5 // 8, its * 7 // 8], gamma=0.1)
+            sched = torch.optim.lr_scheduler.MultiStepLR(
+                opt, milestones=[its * 3 // 8, its * 5 // 8, its * 7 // 8], gamma=0.1
+            )
         else:
             raise VeilError(f"ig: schedule must be 'cosine' or 'step', got {schedule!r}")
         for _ in range(its):
             opt.zero_grad()
-            loss = target.distance(dist, target.dummy_grads(_forward_loss(model, x, labels, None))) + tv * total_variation(x)
+            loss = target.distance(
+                dist, target.dummy_grads(_forward_loss(model, x, labels, None))
+            ) + tv * total_variation(x)
             loss.backward()
             if self.opt("signed"):
                 x.grad.sign_()
@@ -281,6 +322,8 @@ class InvertingGradients(_Inversion):
 
 
 ATTACKS.register("dlg", "DLG: L2 gradient matching with L-BFGS on a dummy image and soft label (Zhu et al. 2019)")(DLG)
-ATTACKS.register("ig", "Inverting Gradients: cosine gradient matching + TV, Adam, restarts (Geiping et al. 2020)")(InvertingGradients)
+ATTACKS.register("ig", "Inverting Gradients: cosine gradient matching + TV, Adam, restarts (Geiping et al. 2020)")(
+    InvertingGradients
+)
 
 __all__ = ["DLG", "InvertingGradients", "GradientTarget", "total_variation"]

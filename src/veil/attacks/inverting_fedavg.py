@@ -46,10 +46,11 @@ inferred from an AdamW update's bias change are unreliable (Adam normalises each
 change is not proportional to the label counts): where labels are wrong, the figure understates a
 stronger attacker that searches the slot assignment (not in veil). On a single gradient (`kind="gradient"`) it is plain IG: use `ig`.
 """
+
 from __future__ import annotations
 
 import time
-from typing import Sequence
+from collections.abc import Sequence
 
 import torch
 from torch import Tensor
@@ -73,7 +74,9 @@ def step_slots(local: LocalTraining) -> list[Tensor]:
         epoch = [torch.arange(i, min(i + b, n)) for i in range(0, n, b)]
         slots = (epoch * max(1, local.epochs))[: local.steps]
     if len(slots) != local.steps or any(int(s.max()) >= local.samples for s in slots if s.numel()):
-        raise VeilError(f"ig-fedavg: the local schedule ({len(slots)} steps over {local.samples} samples) does not match the update's {local.steps} steps")
+        raise VeilError(
+            f"ig-fedavg: the local schedule ({len(slots)} steps over {local.samples} samples) does not match the update's {local.steps} steps"
+        )
     return slots
 
 
@@ -130,7 +133,9 @@ class LocalSimulator:
         return self.start - w if w is not w0 else torch.zeros_like(w)
 
 
-def optimizer_groups(model: VeilModel, lr: float, weight_decay: float, defenses: Sequence[Defense] = ()) -> dict[str, tuple[float, float]]:
+def optimizer_groups(
+    model: VeilModel, lr: float, weight_decay: float, defenses: Sequence[Defense] = ()
+) -> dict[str, tuple[float, float]]:
     """{parameter name: (lr, weight decay)} of the client's AdamW, read off the optimiser veil's
     clients build (`veil.training.loop.make_optimizer`): the server configured lr and weight decay
     and knows the defenses' lr scales, so it can rebuild the groups exactly."""
@@ -156,8 +161,10 @@ class MultiStepInvertingGradients(Attack):
 
     name = "ig-fedavg"
     modality = "image"
-    knows = ("the FedAvg update, the weights, and the local training the server configured (optimizer, lr, steps, batch size, "
-             "epochs, sample count, public batch schedule); not the defense (naive)")
+    knows = (
+        "the FedAvg update, the weights, and the local training the server configured (optimizer, lr, steps, batch size, "
+        "epochs, sample count, public batch schedule); not the defense (naive)"
+    )
     defaults = {"iterations": 100, "restarts": 1, "lr": 0.1, "tv": 1e-4, "label": "infer", "layers": "input", "seed": 0}
     #: label "soft": per-slot label logits optimised with x' (plain Adam, this lr), started at the inferred labels
     label_lr = 0.1
@@ -185,7 +192,9 @@ class MultiStepInvertingGradients(Attack):
         if know.labels is not None:
             return know.labels.long().reshape(-1)[:n]
         if self.opt("label") not in ("infer", "soft"):
-            raise VeilError(f"ig-fedavg: label must be 'infer' or 'soft' (or grant the labels in the knowledge), got {self.opt('label')!r}")
+            raise VeilError(
+                f"ig-fedavg: label must be 'infer' or 'soft' (or grant the labels in the knowledge), got {self.opt('label')!r}"
+            )
         head = obs.model.classifier()
         if getattr(head, "bias", None) is None or not obs.has_grad(head, "bias"):
             raise VeilError("ig-fedavg: inferring labels needs the classifier bias in the update")
@@ -194,8 +203,10 @@ class MultiStepInvertingGradients(Attack):
     def _reconstruct(self, obs: Observation, know: Knowledge) -> Reconstruction:
         local = obs.local
         if obs.kind != "delta" or local is None:
-            raise VeilError("ig-fedavg simulates a multi-step FedAvg update (kind='delta' with the local training); "
-                            "on a single gradient use ig")
+            raise VeilError(
+                "ig-fedavg simulates a multi-step FedAvg update (kind='delta' with the local training); "
+                "on a single gradient use ig"
+            )
         model, names = obs.model, self.names(obs)
         trained = [n for n, p in model.named_parameters() if p.requires_grad and n in obs.grads]
         sim = LocalSimulator(model, trained, local)  # every parameter the client trained: the trajectory is exact
@@ -218,12 +229,29 @@ class MultiStepInvertingGradients(Attack):
             model.train(was_training)
         assert best is not None
         its = int(self.opt("iterations")) * int(self.opt("restarts"))
-        return Reconstruction(images=best[1].clamp(0, 1), labels=best[2],
-                              stats={"loss": best[0], "iterations": its, "local_steps": local.steps, "samples": local.samples,
-                                     "iterations_per_second": its / max(time.perf_counter() - t0, 1e-9), "matched": len(names)})
+        return Reconstruction(
+            images=best[1].clamp(0, 1),
+            labels=best[2],
+            stats={
+                "loss": best[0],
+                "iterations": its,
+                "local_steps": local.steps,
+                "samples": local.samples,
+                "iterations_per_second": its / max(time.perf_counter() - t0, 1e-9),
+                "matched": len(names),
+            },
+        )
 
-    def run_once(self, sim: LocalSimulator, compared: Tensor, target: Tensor, shape: tuple[int, ...], labels: Tensor,
-                 gen: torch.Generator, soft: bool = False) -> tuple[float, Tensor, Tensor]:
+    def run_once(
+        self,
+        sim: LocalSimulator,
+        compared: Tensor,
+        target: Tensor,
+        shape: tuple[int, ...],
+        labels: Tensor,
+        gen: torch.Generator,
+        soft: bool = False,
+    ) -> tuple[float, Tensor, Tensor]:
         """One restart; with `soft`, the slots' labels are probabilities softmax(L) optimised beside x'
         (the client's cross-entropy takes them as targets), L started at 2 x one-hot of the inferred ones."""
         its, tv = int(self.opt("iterations")), float(self.opt("tv"))
@@ -254,7 +282,10 @@ class MultiStepInvertingGradients(Attack):
         return final, x.detach(), labels if logits is None else logits.detach().argmax(-1)
 
 
-ATTACKS.register("ig-fedavg", "Inverting Gradients on a multi-step FedAvg update: simulates the client's local steps "
-                              "(its optimizer, lr, batches) on dummy inputs (Geiping et al. 2020, sec. 5)")(MultiStepInvertingGradients)
+ATTACKS.register(
+    "ig-fedavg",
+    "Inverting Gradients on a multi-step FedAvg update: simulates the client's local steps "
+    "(its optimizer, lr, batches) on dummy inputs (Geiping et al. 2020, sec. 5)",
+)(MultiStepInvertingGradients)
 
 __all__ = ["MultiStepInvertingGradients", "LocalSimulator", "optimizer_groups", "step_slots"]

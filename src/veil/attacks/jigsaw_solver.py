@@ -16,6 +16,7 @@ part (edges to known neighbours only) and improves it by best-improvement pairwi
 candidate swap scored at once. With every empty slot surrounded by known patches the unary
 part is the whole cost and the Hungarian step is exact.
 """
+
 from __future__ import annotations
 
 import torch

@@ -16,6 +16,7 @@ each negative entry, the remaining B - k labels go greedily to the class with th
 remaining estimate (subtracting one unit per pick).
 Works for image and text classifiers alike (anything with `classifier()`).
 """
+
 from __future__ import annotations
 
 import torch
@@ -32,7 +33,9 @@ def label_from_weight(dW: Tensor) -> int:
     U, S, _ = torch.linalg.svd(dW.double(), full_matrices=False)
     c = U[:, 0] * S[0]
     if c.numel() == 2:
-        raise VeilError("labels: two classes and no bias gradient leave the label's sign ambiguous; export the head's bias gradient")
+        raise VeilError(
+            "labels: two classes and no bias gradient leave the label's sign ambiguous; export the head's bias gradient"
+        )
     positives = int((c > 0).sum())
     c = c if positives >= c.numel() - positives else -c  # the majority (absent classes, p > 0) is positive
     return int(torch.argmin(c))
@@ -93,4 +96,6 @@ def label_accuracy(true: Tensor, predicted: Tensor) -> float:
     return float(torch.minimum(t, p).sum()) / max(int(true.numel()), 1)
 
 
-ATTACKS.register("labels", "label recovery from the classifier's bias/weight gradient (iDLG at batch 1, LLG-style at B)")(LabelRecovery)
+ATTACKS.register(
+    "labels", "label recovery from the classifier's bias/weight gradient (iDLG at batch 1, LLG-style at B)"
+)(LabelRecovery)

@@ -23,6 +23,7 @@ round and APRIL one gradient, neither models a mean over rounds or clients).
 Scope: passive (honest-but-curious). A malicious server (crafted global weights, e.g. trap
 weights or "Robbing the Fed") is out of scope: it would change what the clients compute.
 """
+
 from __future__ import annotations
 
 from veil.attacks import ATTACKS
@@ -47,25 +48,36 @@ class MultiRound(Attack):
         super().__init__(**settings)
         inner = str(settings.get("attack", "ig"))
         if inner not in INNER:
-            raise VeilError(f"{self.name}: attack must be one of {', '.join(INNER)} (attacks that read a pseudo-gradient), got {inner!r}")
+            raise VeilError(
+                f"{self.name}: attack must be one of {', '.join(INNER)} (attacks that read a pseudo-gradient), got {inner!r}"
+            )
         from veil.attacks import create_attack
 
         options = {k: v for k, v in settings.items() if k != "attack"}
         self.inner = create_attack(inner, **options)
-        known = set(getattr(self.inner, "defaults", None) or {})  # the inner attack's declared options, where it declares them
+        known = set(
+            getattr(self.inner, "defaults", None) or {}
+        )  # the inner attack's declared options, where it declares them
         unknown = sorted(set(options) - known) if known else []
         if unknown:
-            raise VeilError(f"{self.name}: unknown option {unknown[0]!r} for its attack {inner}; options: attack, {', '.join(sorted(known))}")
-        self.knows = (f"every round's update of the client, averaged ({inner} on the mean: fresh per-round noise averages out); "
-                      "not the defense (naive)" if self.combine == "mean" else
-                      f"the consecutive global models only ({inner} on their difference, the round's aggregate); not the defense (naive)")
+            raise VeilError(
+                f"{self.name}: unknown option {unknown[0]!r} for its attack {inner}; options: attack, {', '.join(sorted(known))}"
+            )
+        self.knows = (
+            f"every round's update of the client, averaged ({inner} on the mean: fresh per-round noise averages out); "
+            "not the defense (naive)"
+            if self.combine == "mean"
+            else f"the consecutive global models only ({inner} on their difference, the round's aggregate); not the defense (naive)"
+        )
 
     def applies_to(self, model: VeilModel) -> str | None:
         return self.inner.applies_to(model)
 
     def _reconstruct(self, obs: Observation, know: Knowledge) -> Reconstruction:
         if obs.kind not in ("delta", "gradient"):
-            raise VeilError("multi-round reads model updates (the auditor's combined view), not split-learning features")
+            raise VeilError(
+                "multi-round reads model updates (the auditor's combined view), not split-learning features"
+            )
         return self.inner.reconstruct(obs, know)
 
 
@@ -77,9 +89,15 @@ class GlobalDifference(MultiRound):
     combine = "global"
 
 
-ATTACKS.register("multi-round", "multi-round attacker: ig / dlg / labels on a client's updates averaged over the rounds "
-                                "so far (averages away fresh per-round noise)")(MultiRound)
-ATTACKS.register("multi-round-global", "multi-round attacker: ig / dlg / labels on the difference of consecutive global "
-                                       "models (the previous round's aggregate)")(GlobalDifference)
+ATTACKS.register(
+    "multi-round",
+    "multi-round attacker: ig / dlg / labels on a client's updates averaged over the rounds "
+    "so far (averages away fresh per-round noise)",
+)(MultiRound)
+ATTACKS.register(
+    "multi-round-global",
+    "multi-round attacker: ig / dlg / labels on the difference of consecutive global "
+    "models (the previous round's aggregate)",
+)(GlobalDifference)
 
 __all__ = ["GlobalDifference", "MultiRound"]

@@ -17,6 +17,7 @@ be filled from a multiset) left to right with a beam over (sentence so far, toke
 candidate extensions of the beam are scored at once on a dense table of log P over the
 sentence's own few distinct tokens (`NGram.table`), and the `beam` best are kept.
 """
+
 from __future__ import annotations
 
 from collections import Counter
@@ -30,8 +31,9 @@ from veil.errors import VeilError
 class NGram:
     """Interpolated Kneser-Ney over token ids (see the module docstring)."""
 
-    def __init__(self, sentences: Iterable[Sequence[int]], vocab_size: int, bos: int, order: int = 3,
-                 discount: float = 0.75) -> None:
+    def __init__(
+        self, sentences: Iterable[Sequence[int]], vocab_size: int, bos: int, order: int = 3, discount: float = 0.75
+    ) -> None:
         if order < 2:
             raise VeilError(f"ngram order must be >= 2, got {order}")
         if not 0 < discount < 1:
@@ -69,7 +71,7 @@ class NGram:
 
     def logprob(self, hist: Sequence[int], w: int) -> float:
         """log P(w | the last order-1 tokens of hist)."""
-        h = tuple(int(t) for t in hist)[-(self.order - 1):]
+        h = tuple(int(t) for t in hist)[-(self.order - 1) :]
         h = (self.bos,) * (self.order - 1 - len(h)) + h
         return float(np.log(self._p(h, int(w))))
 
@@ -84,7 +86,9 @@ class NGram:
         return out
 
 
-def order_bag(lm: NGram, template: Sequence[int | None], bag: Sequence[int], beam: int = 256) -> tuple[list[int], float]:
+def order_bag(
+    lm: NGram, template: Sequence[int | None], bag: Sequence[int], beam: int = 256
+) -> tuple[list[int], float]:
     """Fill the None slots of `template` with the tokens of `bag` (a multiset, as many as there are
     None slots) in the order of highest n-gram log-probability found by a beam of width `beam`.
     Returns the sentence and its log-probability."""

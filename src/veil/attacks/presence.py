@@ -17,6 +17,7 @@ the returned set (``keep_special=False``); score against `true_token_set` with t
 A model whose LM head is tied to the token embedding (GPT-2) puts gradient on every row; the
 attack refuses it rather than return the whole vocabulary.
 """
+
 from __future__ import annotations
 
 from collections.abc import Iterable
@@ -56,7 +57,9 @@ def embedding_row_norms(obs: Observation) -> Tensor:
     emb = model.token_embedding()
     head = model.classifier()
     if getattr(head, "weight", None) is emb.weight:
-        raise VeilError("presence needs an untied token embedding; this model ties it to the LM head, so every row gets gradient")
+        raise VeilError(
+            "presence needs an untied token embedding; this model ties it to the LM head, so every row gets gradient"
+        )
     g = obs.grad(emb)
     if g.dim() != 2:
         raise VeilError(f"presence needs a token-embedding table gradient (vocab, width), got shape {tuple(g.shape)}")
@@ -86,4 +89,11 @@ class PresenceAttack(Attack):
         found = set(present_tokens(norms, rel_tol, abs_tol).tolist())
         if not self.settings.get("keep_special", False):
             found -= set(special_ids(obs.model, know.tokenizer))
-        return Reconstruction(token_set=found, stats={"found": len(found), "rel_tol": rel_tol, "keep_special": bool(self.settings.get("keep_special", False))})
+        return Reconstruction(
+            token_set=found,
+            stats={
+                "found": len(found),
+                "rel_tol": rel_tol,
+                "keep_special": bool(self.settings.get("keep_special", False)),
+            },
+        )

@@ -33,6 +33,7 @@ The exact check here then passes nothing (token recovery 0.000 is the check fail
 protection): `veil.attacks.span_robust` (``span-robust``) replaces it with a test that searches
 for the dropped coordinates, and recovers such updates.
 """
+
 from __future__ import annotations
 
 from collections.abc import Iterator
@@ -119,6 +120,7 @@ def recording_inputs(mods: list[nn.Module], stop: nn.Module | None = None) -> It
             seen[id(m)] = args[0].detach()
             if m is stop:
                 raise _Stop
+
         return hook
 
     handles = [m.register_forward_pre_hook(hook_for(m)) for m in {id(m): m for m in mods}.values()]
@@ -142,8 +144,15 @@ def layer_inputs(model: VeilModel, ids: Tensor, mask: Tensor | None = None, laye
     return seen[id(q)]
 
 
-def position_candidates(model: VeilModel, span: Span, max_len: int, tol: float, chunk: int = 8192,
-                        max_per_position: int | None = None, vocab: Tensor | None = None) -> tuple[list[Tensor], list[Tensor]]:
+def position_candidates(
+    model: VeilModel,
+    span: Span,
+    max_len: int,
+    tol: float,
+    chunk: int = 8192,
+    max_per_position: int | None = None,
+    vocab: Tensor | None = None,
+) -> tuple[list[Tensor], list[Tensor]]:
     """Per position t < max_len: ids of tokens (of `vocab`, default all) with d(h0(v, t)) < tol, and their distances.
 
     Distances are computed in float64 (the true pairs sit at the float32 noise floor of the
@@ -153,11 +162,11 @@ def position_candidates(model: VeilModel, span: Span, max_len: int, tol: float, 
     per = max(1, chunk // max(1, len(ids_all)))  # positions per chunk
     dists = torch.empty(max_len, len(ids_all), dtype=torch.float64)
     for start in range(0, len(ids_all), chunk):
-        ids = ids_all[start:start + chunk]
+        ids = ids_all[start : start + chunk]
         for t0 in range(0, max_len, per):
             pos = torch.arange(t0, min(max_len, t0 + per))
             x = first_layer_inputs(model, ids, pos).double()
-            dists[pos, start:start + len(ids)] = span.distance(x)
+            dists[pos, start : start + len(ids)] = span.distance(x)
     found, fd = [], []
     for t in range(max_len):
         idx = torch.nonzero(dists[t] < tol).flatten()
@@ -209,7 +218,9 @@ class SpanAttack(Attack):
         cap = s.get("max_per_position")
         seed = int(s.get("seed", know.seed))
         if "budget_s" in s:
-            raise VeilError("span: budget_s (seconds) was replaced by budget (candidate sentences scored, default 500000)")
+            raise VeilError(
+                "span: budget_s (seconds) was replaced by budget (candidate sentences scored, default 500000)"
+            )
         was = model.training
         model.eval()
         pinned = None
@@ -218,15 +229,26 @@ class SpanAttack(Attack):
                 vocab = _vocabulary(obs, know) if s.get("presence_filter", True) else None
 
                 def candidates(span: Span) -> list[Tensor]:
-                    return position_candidates(model, span, max_len, tol1, vocab=vocab, max_per_position=int(cap) if cap else None)[0]
+                    return position_candidates(
+                        model, span, max_len, tol1, vocab=vocab, max_per_position=int(cap) if cap else None
+                    )[0]
 
                 cands = candidates(span1)
                 specials = _Specials.of(model, know)
                 found, budget = None, int(s.get("budget", 500_000))
                 if model.task != "lm" and s.get("peel", True) and know.batch_size:
-                    found = peel_search(obs, Residual(obs, know.batch_size), candidates, specials, seed=seed,
-                                        tol_cls=float(s.get("tol_cls", 1e-4)), rank_tol=rank_tol, budget=budget,
-                                        prior_weight=float(s.get("prior_weight", 0.2)), narrow=int(s.get("narrow", 8)))
+                    found = peel_search(
+                        obs,
+                        Residual(obs, know.batch_size),
+                        candidates,
+                        specials,
+                        seed=seed,
+                        tol_cls=float(s.get("tol_cls", 1e-4)),
+                        rank_tol=rank_tol,
+                        budget=budget,
+                        prior_weight=float(s.get("prior_weight", 0.2)),
+                        narrow=int(s.get("narrow", 8)),
+                    )
                     left = budget - (found[1]["sentences_scored"] if found is not None else 0)
                     if found is not None and not found[1]["sentences_exact"] and left > 0:
                         # no sentence passed the exact [CLS] check (e.g. the client shuffled its tokens):
@@ -236,19 +258,46 @@ class SpanAttack(Attack):
                     seqs, info = found
                     info = {"search": "peel", **info}
                 elif model.task == "lm":
-                    seqs, info = decoder_search(model, span2, cands, specials, beam=s.get("beam"), tol2=tol2, seed=seed, batch_size=know.batch_size)
+                    seqs, info = decoder_search(
+                        model,
+                        span2,
+                        cands,
+                        specials,
+                        beam=s.get("beam"),
+                        tol2=tol2,
+                        seed=seed,
+                        batch_size=know.batch_size,
+                    )
                 else:
                     if s.get("layernorm_positions", True):
                         pinned = pin_positions(obs, cands, float(s.get("tol_ln", 1e-4)))
                         cands = pinned[0] if pinned is not None else cands
-                    seqs, info = encoder_search(model, span2, cands, specials, restarts=int(s.get("restarts", 4)),
-                                                sweeps=int(s.get("sweeps", 12)), budget=budget,
-                                                pins=pinned[1] if pinned else None, tol2=tol2, seed=seed, batch_size=know.batch_size)
+                    seqs, info = encoder_search(
+                        model,
+                        span2,
+                        cands,
+                        specials,
+                        restarts=int(s.get("restarts", 4)),
+                        sweeps=int(s.get("sweeps", 12)),
+                        budget=budget,
+                        pins=pinned[1] if pinned else None,
+                        tol2=tol2,
+                        seed=seed,
+                        batch_size=know.batch_size,
+                    )
                     info = {"search": "assignment", **info}
         finally:
             model.train(was)
-        stats = {"rank1": span1.rank, "rank2": span2.rank, "width": width, "full_rank": span1.rank >= width, "layernorm_pins": len(pinned[1]) if pinned else 0, "vocabulary": len(vocab) if vocab is not None else "all",
-                 "candidates_per_position": [len(c) for c in cands if len(c)], **info}
+        stats = {
+            "rank1": span1.rank,
+            "rank2": span2.rank,
+            "width": width,
+            "full_rank": span1.rank >= width,
+            "layernorm_pins": len(pinned[1]) if pinned else 0,
+            "vocabulary": len(vocab) if vocab is not None else "all",
+            "candidates_per_position": [len(c) for c in cands if len(c)],
+            **info,
+        }
         if not seqs:  # nothing passed: say so with empty sentences rather than an empty batch
             seqs = [[] for _ in range(know.batch_size or 1)]
         return Reconstruction(token_ids=seqs, token_set={int(v) for c in cands for v in c.tolist()}, stats=stats)
@@ -277,7 +326,7 @@ class _Specials:
     pad: int | None
 
     @classmethod
-    def of(cls, model: VeilModel, know: Knowledge) -> "_Specials":
+    def of(cls, model: VeilModel, know: Knowledge) -> _Specials:
         tok = know.tokenizer
         if tok is not None:
             return cls(getattr(tok, "cls_id", None), getattr(tok, "sep_id", None), getattr(tok, "pad_id", None))
@@ -286,7 +335,9 @@ class _Specials:
 
 
 # ----------------------------------------------------------------------------- encoder positions
-def pin_positions(obs: Observation, cands: list[Tensor], floor: float = 1e-4) -> tuple[list[Tensor], dict[int, int]] | None:
+def pin_positions(
+    obs: Observation, cands: list[Tensor], floor: float = 1e-4
+) -> tuple[list[Tensor], dict[int, int]] | None:
     """Narrow an encoder's per-position candidates with the embedding LayerNorm's Jacobian.
 
     For ``h = LN(x)``, ``x = E[v] + P[t] + s``, ``c = x - mean(x)``, the backward pass gives
@@ -323,5 +374,8 @@ def pin_positions(obs: Observation, cands: list[Tensor], floor: float = 1e-4) ->
     single = (ok.sum(0) == 1) | (allowed.sum(0) == 1)
     where = torch.where(ok.sum(0) == 1, ok.double().argmax(0), allowed.double().argmax(0))
     pins = {int(toks[j]): int(where[j]) for j in torch.nonzero(single).flatten().tolist()}
-    out = [torch.tensor([v for v in ct.tolist() if pins.get(int(v), t) == t], dtype=torch.long) for t, ct in enumerate(cands)]
+    out = [
+        torch.tensor([v for v in ct.tolist() if pins.get(int(v), t) == t], dtype=torch.long)
+        for t, ct in enumerate(cands)
+    ]
     return out, pins

@@ -14,6 +14,7 @@ The last block's Q projection ``Q = Z W_q^T`` gets ``dL/dW_q = sum_i d_i z_i^T``
 
 `usable` is False otherwise (no gap): the attack then falls back to the layer-2 assignment search.
 """
+
 from __future__ import annotations
 
 from typing import Any

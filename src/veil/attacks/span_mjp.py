@@ -48,6 +48,7 @@ Settings: ``corpus`` (``sst2-train``, ``agnews-train``, or ``none`` for no reord
 ``order`` (3), ``discount`` (0.75), ``beam`` (256), ``zero_tol`` (1e-12, relative norm of a zero
 position-gradient row); every other setting goes to the span attack.
 """
+
 from __future__ import annotations
 
 import weakref
@@ -67,7 +68,7 @@ from veil.models.base import VeilModel
 
 CORPORA = ("sst2-train", "agnews-train", "none")
 _OWN = ("corpus", "order", "discount", "beam", "zero_tol")
-_LM_CACHE: "weakref.WeakKeyDictionary[Any, dict[tuple[Any, ...], NGram]]" = weakref.WeakKeyDictionary()
+_LM_CACHE: weakref.WeakKeyDictionary[Any, dict[tuple[Any, ...], NGram]] = weakref.WeakKeyDictionary()
 
 
 def selected_slots(obs: Observation, zero_tol: float = 1e-12) -> tuple[Tensor, int]:
@@ -132,14 +133,18 @@ def reorder(lm: NGram, sentence: list[int], selected: Tensor, beam: int) -> tupl
     return order_bag(lm, template, bag, beam=beam)
 
 
-@ATTACKS.register("span-mjp", help="span attack with E_unk at MJP's masked slots; n-gram order of the shuffled words (text)")
+@ATTACKS.register(
+    "span-mjp", help="span attack with E_unk at MJP's masked slots; n-gram order of the shuffled words (text)"
+)
 class SpanMJPAttack(Attack):
     """See the module docstring for the settings and what the attacker knows."""
 
     name = "span-mjp"
     modality = "text"
-    knows = ("the update, the weights (E_unk included), batch size, length and tokenizer, MJP's settings (Knowledge.defense: "
-             "gamma, window, variant) and public text (SST-2 train) for an n-gram word-order prior")
+    knows = (
+        "the update, the weights (E_unk included), batch size, length and tokenizer, MJP's settings (Knowledge.defense: "
+        "gamma, window, variant) and public text (SST-2 train) for an n-gram word-order prior"
+    )
 
     def applies_to(self, model: VeilModel) -> str | None:
         return self._span().applies_to(model)
@@ -162,10 +167,18 @@ class SpanMJPAttack(Attack):
         selected, n = selected_slots(obs, float(s.get("zero_tol", 1e-12)))
         with unk_at(obs.model, selected, unk):
             rec = self._span()._reconstruct(obs, know)
-        stats = {"mjp": "E_unk at the zero rows of the position gradient", "selected_slots": torch.nonzero(selected).flatten().tolist(),
-                 "length": n, "gamma": mjp.get("gamma"), "window": mjp.get("window"), "corpus": corpus}
+        stats = {
+            "mjp": "E_unk at the zero rows of the position gradient",
+            "selected_slots": torch.nonzero(selected).flatten().tolist(),
+            "length": n,
+            "gamma": mjp.get("gamma"),
+            "window": mjp.get("window"),
+            "corpus": corpus,
+        }
         if (know.batch_size or 1) > 1:
-            stats["note"] = "batch > 1: only slots every sentence shuffled are known; the others' shuffled tokens match no position"
+            stats["note"] = (
+                "batch > 1: only slots every sentence shuffled are known; the others' shuffled tokens match no position"
+            )
         if corpus != "none" and know.tokenizer is not None and rec.token_ids:
             lm = public_ngram(corpus, know.tokenizer, int(s.get("order", 3)), float(s.get("discount", 0.75)))
             out = [reorder(lm, list(seq), selected, int(s.get("beam", 256))) for seq in rec.token_ids]

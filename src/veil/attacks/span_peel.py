@@ -18,6 +18,7 @@ the exported gradients):
 hypothesis on the layer-2 span distance plus the token-embedding-gradient match (`SentenceScore`),
 accepts the first sentence that passes `CLSCheck`, peels it off and repeats.
 """
+
 from __future__ import annotations
 
 import time
@@ -31,7 +32,6 @@ from veil.attacks.span import Span, qkv_modules, recording_inputs
 from veil.attacks.span_checks import CLSCheck, _row_span
 from veil.attacks.span_search import _last_position
 from veil.models.base import VeilModel
-
 
 #: what one scoring call costs beyond its tokens, in token evaluations: measured on transformer4
 #: (width 96, 1 thread) ~25 ms per call against ~0.15 ms per token scored with the gradient match
@@ -85,10 +85,12 @@ class Residual:
         params = {n: p for n, p in model.named_parameters() if n in self.grads}
         with torch.enable_grad():
             grads = torch.autograd.grad(model.loss(model(batch), batch), list(params.values()), allow_unused=True)
-        return {n: (g.double() / self.batch_size if g is not None else torch.zeros_like(self.grads[n]))
-                for n, g in zip(params, grads)}
+        return {
+            n: (g.double() / self.batch_size if g is not None else torch.zeros_like(self.grads[n]))
+            for n, g in zip(params, grads)
+        }
 
-    def peel(self, ids: list[int], check: "CLSCheck") -> tuple[int, float]:
+    def peel(self, ids: list[int], check: CLSCheck) -> tuple[int, float]:
         """Subtract sentence `ids` with the label that leaves the check's gradient at `check.rank_after`."""
         name = self.names[id(check.module.weight)]
         scale = float(torch.linalg.svdvals(self.grads[name])[0])
@@ -130,8 +132,18 @@ class SentenceScore:
     search objective when the layer-2 span leaves room (codimension >= width / 8), where layer 2
     alone pins every position; `cls` scores the candidates the search settles on."""
 
-    def __init__(self, model: VeilModel, span2: Span, check: CLSCheck, with_cls: bool = True, cls_weight: float = 10.0,
-                 tok_grad: Tensor | None = None, batch_size: int = 1, cap: float = 0.1, prior: "PositionPrior | None" = None) -> None:
+    def __init__(
+        self,
+        model: VeilModel,
+        span2: Span,
+        check: CLSCheck,
+        with_cls: bool = True,
+        cls_weight: float = 10.0,
+        tok_grad: Tensor | None = None,
+        batch_size: int = 1,
+        cap: float = 0.1,
+        prior: PositionPrior | None = None,
+    ) -> None:
         self.model, self.span2, self.check, self.with_cls, self.cls_weight = model, span2, check, with_cls, cls_weight
         self.prior = prior
         self.q2 = model.attention_layers()[1].q
@@ -149,32 +161,40 @@ class SentenceScore:
         with torch.no_grad():
             seen = _probe(self.model, mods, mods[-1], ids, torch.ones_like(ids))
             d2 = self.span2.distance(seen[id(self.q2)].double()).float()
-            dc = self.check.distance(seen[id(self.check.module)]) if self.with_cls \
+            dc = (
+                self.check.distance(seen[id(self.check.module)])
+                if self.with_cls
                 else torch.full((len(ids),), float("inf"))
+            )
         return d2, dc
 
     def _with_gradient(self, ids: Tensor) -> tuple[Tensor, Tensor]:
         model = self.model
         mask = torch.ones_like(ids)
         batch = {"input_ids": ids, "attention_mask": mask}
-        with recording_inputs([self.q2, self.check.module]) as seen:
-            with torch.enable_grad():
-                tok = model.token_embedding().weight.detach()[ids].requires_grad_(True)
-                logits = model.forward_from_embeddings(model.assemble(tok, model.position_embeddings(tok), batch), batch)
-                target = self.tok_grad[ids]  # (N, T, D)
-                tnorm = target.norm(dim=-1).clamp_min(1e-30)
-                best: Tensor | None = None
-                C = logits.shape[-1]
-                if C == 2:  # dl/dx = (p_1 - y) d(logit_1 - logit_0)/dx: one backward pass for both labels
-                    jac, = torch.autograd.grad((logits[:, 1] - logits[:, 0]).sum(), tok)
-                    p1 = logits.detach().softmax(-1)[:, 1]
-                    grads = [(p1 - y)[:, None, None] * jac for y in range(2)]
-                else:
-                    grads = [torch.autograd.grad(nn.functional.cross_entropy(logits, torch.full((len(ids),), y), reduction="sum"),
-                                                 tok, retain_graph=y < C - 1)[0] for y in range(C)]
-                for g in grads:
-                    e = ((g / self.batch_size - target).norm(dim=-1) / tnorm).clamp_max(self.cap).detach()
-                    best = e if best is None else torch.where((e.sum(1) < best.sum(1))[:, None], e, best)
+        with recording_inputs([self.q2, self.check.module]) as seen, torch.enable_grad():
+            tok = model.token_embedding().weight.detach()[ids].requires_grad_(True)
+            logits = model.forward_from_embeddings(model.assemble(tok, model.position_embeddings(tok), batch), batch)
+            target = self.tok_grad[ids]  # (N, T, D)
+            tnorm = target.norm(dim=-1).clamp_min(1e-30)
+            best: Tensor | None = None
+            C = logits.shape[-1]
+            if C == 2:  # dl/dx = (p_1 - y) d(logit_1 - logit_0)/dx: one backward pass for both labels
+                (jac,) = torch.autograd.grad((logits[:, 1] - logits[:, 0]).sum(), tok)
+                p1 = logits.detach().softmax(-1)[:, 1]
+                grads = [(p1 - y)[:, None, None] * jac for y in range(2)]
+            else:
+                grads = [
+                    torch.autograd.grad(
+                        nn.functional.cross_entropy(logits, torch.full((len(ids),), y), reduction="sum"),
+                        tok,
+                        retain_graph=y < C - 1,
+                    )[0]
+                    for y in range(C)
+                ]
+            for g in grads:
+                e = ((g / self.batch_size - target).norm(dim=-1) / tnorm).clamp_max(self.cap).detach()
+                best = e if best is None else torch.where((e.sum(1) < best.sum(1))[:, None], e, best)
         d2 = self.span2.distance(seen[id(self.q2)].double()).float()
         dc = self.check.distance(seen[id(self.check.module)])
         assert best is not None
@@ -182,7 +202,9 @@ class SentenceScore:
 
     def cls(self, ids: Tensor) -> float:
         with torch.no_grad():
-            z = _probe(self.model, [self.check.module], self.check.module, ids, torch.ones_like(ids))[id(self.check.module)]
+            z = _probe(self.model, [self.check.module], self.check.module, ids, torch.ones_like(ids))[
+                id(self.check.module)
+            ]
         return float(self.check.distance(z).max())
 
 
@@ -285,8 +307,10 @@ class _Walker:
         the prior's best tokens (`_draw`)."""
         if prior.cost is None:
             return
-        self.ranked = {t: self.sets[t][prior.cost[t, self.sets[t]].argsort()] if t < prior.cost.shape[0] else self.sets[t]
-                       for t in self.free}
+        self.ranked = {
+            t: self.sets[t][prior.cost[t, self.sets[t]].argsort()] if t < prior.cost.shape[0] else self.sets[t]
+            for t in self.free
+        }
         for t in self.free:
             v = prior.best(t, self.sets[t])
             if v is not None:
@@ -298,10 +322,10 @@ class _Walker:
             if v in self.allowed[t]:
                 self.x[0, t] = v
 
-    def _objective(self, score: "SentenceScore", x: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+    def _objective(self, score: SentenceScore, x: Tensor) -> tuple[Tensor, Tensor, Tensor]:
         fs, dcs, pcs = [], [], []
         for i in range(0, len(x), self.chunk):
-            pc, dc = score(x[i:i + self.chunk])
+            pc, dc = score(x[i : i + self.chunk])
             fs.append(pc.sum(1) + (score.cls_weight * dc if score.with_cls else 0))
             dcs.append(dc)
             pcs.append(pc)
@@ -322,16 +346,23 @@ class _Walker:
 
     def _swaps(self) -> Tensor:
         x = self.x[0].tolist()
-        allowed = [set(self._moves(t).tolist()) if t in self.free else self.allowed[t] for t in range(self.n)] \
-            if self._narrowed() else self.allowed
-        pairs = [(i, j) for a, i in enumerate(self.free) for j in self.free[a + 1:]
-                 if x[i] != x[j] and x[j] in allowed[i] and x[i] in allowed[j]]
+        allowed = (
+            [set(self._moves(t).tolist()) if t in self.free else self.allowed[t] for t in range(self.n)]
+            if self._narrowed()
+            else self.allowed
+        )
+        pairs = [
+            (i, j)
+            for a, i in enumerate(self.free)
+            for j in self.free[a + 1 :]
+            if x[i] != x[j] and x[j] in allowed[i] and x[i] in allowed[j]
+        ]
         var = self.x.repeat(len(pairs), 1)
         for r, (i, j) in enumerate(pairs):
             var[r, i], var[r, j] = x[j], x[i]
         return var
 
-    def step(self, score: "SentenceScore") -> tuple[float, float, Tensor]:
+    def step(self, score: SentenceScore) -> tuple[float, float, Tensor]:
         """One sweep (every position, then the swaps); at a local minimum the next step kicks.
         Returns (objective, [CLS] distance, ids) of the current sentence (the [CLS] distance is
         only computed at local minima when the objective does not include it)."""
@@ -346,13 +377,23 @@ class _Walker:
             f, dc, pc = self._objective(score, var)
             j = int(f.argmin())
             if float(f[j]) < self.cur[0] - 1e-12:
-                self.x, self.cur, self._pc, improved = var[j:j + 1].clone(), (float(f[j]), float(dc[j])), pc[j:j + 1], True
+                self.x, self.cur, self._pc, improved = (
+                    var[j : j + 1].clone(),
+                    (float(f[j]), float(dc[j])),
+                    pc[j : j + 1],
+                    True,
+                )
         var = self._swaps()
         if len(var):
             f, dc, pc = self._objective(score, var)
             j = int(f.argmin())
             if float(f[j]) < self.cur[0] - 1e-12:
-                self.x, self.cur, self._pc, improved = var[j:j + 1].clone(), (float(f[j]), float(dc[j])), pc[j:j + 1], True
+                self.x, self.cur, self._pc, improved = (
+                    var[j : j + 1].clone(),
+                    (float(f[j]), float(dc[j])),
+                    pc[j : j + 1],
+                    True,
+                )
         self.sweeps += 1
         out = (self.cur[0], self.cur[1], self.x.clone())
         if improved:
@@ -370,15 +411,28 @@ class _Walker:
         self.x = self.best[2].clone()  # kick from the best local minimum, where the per-position cost is high
         if self.free:
             w = self._best_pc[0, self.free].double().numpy() + 1e-12
-            for t in self.rng.choice(self.free, size=min(self.kick, len(self.free)), replace=False, p=w / w.sum()).tolist():
+            for t in self.rng.choice(
+                self.free, size=min(self.kick, len(self.free)), replace=False, p=w / w.sum()
+            ).tolist():
                 self.x[0, t] = self._draw(t)
         self.cur = None
         return out
 
 
-def peel_search(obs: Any, res: Residual, cands_of: Any, specials: Any, *, seed: int, tol_cls: float = 1e-4,
-                rank_tol: float = 1e-6, budget: int = 500_000, min_len: int = 3,
-                prior_weight: float = 0.2, narrow: int = 8) -> tuple[list[list[int]], dict[str, Any]] | None:
+def peel_search(
+    obs: Any,
+    res: Residual,
+    cands_of: Any,
+    specials: Any,
+    *,
+    seed: int,
+    tol_cls: float = 1e-4,
+    rank_tol: float = 1e-6,
+    budget: int = 500_000,
+    min_len: int = 3,
+    prior_weight: float = 0.2,
+    narrow: int = 8,
+) -> tuple[list[list[int]], dict[str, Any]] | None:
     """Find the batch one sentence at a time (see `Residual`, `CLSCheck`): per length hypothesis
     (where [SEP] passes layer 1) an iterated local search (`_Walker`), the hypothesis that has
     done the least work stepped next (so short sentences, cheap to score, are tried most); the first sentence whose [CLS] distance is < `tol_cls` is exact:
@@ -410,8 +464,15 @@ def peel_search(obs: Any, res: Residual, cands_of: Any, specials: Any, *, seed: 
         cands = cands_of(span1)
         crowded = span2.width - span2.rank < span2.width / 8  # layer 2 alone no longer pins positions
         where = PositionPrior(res, len(cands), weight=prior_weight)
-        score = SentenceScore(model, span2, check, with_cls=crowded, tok_grad=res.token_grad(), batch_size=res.batch_size,
-                              prior=where if where.cost is not None and crowded else None)
+        score = SentenceScore(
+            model,
+            span2,
+            check,
+            with_cls=crowded,
+            tok_grad=res.token_grad(),
+            batch_size=res.batch_size,
+            prior=where if where.cost is not None and crowded else None,
+        )
         walkers = _walkers(cands, specials, rng, min_len)
         for w in walkers:
             w.start_at(where)
@@ -434,11 +495,15 @@ def peel_search(obs: Any, res: Residual, cands_of: Any, specials: Any, *, seed: 
         cost = [float(w.n * w.sweep_size() + CALL_COST * (len(w.free) + 1)) for w in walkers]
         share = _shares(walkers, where, specials.sep)
         while hit is None and steps + sum(w.steps for w in walkers) < budget:
-            est = [(used[j] + (w.last if w.last is not None else cost[j])) / _merit(w, share[j], crowded)
-                   for j, w in enumerate(walkers)]
+            est = [
+                (used[j] + (w.last if w.last is not None else cost[j])) / _merit(w, share[j], crowded)
+                for j, w in enumerate(walkers)
+            ]
             i = min(range(len(walkers)), key=lambda j: (est[j], j))
             w = walkers[i]
-            if w.sweeps == 0 and score.prior is None and w.n not in carried:  # uncrowded: start from a shorter hypothesis' best
+            if (
+                w.sweeps == 0 and score.prior is None and w.n not in carried
+            ):  # uncrowded: start from a shorter hypothesis' best
                 shorter = [v for v in walkers if v.best is not None and v.n < w.n]
                 if shorter:
                     w.seed(shorter[-1].best[2][0, 1:-1].tolist())
@@ -450,12 +515,20 @@ def peel_search(obs: Any, res: Residual, cands_of: Any, specials: Any, *, seed: 
             if dc < tol_cls:
                 hit = ids[0].tolist()
         steps += sum(w.steps for w in walkers)
-        stage_info[-1].update(rounds=rounds - r0, seconds=round(time.perf_counter() - t_stage, 1), length=len(hit) if hit else None,
-                              lengths=[w.n for w in walkers])
+        stage_info[-1].update(
+            rounds=rounds - r0,
+            seconds=round(time.perf_counter() - t_stage, 1),
+            length=len(hit) if hit else None,
+            lengths=[w.n for w in walkers],
+        )
         busiest = sorted(zip(walkers, used), key=lambda x: -x[1])[:6]
-        stage_info[-1].update(work_by_length={w.n: int(u) for w, u in busiest}, sweeps_by_length={w.n: w.sweeps for w, _ in busiest})
+        stage_info[-1].update(
+            work_by_length={w.n: int(u) for w, u in busiest}, sweeps_by_length={w.n: w.sweeps for w, _ in busiest}
+        )
         if hit is None:
-            best_guess = sorted(((w.best[0] / w.n, w.best[2][0].tolist()) for w in walkers if w.best is not None), key=lambda x: x[0])
+            best_guess = sorted(
+                ((w.best[0] / w.n, w.best[2][0].tolist()) for w in walkers if w.best is not None), key=lambda x: x[0]
+            )
             break
         carried = {w.n: w.best[2][0].tolist() for w in walkers if w.best is not None and w.best[2][0].tolist() != hit}
         label, _ = res.peel(hit, check)
@@ -466,8 +539,14 @@ def peel_search(obs: Any, res: Residual, cands_of: Any, specials: Any, *, seed: 
         if len(seqs) >= res.batch_size:
             break
         seqs.append(s)
-    info = {"sentences_exact": len(found), "walker_steps": rounds, "sentences_scored": steps, "stages": stage_info,
-            "labels_inferred": labels, "search_seconds": time.perf_counter() - start}
+    info = {
+        "sentences_exact": len(found),
+        "walker_steps": rounds,
+        "sentences_scored": steps,
+        "stages": stage_info,
+        "labels_inferred": labels,
+        "search_seconds": time.perf_counter() - start,
+    }
     return seqs, ({"note": note, **info} if note else info)
 
 
@@ -504,7 +583,9 @@ def _walkers(cands: list[Tensor], specials: Any, rng: np.random.Generator, min_l
     for n in ends:
         if n < min_len:
             continue
-        content = [torch.tensor([v for v in c.tolist() if v not in special], dtype=torch.long) for c in cands[1:n - 1]]
+        content = [
+            torch.tensor([v for v in c.tolist() if v not in special], dtype=torch.long) for c in cands[1 : n - 1]
+        ]
         if any(len(c) == 0 for c in content):
             continue
         first = torch.tensor([cls if cls is not None else int(cands[0][0])])

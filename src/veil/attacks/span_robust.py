@@ -52,6 +52,7 @@ special tokens, and that the client trains with dropout at the model config's ra
 dropout masks, the labels or the batch. Budget in counted work: the (token, position) pairs
 tested at layer 1 and the sentences scored at layer 2 (settings), never seconds.
 """
+
 from __future__ import annotations
 
 import math
@@ -156,14 +157,15 @@ def robust_residuals(y: Tensor, basis: Tensor, k_max: int, irls: int = 20, hard:
     return ((y - s) * keep).norm(dim=1) / (y * keep).norm(dim=1).clamp_min(1e-300)
 
 
-def layer1_residuals(model: VeilModel, span: Span, vocab: Tensor, max_len: int, k_max: int,
-                     chunk: int = 192, **fit: Any) -> Tensor:
+def layer1_residuals(
+    model: VeilModel, span: Span, vocab: Tensor, max_len: int, k_max: int, chunk: int = 192, **fit: Any
+) -> Tensor:
     """r(x(v, t)) for every position t < max_len and token v of `vocab`: (max_len, len(vocab))."""
     pairs = torch.cartesian_prod(torch.arange(max_len), torch.arange(len(vocab)))  # (P*V, 2)
     out = torch.empty(len(pairs), dtype=torch.float64)
     for i in range(0, len(pairs), chunk):
-        t, j = pairs[i:i + chunk].T
-        out[i:i + chunk] = robust_residuals(clean_inputs(model, vocab[j], t), span.basis, k_max, **fit)
+        t, j = pairs[i : i + chunk].T
+        out[i : i + chunk] = robust_residuals(clean_inputs(model, vocab[j], t), span.basis, k_max, **fit)
     return out.view(max_len, len(vocab))
 
 
@@ -178,7 +180,9 @@ def position_sets(res: Tensor, vocab: Tensor, tol: float, per_position: int) -> 
 
 
 # ----------------------------------------------------------------------------- the attack
-@ATTACKS.register("span-robust", help="DAGER-style span attack that survives client dropout (robust layer-1 test, layer-2 ranking)")
+@ATTACKS.register(
+    "span-robust", help="DAGER-style span attack that survives client dropout (robust layer-1 test, layer-2 ranking)"
+)
 class SpanRobustAttack(Attack):
     """Settings: ``p`` (dropout rate; default the model config's), ``tol1`` (0.02) robust layer-1
     residual below which a (token, position) pair passes, ``per_position`` (4*B; 32 when B is not
@@ -191,8 +195,10 @@ class SpanRobustAttack(Attack):
 
     name = "span-robust"
     modality = "text"
-    knows = ("the update, the weights, batch size, length and tokenizer, and that the client trains with dropout at rate p "
-             "(from the model config), not the dropout masks")
+    knows = (
+        "the update, the weights, batch size, length and tokenizer, and that the client trains with dropout at rate p "
+        "(from the model config), not the dropout masks"
+    )
 
     def applies_to(self, model: VeilModel) -> str | None:
         reason = super().applies_to(model)
@@ -220,9 +226,13 @@ class SpanRobustAttack(Attack):
                     vocab = torch.arange(model.token_embedding().weight.shape[0])
                 max_pairs = int(s.get("max_pairs", 200_000))
                 if len(vocab) * max_len > max_pairs:
-                    raise VeilError(f"span-robust: {len(vocab)} tokens x {max_len} positions exceed max_pairs={max_pairs}; "
-                                    "raise it or export the token-embedding gradient (the bag filter)")
-                res = layer1_residuals(model, span1, vocab, max_len, k_max, irls=int(s.get("irls", 20)), hard=int(s.get("hard", 4)))
+                    raise VeilError(
+                        f"span-robust: {len(vocab)} tokens x {max_len} positions exceed max_pairs={max_pairs}; "
+                        "raise it or export the token-embedding gradient (the bag filter)"
+                    )
+                res = layer1_residuals(
+                    model, span1, vocab, max_len, k_max, irls=int(s.get("irls", 20)), hard=int(s.get("hard", 4))
+                )
                 cands = position_sets(res, vocab, float(s.get("tol1", 0.02)), int(s.get("per_position", 4 * (B or 8))))
                 B = B or max([len(c) for c in cands] + [1])  # not granted: the most pairs passing at one position
                 specials = _Specials.of(model, know)
@@ -231,14 +241,33 @@ class SpanRobustAttack(Attack):
                 if model.task == "lm":
                     seqs, info = decoder_assign(model, span2, cands, specials, B)
                 else:
-                    seqs, info = encoder_assign(model, span2, cands, specials, B, seed=seed, restarts=int(s.get("restarts", 1)),
-                                                sweeps=int(s.get("sweeps", 12)), rounds=int(s.get("refine", 20)))
+                    seqs, info = encoder_assign(
+                        model,
+                        span2,
+                        cands,
+                        specials,
+                        B,
+                        seed=seed,
+                        restarts=int(s.get("restarts", 1)),
+                        sweeps=int(s.get("sweeps", 12)),
+                        rounds=int(s.get("refine", 20)),
+                    )
         finally:
             model.train(was)
-        stats = {"dropout_p": p, "k_max": k_max, "rank1": span1.rank, "rank2": span2.rank, "width": width,
-                 "pairs_tested": int(res.numel()), "vocabulary": len(vocab),
-                 "candidates_per_position": [len(c) for c in cands], **info}
+        stats = {
+            "dropout_p": p,
+            "k_max": k_max,
+            "rank1": span1.rank,
+            "rank2": span2.rank,
+            "width": width,
+            "pairs_tested": int(res.numel()),
+            "vocabulary": len(vocab),
+            "candidates_per_position": [len(c) for c in cands],
+            **info,
+        }
         if not seqs:
             seqs = [[] for _ in range(B or 1)]
-        bag = {int(v) for c in cands for v in c.tolist()} - set(special_ids(model, know.tokenizer))  # as `presence` scores it
+        bag = {int(v) for c in cands for v in c.tolist()} - set(
+            special_ids(model, know.tokenizer)
+        )  # as `presence` scores it
         return Reconstruction(token_ids=seqs, token_set=bag, stats=stats)

@@ -6,6 +6,7 @@ a test: encoders by an assignment search over length hypotheses plus pairwise ex
 (`encoder_assign`, `refine`), causal decoders left to right (`decoder_assign`, DAGER alg. 1 with
 an assignment instead of a threshold). Every passing pair is a true pair, so each must be used.
 """
+
 from __future__ import annotations
 
 from typing import Any
@@ -37,8 +38,8 @@ def _pad(seqs: list[list[int]], pad: int) -> tuple[Tensor, Tensor]:
     ids = torch.full((len(seqs), T), pad, dtype=torch.long)
     mask = torch.zeros(len(seqs), T, dtype=torch.long)
     for b, x in enumerate(seqs):
-        ids[b, :len(x)] = torch.tensor(x, dtype=torch.long)
-        mask[b, :len(x)] = 1
+        ids[b, : len(x)] = torch.tensor(x, dtype=torch.long)
+        mask[b, : len(x)] = 1
     return ids, mask
 
 
@@ -48,12 +49,14 @@ def _costs(model: VeilModel, span2: Span, seqs: list[list[int]], pad: int, chunk
 
     out = []
     for i in range(0, len(seqs), chunk):
-        ids, mask = _pad(seqs[i:i + chunk], pad)
+        ids, mask = _pad(seqs[i : i + chunk], pad)
         out.append(sentence_costs(model, span2, ids, mask).double().sum(1))
     return torch.cat(out)
 
 
-def refine(model: VeilModel, span2: Span, seqs: list[list[int]], pad: int, sweeps: int = 20) -> tuple[list[list[int]], int]:
+def refine(
+    model: VeilModel, span2: Span, seqs: list[list[int]], pad: int, sweeps: int = 20
+) -> tuple[list[list[int]], int]:
     """Pairwise moves the position-wise assignment search cannot make: for two sentences and a
     cut t, exchange their tails from t on, or exchange their tokens at t alone. Each keeps the
     tokens at every position (the layer-1 pairs), so only layer 2 decides; the move that lowers
@@ -73,7 +76,7 @@ def refine(model: VeilModel, span2: Span, seqs: list[list[int]], pad: int, sweep
                         pairs += [x[:t] + y[t:], y[:t] + x[t:]]
                     if x[t] != y[t] and t < min(len(x), len(y)) - 1:
                         moves += [(a, b), (a, b)]
-                        pairs += [x[:t] + [y[t]] + x[t + 1:], y[:t] + [x[t]] + y[t + 1:]]
+                        pairs += [x[:t] + [y[t]] + x[t + 1 :], y[:t] + [x[t]] + y[t + 1 :]]
         if not pairs:
             break
         c = _costs(model, span2, pairs, pad).view(-1, 2).sum(1)
@@ -102,8 +105,18 @@ def sentence_layouts(cands: list[Tensor], specials: Any, B: int, pins: dict[int,
     return (full or lays)[:limit]
 
 
-def encoder_assign(model: VeilModel, span2: Span, cands: list[Tensor], specials: Any, B: int, *, seed: int,
-                   restarts: int = 1, sweeps: int = 12, rounds: int = 20) -> tuple[list[list[int]], dict[str, Any]]:
+def encoder_assign(
+    model: VeilModel,
+    span2: Span,
+    cands: list[Tensor],
+    specials: Any,
+    B: int,
+    *,
+    seed: int,
+    restarts: int = 1,
+    sweeps: int = 12,
+    rounds: int = 20,
+) -> tuple[list[list[int]], dict[str, Any]]:
     """Sentences of a bidirectional encoder from the layer-1 pairs: per length hypothesis
     (`sentence_layouts`) and restart, position-wise assignment sweeps
     (`veil.attacks.span_search._sweep`, every passing pair used), then `refine`; the lowest mean
@@ -112,7 +125,7 @@ def encoder_assign(model: VeilModel, span2: Span, cands: list[Tensor], specials:
 
     from veil.attacks.span_search import _initial, _last_position, _sweep
 
-    cands = cands[:_last_position(cands)]
+    cands = cands[: _last_position(cands)]
     sep, pad = specials.sep, specials.pad if specials.pad is not None else 0
     pins = coverage_pins(cands, specials)
     sets = [c.tolist() for c in cands]
@@ -139,7 +152,9 @@ def encoder_assign(model: VeilModel, span2: Span, cands: list[Tensor], specials:
     return best[1], {"sentences_scored": scored, "layouts": len(lays), "mean_layer2_distance": best[0]}
 
 
-def decoder_assign(model: VeilModel, span2: Span, cands: list[Tensor], specials: Any, B: int) -> tuple[list[list[int]], dict[str, Any]]:
+def decoder_assign(
+    model: VeilModel, span2: Span, cands: list[Tensor], specials: Any, B: int
+) -> tuple[list[list[int]], dict[str, Any]]:
     """Sentences of a causal decoder from the layer-1 pairs, left to right (DAGER alg. 1 with a
     ranking instead of a threshold): layer 2's input at t depends only on tokens <= t, so at each
     position the passing tokens are assigned to the live prefixes by the layer-2 distance of the
@@ -164,7 +179,12 @@ def decoder_assign(model: VeilModel, span2: Span, cands: list[Tensor], specials:
             break
         toks = c.tolist()
         ext = torch.tensor([p + [v] for p in prefixes for v in toks])
-        cost = sentence_costs(model, span2, ext, torch.ones_like(ext))[:, -1].view(len(prefixes), len(toks)).double().numpy()
+        cost = (
+            sentence_costs(model, span2, ext, torch.ones_like(ext))[:, -1]
+            .view(len(prefixes), len(toks))
+            .double()
+            .numpy()
+        )
         scored += len(ext)
         best: tuple[float, tuple[int, ...], np.ndarray] | None = None
         for keep in itertools.combinations(range(len(prefixes)), k):

@@ -18,6 +18,7 @@ every position lies in the layer-2 span is exact (its cost does not depend on th
 frozen and carried over to later restarts and length hypotheses, which run round robin. The
 true batch is the unique zero of that cost when B*T < width.
 """
+
 from __future__ import annotations
 
 import itertools
@@ -44,8 +45,17 @@ def _last_position(cands: list[Tensor]) -> int:
 
 
 # ----------------------------------------------------------------------------- decoder
-def decoder_search(model: VeilModel, span2: Span, cands: list[Tensor], specials: Any, *, tol2: float, seed: int,
-                   batch_size: int | None, beam: int | None = None) -> tuple[list[list[int]], dict[str, Any]]:
+def decoder_search(
+    model: VeilModel,
+    span2: Span,
+    cands: list[Tensor],
+    specials: Any,
+    *,
+    tol2: float,
+    seed: int,
+    batch_size: int | None,
+    beam: int | None = None,
+) -> tuple[list[list[int]], dict[str, Any]]:
     """Greedy left-to-right extension of prefixes (see the module docstring)."""
     T = _last_position(cands)
     if T == 0:
@@ -92,8 +102,9 @@ class _Layout:
         return [b for b, (n, s) in enumerate(zip(self.lengths, self.sep_end)) if t < n and not (s and t == n - 1)]
 
 
-def length_layouts(sets: list[list[int]], sep: int | None, B: int, pins: dict[int, int] | None = None,
-                   limit: int = 6, reach: int = 3) -> list[_Layout]:
+def length_layouts(
+    sets: list[list[int]], sep: int | None, B: int, pins: dict[int, int] | None = None, limit: int = 6, reach: int = 3
+) -> list[_Layout]:
     """Plausible sentence lengths, shortest first. The longest sentence ends at the last position
     with candidates (later positions get no gradient). A token pinned to position t (see
     `veil.attacks.span.pin_positions`) is content of a sentence longer than t + 1, so the k-th
@@ -127,8 +138,9 @@ def length_layouts(sets: list[list[int]], sep: int | None, B: int, pins: dict[in
     return out[:limit]
 
 
-def _initial(lay: _Layout, content: list[list[int]], sets: list[list[int]], sep: int | None, pad: int,
-             rng: np.random.Generator) -> Tensor:
+def _initial(
+    lay: _Layout, content: list[list[int]], sets: list[list[int]], sep: int | None, pad: int, rng: np.random.Generator
+) -> Tensor:
     B, T = len(lay.lengths), max(lay.lengths)
     ids = torch.full((B, T), pad, dtype=torch.long)
     for b, (n, s) in enumerate(zip(lay.lengths, lay.sep_end)):
@@ -161,8 +173,17 @@ def _assign(cost: np.ndarray, required: np.ndarray) -> np.ndarray:
     return out
 
 
-def _sweep(model: VeilModel, span2: Span, ids: Tensor, mask: Tensor, lay: _Layout, content: list[list[int]],
-           rng: np.random.Generator, pinned: set[int], frozen: set[int]) -> tuple[bool, int]:
+def _sweep(
+    model: VeilModel,
+    span2: Span,
+    ids: Tensor,
+    mask: Tensor,
+    lay: _Layout,
+    content: list[list[int]],
+    rng: np.random.Generator,
+    pinned: set[int],
+    frozen: set[int],
+) -> tuple[bool, int]:
     """One pass over ambiguous positions re-assigning the unsolved sentences' tokens; returns whether
     anything changed and how many sentences were scored."""
     changed, scored = False, 0
@@ -200,9 +221,20 @@ def _carry(ids: Tensor, lay: _Layout, kept: list[list[int]]) -> set[int]:
     return rows
 
 
-def encoder_search(model: VeilModel, span2: Span, cands: list[Tensor], specials: Any, *, tol2: float, seed: int,
-                   batch_size: int | None, restarts: int = 4, sweeps: int = 12, pins: dict[int, int] | None = None,
-                   budget: int = 500_000) -> tuple[list[list[int]], dict[str, Any]]:
+def encoder_search(
+    model: VeilModel,
+    span2: Span,
+    cands: list[Tensor],
+    specials: Any,
+    *,
+    tol2: float,
+    seed: int,
+    batch_size: int | None,
+    restarts: int = 4,
+    sweeps: int = 12,
+    pins: dict[int, int] | None = None,
+    budget: int = 500_000,
+) -> tuple[list[list[int]], dict[str, Any]]:
     """Length hypotheses x restarts x coordinate sweeps; solved sentences are frozen and carried
     across restarts and layouts (see the module docstring). `budget` caps the candidate sentences
     scored (counted work, never time: the result does not depend on the machine's load)."""
@@ -245,7 +277,11 @@ def encoder_search(model: VeilModel, span2: Span, cands: list[Tensor], specials:
         return [], {"sentences_scored": 0}
     (_, score), ids, mask = best
     seqs = [ids[b, : int(mask[b].sum())].tolist() for b in range(ids.shape[0])]
-    return seqs, {"sentences_scored": scored, "restarts_run": tries, "mean_layer2_distance": score,
-                  "sentences_exact": len(_solved(model, span2, ids, mask, tol2)), "batch_size_used": B,
-                  "search_seconds": time.perf_counter() - start}
-
+    return seqs, {
+        "sentences_scored": scored,
+        "restarts_run": tries,
+        "mean_layer2_distance": score,
+        "sentences_exact": len(_solved(model, span2, ids, mask, tol2)),
+        "batch_size_used": B,
+        "search_seconds": time.perf_counter() - start,
+    }

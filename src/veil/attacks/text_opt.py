@@ -31,12 +31,14 @@ Threat-model details a user should know:
   (iDLG); else learnable soft labels. A causal LM's targets are the next dummy tokens, made
   differentiable as ``softmax(cos(x_{t+1}, E) / tau)``.
 """
+
 from __future__ import annotations
 
 import math
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Any
 
 import torch
 import torch.nn.functional as F
@@ -54,10 +56,15 @@ from veil.models.base import VeilModel
 def matched_gradients(obs: Observation, attack: str) -> dict[str, Tensor]:
     """Observed gradients of every trainable parameter except the token-embedding table."""
     emb = obs.model.token_embedding().weight
-    out = {n: obs.grads[n].detach().float() for n, p in obs.model.named_parameters()
-           if n in obs.grads and p is not emb and p.requires_grad}
+    out = {
+        n: obs.grads[n].detach().float()
+        for n, p in obs.model.named_parameters()
+        if n in obs.grads and p is not emb and p.requires_grad
+    }
     if not out:
-        raise VeilError(f"{attack} needs exported gradients of the model's parameters past the token embedding; this update exports none")
+        raise VeilError(
+            f"{attack} needs exported gradients of the model's parameters past the token embedding; this update exports none"
+        )
     return out
 
 
@@ -79,8 +86,14 @@ def reserved_ids(tokenizer: Any, vocab: int, keep: set[int]) -> Tensor:
     if tokenizer is None or not hasattr(tokenizer, "decode"):
         return torch.zeros(0, dtype=torch.long)
     words = tokenizer.decode(list(range(vocab)))
-    return torch.tensor([i for i, w in enumerate(words) if len(w) > 2 and w[0] == "[" and w[-1] == "]"
-                         and w != "[UNK]" and i not in keep], dtype=torch.long)
+    return torch.tensor(
+        [
+            i
+            for i, w in enumerate(words)
+            if len(w) > 2 and w[0] == "[" and w[-1] == "]" and w != "[UNK]" and i not in keep
+        ],
+        dtype=torch.long,
+    )
 
 
 def allowed_tokens(obs: Observation, restrict: bool, drop: Tensor) -> tuple[Tensor, bool]:
@@ -137,8 +150,14 @@ def grad_distance(kind: str, dummy: list[Tensor], target: list[Tensor], alpha: f
         diff = g - t
         return (diff * diff).sum(-1) + alpha * diff.abs().sum(-1)
     if kind == "cos_layer":  # mean over parameters of 1 - cos: every layer counts the same
-        dots = torch.stack([(a * b).reshape(*a.shape[:lead], -1).sum(-1) / (a.reshape(*a.shape[:lead], -1).norm(dim=-1) * b.norm()).clamp_min(1e-30)
-                            for a, b in zip(dummy, target)], dim=-1)
+        dots = torch.stack(
+            [
+                (a * b).reshape(*a.shape[:lead], -1).sum(-1)
+                / (a.reshape(*a.shape[:lead], -1).norm(dim=-1) * b.norm()).clamp_min(1e-30)
+                for a, b in zip(dummy, target)
+            ],
+            dim=-1,
+        )
         return 1.0 - dots.mean(-1)
     g, t = g.double(), t.double()  # float32 sums lose 1 - cos below ~1e-5, where sequences still differ
     return (1.0 - (g * t).sum(-1) / (g.norm(dim=-1) * t.norm().clamp_min(1e-30)).clamp_min(1e-30)).float()
@@ -203,15 +222,34 @@ class TextOptimisation(Attack):
         fixed = fixed_ids >= 0
         # [SEP] stays decodable only where sentence ends are unknown (encoder, batch > 1)
         keep = {sep_id} if sep_id is not None and not lm and B > 1 else set()
-        drop = reserved_ids(tok, E.shape[0], keep) if self.opt("skip_reserved") else torch.tensor([i for i in (pad_id,) if i is not None], dtype=torch.long)
+        drop = (
+            reserved_ids(tok, E.shape[0], keep)
+            if self.opt("skip_reserved")
+            else torch.tensor([i for i in (pad_id,) if i is not None], dtype=torch.long)
+        )
         allowed, restricted = allowed_tokens(obs, bool(self.opt("restrict_to_present")), drop)
         fixed_emb = torch.where(fixed[:, None], E[fixed_ids.clamp_min(0)], 0.0)
         end = sep_id if (lm and B == 1 and self.opt("fix_special")) else None
         loss = _Loss(model, float(self.opt("lm_tau")), allowed, E[allowed], end)
         names = list(grads)
         mu = float(E[allowed].norm(dim=1).mean())
-        return _Setup(loss, names, [grads[n] for n in names], allowed, E[allowed], fixed, fixed_ids, fixed_emb, mu,
-                      self._labels(obs, know, B), restricted), B, T
+        return (
+            _Setup(
+                loss,
+                names,
+                [grads[n] for n in names],
+                allowed,
+                E[allowed],
+                fixed,
+                fixed_ids,
+                fixed_emb,
+                mu,
+                self._labels(obs, know, B),
+                restricted,
+            ),
+            B,
+            T,
+        )
 
     def _labels(self, obs: Observation, know: Knowledge, B: int) -> Tensor | None:
         """Fixed label logits (known, or iDLG at batch 1); None means learn soft labels."""
@@ -264,7 +302,9 @@ class TextOptimisation(Attack):
         """Embeddings of a sequence of allowed-token indices (..., T), pinned positions in place."""
         return torch.where(s.fixed[:, None], s.fixed_emb, s.table[idx])
 
-    def discrete_step(self, s: _Setup, x: Tensor, y: Tensor, gen: torch.Generator, state: dict[str, Any]) -> Tensor | None:
+    def discrete_step(
+        self, s: _Setup, x: Tensor, y: Tensor, gen: torch.Generator, state: dict[str, Any]
+    ) -> Tensor | None:
         """Hook for a discrete move every `discrete_every` steps: new embeddings, or None to keep x."""
         return None
 
@@ -280,9 +320,16 @@ class TextOptimisation(Attack):
         D = s.table.shape[1]
         z = nn.Parameter(torch.randn(B, T, D, generator=gen))
         learn_y = s.labels is None
-        y = nn.Parameter(torch.randn(B, obs.model.classifier().weight.shape[0], generator=gen) * 0.1) if learn_y else s.labels
+        y = (
+            nn.Parameter(torch.randn(B, obs.model.classifier().weight.shape[0], generator=gen) * 0.1)
+            if learn_y
+            else s.labels
+        )
         opt = torch.optim.Adam([z, y] if learn_y else [z], lr=float(self.opt("lr")))
-        iters, every = int(self.opt("iterations")), int(self.settings.get("discrete_every", self.defaults.get("discrete_every", 0)))
+        iters, every = (
+            int(self.opt("iterations")),
+            int(self.settings.get("discrete_every", self.defaults.get("discrete_every", 0))),
+        )
         history: list[float] = []
         state: dict[str, Any] = {"moves": 0}
         t0 = time.perf_counter()
@@ -300,12 +347,23 @@ class TextOptimisation(Attack):
         elapsed = time.perf_counter() - t0
         with torch.no_grad():
             idx, decoded = self.decode(s, self._embed(s, z), y.detach(), state)
-        return Reconstruction(token_ids=self._sequences(s.allowed[idx], s, know, obs.model), stats={
-            "iterations": iters, "iterations_per_second": iters / max(elapsed, 1e-9),
-            "final_loss": history[-1] if history else float("nan"), "decoded_loss": decoded,
-            "initial_loss": history[0] if history else float("nan"), "loss_history": history[:: max(1, iters // 50)],
-            "length": T, "restricted_to_present": s.restricted, "allowed_tokens": int(len(s.allowed)),
-            "discrete_moves": state["moves"], "labels_learnt": learn_y, "matched_parameters": len(s.names)})
+        return Reconstruction(
+            token_ids=self._sequences(s.allowed[idx], s, know, obs.model),
+            stats={
+                "iterations": iters,
+                "iterations_per_second": iters / max(elapsed, 1e-9),
+                "final_loss": history[-1] if history else float("nan"),
+                "decoded_loss": decoded,
+                "initial_loss": history[0] if history else float("nan"),
+                "loss_history": history[:: max(1, iters // 50)],
+                "length": T,
+                "restricted_to_present": s.restricted,
+                "allowed_tokens": int(len(s.allowed)),
+                "discrete_moves": state["moves"],
+                "labels_learnt": learn_y,
+                "matched_parameters": len(s.names),
+            },
+        )
 
     def _sequences(self, ids: Tensor, s: _Setup, know: Knowledge, model: VeilModel) -> list[list[int]]:
         """Pinned tokens back in place, cut after the first [SEP]; a causal LM's [SEP] appended."""
@@ -321,32 +379,63 @@ class TextOptimisation(Attack):
         return out
 
 
-@ATTACKS.register("tag", help="TAG: continuous embeddings matched to the gradient by L2 + alpha*L1, nearest-token decoding (text)")
+@ATTACKS.register(
+    "tag", help="TAG: continuous embeddings matched to the gradient by L2 + alpha*L1, nearest-token decoding (text)"
+)
 class TagAttack(TextOptimisation):
     """Settings: ``iterations`` (500), ``lr`` (0.05, on unit-scale embeddings), ``alpha`` (0.01),
     ``restrict_to_present`` (False), ``fix_special`` (True), ``skip_reserved`` (True: never decode [PAD],
     [unused*], [MASK], nor [CLS]/[SEP] where the format pins them), ``lm_tau`` (0.05), ``seed``."""
 
     name = "tag"
-    knows = "the update, the weights, the vocabulary, batch size and length (labels if granted); not the defense (naive)"
+    knows = (
+        "the update, the weights, the vocabulary, batch size and length (labels if granted); not the defense (naive)"
+    )
     distance = "tag"
-    defaults = {"iterations": 500, "lr": 0.05, "alpha": 0.01, "restrict_to_present": False, "fix_special": True, "skip_reserved": True,
-                "lm_tau": 0.05, "chunk_size": 8}
+    defaults = {
+        "iterations": 500,
+        "lr": 0.05,
+        "alpha": 0.01,
+        "restrict_to_present": False,
+        "fix_special": True,
+        "skip_reserved": True,
+        "lm_tau": 0.05,
+        "chunk_size": 8,
+    }
 
 
-@ATTACKS.register("lamp", help="LAMP: cosine gradient distance + embedding-norm prior, with discrete swap/move/projection steps (text)")
+@ATTACKS.register(
+    "lamp",
+    help="LAMP: cosine gradient distance + embedding-norm prior, with discrete swap/move/projection steps (text)",
+)
 class LampAttack(TextOptimisation):
     """Settings: ``iterations`` (500), ``lr`` (0.05), ``norm_weight`` (0.01), ``discrete_every`` (50),
     ``candidates`` (16 transformations per discrete step), ``restrict_to_present`` (True),
     ``fix_special`` (True), ``skip_reserved`` (True), ``lm_tau`` (0.05), ``chunk_size`` (8 candidates per vmap chunk), ``seed``."""
 
     name = "lamp"
-    knows = "the update, the weights, the vocabulary, batch size and length (labels if granted); not the defense (naive)"
+    knows = (
+        "the update, the weights, the vocabulary, batch size and length (labels if granted); not the defense (naive)"
+    )
     distance = "cos"
-    defaults = {"iterations": 500, "lr": 0.05, "alpha": 0.01, "norm_weight": 0.01, "discrete_every": 50, "candidates": 16, "topk": 3,
-                "restrict_to_present": True, "fix_special": True, "skip_reserved": True, "lm_tau": 0.05, "chunk_size": 8}
+    defaults = {
+        "iterations": 500,
+        "lr": 0.05,
+        "alpha": 0.01,
+        "norm_weight": 0.01,
+        "discrete_every": 50,
+        "candidates": 16,
+        "topk": 3,
+        "restrict_to_present": True,
+        "fix_special": True,
+        "skip_reserved": True,
+        "lm_tau": 0.05,
+        "chunk_size": 8,
+    }
 
-    def discrete_step(self, s: _Setup, x: Tensor, y: Tensor, gen: torch.Generator, state: dict[str, Any]) -> Tensor | None:
+    def discrete_step(
+        self, s: _Setup, x: Tensor, y: Tensor, gen: torch.Generator, state: dict[str, Any]
+    ) -> Tensor | None:
         """One LAMP discrete step. Continuous candidates: x and swaps / span moves of x (LAMP's
         transformations). Token candidates: proj(x), the best token sequence so far, and swaps / span
         moves / top-k re-projections of both. All are scored by the objective in one vectorised
@@ -366,7 +455,7 @@ class LampAttack(TextOptimisation):
         base = near[None, ..., 0] if "best" not in state else torch.stack([near[..., 0], state["best"]])
         toks = torch.cat([base, self._variants(base, near, free, gen)])  # (C, B, T)
         scores = self._score(s, torch.cat([x[None], cont, self.tokens(s, toks)]), y)
-        c, t = 1 + n, int(scores[1 + n:].argmin())
+        c, t = 1 + n, int(scores[1 + n :].argmin())
         if "best" not in state or float(scores[c + t]) < state["score"]:
             state["best"], state["score"] = toks[t].clone(), float(scores[c + t])
         i = int(scores.argmin())

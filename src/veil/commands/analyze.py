@@ -1,6 +1,7 @@
 """`veil analyze WHAT ...`: analyses of trained runs. Each analysis lives in
 `veil/commands/analyze_<what>.py` with `add_parser(subparsers)` and `run(args)`.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -10,7 +11,11 @@ ANALYSES = ("pe", "channels")
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
-    p = sub.add_parser("analyze", help="analyses of trained runs (pe: position-embedding PCA; channels: AEGIS leakage channels)", description=__doc__)
+    p = sub.add_parser(
+        "analyze",
+        help="analyses of trained runs (pe: position-embedding PCA; channels: AEGIS leakage channels)",
+        description=__doc__,
+    )
     inner = p.add_subparsers(dest="analysis", metavar="ANALYSIS")
     for name in ANALYSES:
         importlib.import_module(f"veil.commands.analyze_{name}").add_parser(inner)

@@ -5,6 +5,7 @@ model (trained weights when RUN_DIR has them) under its defenses.
 Prints the table and writes channels.json and channels.md into DIR (default
 RUN_DIR/analysis/channels, or runs/channels/<config name> for a CONFIG file).
 """
+
 from __future__ import annotations
 
 import argparse
@@ -14,8 +15,12 @@ from pathlib import Path
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
     """Register `channels` under the `veil analyze` subcommands."""
-    p = sub.add_parser("channels", help="AEGIS leakage channels per layer: gradient rank, span overlap, embedding-row sparsity",
-                       description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = sub.add_parser(
+        "channels",
+        help="AEGIS leakage channels per layer: gradient rank, span overlap, embedding-row sparsity",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     p.add_argument("source", help="a run folder written by `veil train`, or a YAML config")
     p.add_argument("overrides", nargs="*", help="key=value overrides, e.g. defense=aegis mlp_noise=0")
     p.add_argument("--batch-size", type=int, default=4, help="sentences in the analysed step (default 4)")
@@ -42,15 +47,21 @@ def run(args: argparse.Namespace) -> int:
     else:
         cfg = load_config(src, args.overrides)
         model, data, defenses = build_run(cfg)
-        out = Path(args.out) if args.out else Path("runs") / "channels" / src.stem  # not beside the config: keep configs/ clean
+        out = (
+            Path(args.out) if args.out else Path("runs") / "channels" / src.stem
+        )  # not beside the config: keep configs/ clean
     if data.modality != "text":
-        raise VeilError("veil analyze channels measures text models (token embedding, attention, MLP); this run is " + data.modality)
+        raise VeilError(
+            "veil analyze channels measures text models (token embedding, attention, MLP); this run is " + data.modality
+        )
     n = len(data.train["labels"])
     if n < 2 * args.batch_size:
-        raise VeilError(f"--batch-size {args.batch_size} needs at least {2 * args.batch_size} training samples; the data has {n}")
+        raise VeilError(
+            f"--batch-size {args.batch_size} needs at least {2 * args.batch_size} training samples; the data has {n}"
+        )
     order = torch.randperm(n, generator=torch.Generator().manual_seed(args.seed))
     batch = {k: v[order[: args.batch_size]] for k, v in data.train.items()}
-    decoy = {k: v[order[args.batch_size: 2 * args.batch_size]] for k, v in data.train.items()}
+    decoy = {k: v[order[args.batch_size : 2 * args.batch_size]] for k, v in data.train.items()}
     special = set(data.meta.get("special_ids", []))
     result = analyze_channels(model, batch, decoy, defenses, args.tol, special)
     title = f"{cfg.model['name']} on {cfg.data['name']} + {'+'.join(d['name'] for d in cfg.defense) or 'no defense'}"

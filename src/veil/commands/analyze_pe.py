@@ -4,6 +4,7 @@ Writes pe_analysis.json and pe_analysis.md (explained variance by projected dime
 paper's Table XII) and pe_pca_1d/2d/3d.png (its Fig. 2 / Fig. 7) into DIR (default
 RUN_DIR/analysis/pe).
 """
+
 from __future__ import annotations
 
 import argparse
@@ -13,8 +14,12 @@ from pathlib import Path
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
     """Register `pe` under the `veil analyze` subcommands."""
-    p = sub.add_parser("pe", help="PCA of the position-embedding table: explained variance and 1-D/2-D/3-D plots",
-                       description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = sub.add_parser(
+        "pe",
+        help="PCA of the position-embedding table: explained variance and 1-D/2-D/3-D plots",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     p.add_argument("run_dir", help="a run folder written by `veil train`")
     p.add_argument("--out", default=None, help="output folder (default RUN_DIR/analysis/pe)")
     p.add_argument("--dims", type=int, default=10, help="projected dimensions to report (default 10)")

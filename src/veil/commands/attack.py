@@ -12,6 +12,7 @@ reordered it (setting (b)). Writes OUT/summary.json (`attacks.<name>.<metric>`, 
 samples), OUT/<name>.png (images: originals above reconstructions) or OUT/<name>.md (text:
 aligned tokens, wrong ones struck through).
 """
+
 from __future__ import annotations
 
 import argparse
@@ -31,14 +32,22 @@ REFERENCES = ("original", "shuffled")  # = veil.attacks.harness.REFERENCES (test
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
-    p = sub.add_parser("attack", help="run a privacy attack on one client update and score it", description=__doc__,
-                       formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = sub.add_parser(
+        "attack",
+        help="run a privacy attack on one client update and score it",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     p.add_argument("source", help="run folder (trained weights) or YAML config (weights at init)")
     p.add_argument("overrides", nargs="*", help="config key=value overrides; attack.KEY=VALUE for attack options")
-    p.add_argument("--attack", required=True, help="attack name (see `veil list`; `veil list --details NAME` for its options)")
+    p.add_argument(
+        "--attack", required=True, help="attack name (see `veil list`; `veil list --details NAME` for its options)"
+    )
     p.add_argument("--batch-size", type=int, default=1, help="private batch size of the attacked update (default 1)")
     p.add_argument("--samples", type=int, default=4, help="number of attacked updates, averaged (default 4)")
-    p.add_argument("--reference", choices=REFERENCES, default="original", help="score against the original or the shuffled input")
+    p.add_argument(
+        "--reference", choices=REFERENCES, default="original", help="score against the original or the shuffled input"
+    )
     p.add_argument("--seed", type=int, default=0, help="seed of the sample draw and the attack")
     p.add_argument("--out", required=True, help="output folder")
     p.add_argument("--quiet", action="store_true", help="no progress bar or table")
@@ -63,9 +72,20 @@ def run(args: argparse.Namespace) -> int:
         import torch
 
         torch.set_num_threads(cfg.train.threads)
-    summary = attack_run(model, data, defenses, args.attack, attack_over, batch_size=args.batch_size,
-                         samples=args.samples, reference=args.reference, seed=args.seed, out=Path(args.out),
-                         progress=not args.quiet, config=cfg.to_dict())
+    summary = attack_run(
+        model,
+        data,
+        defenses,
+        args.attack,
+        attack_over,
+        batch_size=args.batch_size,
+        samples=args.samples,
+        reference=args.reference,
+        seed=args.seed,
+        out=Path(args.out),
+        progress=not args.quiet,
+        config=cfg.to_dict(),
+    )
     if not args.quiet:
         print(format_table(args.attack, summary["attacks"][args.attack]))
     return 0
@@ -78,7 +98,7 @@ def split_overrides(items: list[str]) -> tuple[list[str], dict[str, Any]]:
     for item in items:
         key, sep, value = item.partition("=")
         if sep and key.startswith("attack."):
-            attack[key[len("attack."):]] = parse_value(value)
+            attack[key[len("attack.") :]] = parse_value(value)
         else:
             config.append(item)
     return config, attack
@@ -98,9 +118,21 @@ def load_target(source: str, overrides: list[str]) -> tuple[VeilModel, Any, list
 
 
 # ---- the whole audit -------------------------------------------------------------------------
-def attack_run(model: VeilModel, data: Any, defenses: list, name: str, settings: dict[str, Any], *, batch_size: int = 1,
-               samples: int = 4, reference: str = "original", seed: int = 0, out: Path | None = None,
-               progress: bool = False, config: dict | None = None) -> dict[str, Any]:
+def attack_run(
+    model: VeilModel,
+    data: Any,
+    defenses: list,
+    name: str,
+    settings: dict[str, Any],
+    *,
+    batch_size: int = 1,
+    samples: int = 4,
+    reference: str = "original",
+    seed: int = 0,
+    out: Path | None = None,
+    progress: bool = False,
+    config: dict | None = None,
+) -> dict[str, Any]:
     """Attack `samples` private test batches and write OUT/summary.json plus the picture."""
     import torch
 
@@ -121,9 +153,20 @@ def attack_run(model: VeilModel, data: Any, defenses: list, name: str, settings:
         rows.append(score(rec, ref, data))
         shown.append((ref, rec))
     means = mean_metrics(rows)
-    summary = {"attacks": {name: means}, "runs": {name: {"settings": settings, "batch_size": batch_size, "samples": samples,
-                                                         "reference": reference, "seed": seed, "per_sample": rows,
-                                                         "defenses": [d.describe() for d in defenses]}}}
+    summary = {
+        "attacks": {name: means},
+        "runs": {
+            name: {
+                "settings": settings,
+                "batch_size": batch_size,
+                "samples": samples,
+                "reference": reference,
+                "seed": seed,
+                "per_sample": rows,
+                "defenses": [d.describe() for d in defenses],
+            }
+        },
+    }
     if config is not None:
         summary["config"] = config
     if out is not None:
@@ -151,10 +194,16 @@ def write_outputs(out: Path, name: str, summary: dict[str, Any], shown: list, da
             summary[key] = {**old.get(key, {}), **summary[key]}
     path.write_text(json.dumps(summary, indent=2, default=str))
     if any(rec.images is not None for _, rec in shown):
-        save_image_grid(out / f"{name}.png", [(ref["pixels"], rec.images) for ref, rec in shown if rec.images is not None], name)
+        save_image_grid(
+            out / f"{name}.png", [(ref["pixels"], rec.images) for ref, rec in shown if rec.images is not None], name
+        )
     if any(rec.token_ids is not None for _, rec in shown):
-        save_text_alignment(out / f"{name}.md", [(sequences(ref), rec.token_ids) for ref, rec in shown if rec.token_ids is not None],
-                            data.meta.get("tokenizer"), name)
+        save_text_alignment(
+            out / f"{name}.md",
+            [(sequences(ref), rec.token_ids) for ref, rec in shown if rec.token_ids is not None],
+            data.meta.get("tokenizer"),
+            name,
+        )
     return summary
 
 
@@ -169,7 +218,9 @@ def save_image_grid(path: Path, pairs: list[tuple[Tensor, Tensor]], title: str) 
     image_grid(orig.numpy(), recs.numpy(), path, title)
 
 
-def save_text_alignment(path: Path, pairs: list[tuple[list[list[int]], list[list[int]]]], tokenizer: Any, title: str) -> None:
+def save_text_alignment(
+    path: Path, pairs: list[tuple[list[list[int]], list[list[int]]]], tokenizer: Any, title: str
+) -> None:
     """Each reference beside its best-matching reconstruction; wrong tokens struck through."""
     from veil.metrics import text_report
 
@@ -182,8 +233,13 @@ def save_text_alignment(path: Path, pairs: list[tuple[list[list[int]], list[list
         for i, ref in enumerate(refs):
             hyp = hyps[order[i]] if order[i] >= 0 else []
             marked = [w if j < len(ref) and hyp[j] == ref[j] else f"~~{w}~~" for j, w in enumerate(words(hyp))]
-            lines += [f"**sample {k} / sequence {i}**", "", f"- original: {' '.join(words(ref))}",
-                      f"- recovered: {' '.join(marked)}", ""]
+            lines += [
+                f"**sample {k} / sequence {i}**",
+                "",
+                f"- original: {' '.join(words(ref))}",
+                f"- recovered: {' '.join(marked)}",
+                "",
+            ]
     path.write_text("\n".join(lines))
 
 

@@ -3,17 +3,25 @@
 With no scenario it runs the embedded quickstart (a digits ViT and an SST-2 text model, MJP and
 AEGIS against their attacks). Running it again resumes: finished runs and cells are reused.
 """
+
 from __future__ import annotations
 
 import argparse
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
-    p = sub.add_parser("audit", help="train one model per defense, attack each, write a privacy-utility report", description=__doc__)
+    p = sub.add_parser(
+        "audit", help="train one model per defense, attack each, write a privacy-utility report", description=__doc__
+    )
     p.add_argument("scenario", nargs="?", default=None, help="scenario YAML (default: the embedded quickstart)")
     p.add_argument("--out", default="runs/audit", help="audit folder (default: runs/audit); an existing one is resumed")
     p.add_argument("--quiet", action="store_true", help="no progress bars")
-    p.add_argument("--jobs", type=int, default=1, help="training runs in parallel processes (default 1); set train.threads to cores / jobs")
+    p.add_argument(
+        "--jobs",
+        type=int,
+        default=1,
+        help="training runs in parallel processes (default 1); set train.threads to cores / jobs",
+    )
     p.set_defaults(run=run)
 
 
@@ -31,6 +39,8 @@ def run(args: argparse.Namespace) -> int:
     for name, t in summary["tasks"].items():
         print(f"{name}:")
         for d, u in t["utility"].items():  # the verdict per defense: the attack that rebuilt the most
-            print(f"  {d}: acc {u['test_accuracy_mean']:.3f}; worst case {describe(t['worst_case'][d], 3, ('token_recovery', 'psnr', 'psnr_masked_set')).replace('`', '')}")
+            print(
+                f"  {d}: acc {u['test_accuracy_mean']:.3f}; worst case {describe(t['worst_case'][d], 3, ('token_recovery', 'psnr', 'psnr_masked_set')).replace('`', '')}"
+            )
     print(f"report: {args.out}/report.html")
     return 0

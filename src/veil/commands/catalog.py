@@ -9,8 +9,10 @@ are imported (seconds), and the fresh catalog is written to the user cache
 ($XDG_CACHE_HOME/veil, else ~/.cache/veil), so the next call is fast again. `python -m
 veil.commands.catalog` rewrites the copy shipped in the package.
 """
+
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import os
@@ -53,10 +55,8 @@ def load() -> dict[str, Any]:
         if isinstance(cat, dict) and cat.get("fingerprint") == fp:
             return cat
     cat = build(fp)
-    try:
+    with contextlib.suppress(OSError):  # a read-only home: list from the live registries every time
         write(cat, cache_path())
-    except OSError:  # a read-only home: list from the live registries every time
-        pass
     return cat
 
 
@@ -69,17 +69,23 @@ def write(cat: dict[str, Any], path: Path) -> None:
 
 def build(fp: str | None = None) -> dict[str, Any]:
     """Import every registry and read each component's help and options."""
-    from veil.attacks import ATTACKS, _load_builtin as load_attacks
+    from veil.attacks import ATTACKS
+    from veil.attacks import _load_builtin as load_attacks
     from veil.config import data_schema, defense_schema
     from veil.data import DATASETS
-    from veil.defenses import DEFENSES, _load_builtin as load_defenses
+    from veil.defenses import DEFENSES
+    from veil.defenses import _load_builtin as load_defenses
     from veil.models import MODELS, model_schema
 
     load_attacks()
     load_defenses()
     kinds: dict[str, dict[str, Any]] = {}
-    for kind, reg, schema in (("models", MODELS, model_schema), ("data sets", DATASETS, data_schema),
-                              ("defenses", DEFENSES, defense_schema), ("attacks", ATTACKS, _attack_options)):
+    for kind, reg, schema in (
+        ("models", MODELS, model_schema),
+        ("data sets", DATASETS, data_schema),
+        ("defenses", DEFENSES, defense_schema),
+        ("attacks", ATTACKS, _attack_options),
+    ):
         kinds[kind] = {name: {"help": help, "options": _rows(schema(name))} for name, help in reg.describe().items()}
     return {"fingerprint": fp or fingerprint(), "kinds": kinds}
 
@@ -89,7 +95,10 @@ def _rows(options: Any) -> list[list[str]] | None:
         return None
     from veil.schema import REQUIRED
 
-    return [[o.name, o.type_name(), o.default if o.default is REQUIRED else repr(o.default), o.help] for o in options.values()]
+    return [
+        [o.name, o.type_name(), o.default if o.default is REQUIRED else repr(o.default), o.help]
+        for o in options.values()
+    ]
 
 
 def _attack_options(name: str) -> Any:

@@ -8,6 +8,7 @@ instead (the "w/o E_unk" ablation). A run without MJP is shuffled with its PEs k
 same selection (block-wise for images, n-gram windows of 32 for text unless told otherwise).
 Writes OUT/summary.json with ``test_accuracy`` (shuffled) and ``clean_test_accuracy`` (G = 0).
 """
+
 from __future__ import annotations
 
 import argparse
@@ -17,11 +18,22 @@ from typing import Any
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
-    p = sub.add_parser("eval", help="evaluate a trained run, optionally with test-time jigsaw shuffling", description=__doc__,
-                       formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = sub.add_parser(
+        "eval",
+        help="evaluate a trained run, optionally with test-time jigsaw shuffling",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     p.add_argument("run_dir", help="a run folder written by `veil train`")
-    p.add_argument("--shuffle-gamma", type=float, default=0.0, help="test-time shuffle ratio in [0, 1] (default 0: clean)")
-    p.add_argument("--selection", choices=("block", "random"), default=None, help="image selection (default: the run's, else block)")
+    p.add_argument(
+        "--shuffle-gamma", type=float, default=0.0, help="test-time shuffle ratio in [0, 1] (default 0: clean)"
+    )
+    p.add_argument(
+        "--selection",
+        choices=("block", "random"),
+        default=None,
+        help="image selection (default: the run's, else block)",
+    )
     p.add_argument("--window", type=int, default=None, help="text n-gram window (default: the run's, else 32)")
     p.add_argument("--keep-pe", action="store_true", help="keep the original PEs at shuffled slots (no E_unk)")
     p.add_argument("--seed", type=int, default=0, help="seed of the test-time shuffles")
@@ -29,8 +41,14 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.set_defaults(run=run)
 
 
-def evaluate_shuffled(run_dir: str | Path, gamma: float, selection: str | None = None, window: int | None = None,
-                      keep_pe: bool = False, seed: int = 0) -> dict[str, Any]:
+def evaluate_shuffled(
+    run_dir: str | Path,
+    gamma: float,
+    selection: str | None = None,
+    window: int | None = None,
+    keep_pe: bool = False,
+    seed: int = 0,
+) -> dict[str, Any]:
     """Load the run and measure clean and shuffled test accuracy."""
     import torch
 
@@ -47,9 +65,16 @@ def evaluate_shuffled(run_dir: str | Path, gamma: float, selection: str | None =
         if model._embedding_transform is not None:
             from veil.errors import VeilError
 
-            raise VeilError(f"run '{run_dir}' uses another embedding transform; test-time shuffling needs no other or MJP")
-        mjp = MJP(gamma=0.0, aux="none", variant="shuffle", selection=selection or "block",
-                  window=window if window is not None else 32).attach(model)
+            raise VeilError(
+                f"run '{run_dir}' uses another embedding transform; test-time shuffling needs no other or MJP"
+            )
+        mjp = MJP(
+            gamma=0.0,
+            aux="none",
+            variant="shuffle",
+            selection=selection or "block",
+            window=window if window is not None else 32,
+        ).attach(model)
     else:
         mjp.selection = selection or mjp.selection
         mjp.window = window if window is not None else mjp.window
@@ -63,12 +88,19 @@ def evaluate_shuffled(run_dir: str | Path, gamma: float, selection: str | None =
     mjp.seed = seed
     shuffled = evaluate(model, data.test, bs, device)["test_accuracy"]
     mjp.set_eval_gamma(None)
-    return {"run": str(run_dir), "model": cfg.model["name"], "data": cfg.data["name"],
-            "defense": [d["name"] for d in cfg.defense] or ["none"], "shuffle_gamma": gamma,
-            "selection": mjp.selection if model.modality == "image" else None,
-            "window": mjp.window if model.modality == "text" else None,
-            "unk_at_shuffled": mjp.variant == "mjp" and not keep_pe, "seed": seed,
-            "test_accuracy": shuffled, "clean_test_accuracy": clean}
+    return {
+        "run": str(run_dir),
+        "model": cfg.model["name"],
+        "data": cfg.data["name"],
+        "defense": [d["name"] for d in cfg.defense] or ["none"],
+        "shuffle_gamma": gamma,
+        "selection": mjp.selection if model.modality == "image" else None,
+        "window": mjp.window if model.modality == "text" else None,
+        "unk_at_shuffled": mjp.variant == "mjp" and not keep_pe,
+        "seed": seed,
+        "test_accuracy": shuffled,
+        "clean_test_accuracy": clean,
+    }
 
 
 def run(args: argparse.Namespace) -> int:

@@ -4,6 +4,7 @@ Federated training on Flower: FedAvg / FedProx / FedSGD over IID or Dirichlet cl
 defenses on the clients, optional live privacy audit by the server. The config's `federated:`
 section holds the settings (see `veil.federated.config`); override them as `federated.rounds=5`.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -11,8 +12,12 @@ import json
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
-    p = sub.add_parser("federate", help="federated training on Flower (simulation engine), with a live privacy auditor",
-                       description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = sub.add_parser(
+        "federate",
+        help="federated training on Flower (simulation engine), with a live privacy auditor",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     p.add_argument("config", help="YAML config with a federated: section, or a run folder")
     p.add_argument("overrides", nargs="*", help="key=value overrides, e.g. federated.clients=3 train.lr=0.002")
     p.add_argument("--out", required=True, help="run folder")

@@ -4,6 +4,7 @@
 Read from a catalog of the builders' signatures (`veil.commands.catalog`), so it does not import
 torch while the catalog matches the installed sources.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -11,8 +12,12 @@ from typing import Any
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
-    p = sub.add_parser("list", help="list models, data sets, defenses and attacks (--details NAME: its options)", description=__doc__)
-    p.add_argument("--details", metavar="NAME", default=None, help="print the options of component NAME (type, default, help)")
+    p = sub.add_parser(
+        "list", help="list models, data sets, defenses and attacks (--details NAME: its options)", description=__doc__
+    )
+    p.add_argument(
+        "--details", metavar="NAME", default=None, help="print the options of component NAME (type, default, help)"
+    )
     p.set_defaults(run=run)
 
 
@@ -34,7 +39,9 @@ def details(kinds: dict[str, Any], name: str) -> str:
     """Every component called `name` (a name may be, say, both a data set and a model) with its options."""
     from veil.errors import VeilError
 
-    found = [(kind[:-1] if kind != "data sets" else "data set", kinds[kind][name]) for kind in kinds if name in kinds[kind]]
+    found = [
+        (kind[:-1] if kind != "data sets" else "data set", kinds[kind][name]) for kind in kinds if name in kinds[kind]
+    ]
     if not found:
         raise VeilError(f"unknown component {name!r}; `veil list` shows the names")
     blocks = []

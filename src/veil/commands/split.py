@@ -5,6 +5,7 @@ references, multi-task (classification, zone regression, segmentation on digits)
 config's `split:` section (see `veil.federated.config.SplitConfig`), e.g. split.protocol=sl.
 `--compare` runs every protocol plus single-task p-FeSTA and writes RUN_DIR/compare.json.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -12,8 +13,12 @@ import json
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
-    p = sub.add_parser("split", help="split learning (SL, FeSTA, p-FeSTA) on Flower, multi-task, with byte accounting",
-                       description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = sub.add_parser(
+        "split",
+        help="split learning (SL, FeSTA, p-FeSTA) on Flower, multi-task, with byte accounting",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     p.add_argument("config", help="YAML config with a split: section")
     p.add_argument("overrides", nargs="*", help="key=value overrides, e.g. split.protocol=sl split.epochs=5")
     p.add_argument("--out", required=True, help="run folder")

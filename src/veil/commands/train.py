@@ -1,4 +1,5 @@
 """`veil train CONFIG [key=value ...] --out RUN_DIR`"""
+
 from __future__ import annotations
 
 import argparse

@@ -6,6 +6,7 @@ your table), as train/test tensor dicts with the batch keys the models read.
     for batch in iterate_batches(data.train, 32, shuffle=True, generator=torch.Generator().manual_seed(0)):
         loss = model.loss(model(batch), batch)
 """
+
 from __future__ import annotations
 
 from typing import Any
@@ -17,9 +18,23 @@ from veil.data.splits import DataSplits, Split, iterate_batches, split_size, str
 from veil.data.tokenizers import Tokenizer, WordPieceTokenizer, WordTokenizer, make_tokenizer, minilm_dir
 
 __all__ = [
-    "DATASETS", "DataSplits", "Split", "Tokenizer", "WordPieceTokenizer", "WordTokenizer", "dirichlet", "iid",
-    "iterate_batches", "label_skew", "list_datasets", "load_data", "make_tokenizer", "minilm_dir",
-    "split_size", "stratified_split", "subset",
+    "DATASETS",
+    "DataSplits",
+    "Split",
+    "Tokenizer",
+    "WordPieceTokenizer",
+    "WordTokenizer",
+    "dirichlet",
+    "iid",
+    "iterate_batches",
+    "label_skew",
+    "list_datasets",
+    "load_data",
+    "make_tokenizer",
+    "minilm_dir",
+    "split_size",
+    "stratified_split",
+    "subset",
 ]
 
 

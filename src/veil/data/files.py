@@ -2,6 +2,7 @@
 
 Every problem a user's file can have becomes one `VeilError` line naming the file and the fix.
 """
+
 from __future__ import annotations
 
 import csv
@@ -45,7 +46,9 @@ def read_text(path: Path) -> str:
         raise VeilError(f"{str(path)!r} is not UTF-8 text (byte {e.start})") from None
 
 
-def read_delimited(path: Path, delimiter: str, names: list[str] | None = None, quoting: int = csv.QUOTE_MINIMAL) -> Columns:
+def read_delimited(
+    path: Path, delimiter: str, names: list[str] | None = None, quoting: int = csv.QUOTE_MINIMAL
+) -> Columns:
     """Columns of a delimited file; its header names them unless `names` is given (headerless file)."""
     rows = csv.reader(io.StringIO(read_text(path), newline=""), delimiter=delimiter, quoting=quoting)
     try:
@@ -58,8 +61,10 @@ def read_delimited(path: Path, delimiter: str, names: list[str] | None = None, q
     header = [h.strip() for h in header]
     bad = next((i for i, r in enumerate(body) if len(r) != len(header)), None)
     if bad is not None:
-        raise VeilError(f"{path}: data row {bad + 1} has {len(body[bad])} fields but there are "
-                        f"{len(header)} columns ({', '.join(header)})")
+        raise VeilError(
+            f"{path}: data row {bad + 1} has {len(body[bad])} fields but there are "
+            f"{len(header)} columns ({', '.join(header)})"
+        )
     return {h: [r[j] for r in body] for j, h in enumerate(header)}
 
 
@@ -74,7 +79,7 @@ def read_jsonl(path: Path) -> Columns:
         except json.JSONDecodeError as e:
             raise VeilError(f"{path} line {n} is not valid JSON: {e.msg}") from None
         if not isinstance(obj, dict):
-            raise VeilError(f"{path} line {n} is not a JSON object; each line must be {{\"column\": value, ...}}")
+            raise VeilError(f'{path} line {n} is not a JSON object; each line must be {{"column": value, ...}}')
         records.append(obj)
     if not records:
         raise VeilError(f"data set is empty: {path}")

@@ -3,6 +3,7 @@
 Every loader returns ``pixels`` float32 (N, C, H, W) in [0, 1] and ``labels`` int64 (N,), split
 train/test by a seeded, stratified draw.
 """
+
 from __future__ import annotations
 
 from pathlib import Path
@@ -39,8 +40,17 @@ def set_channels(pixels: Tensor, channels: int) -> Tensor:
     return pixels.expand(-1, 3, -1, -1).contiguous() if channels == 3 else pixels.mean(1, keepdim=True)
 
 
-def build_splits(pixels: Tensor, labels: np.ndarray, class_names: list[str], *, test_fraction: float,
-                 train_size: int | None, test_size: int | None, seed: int, meta: dict) -> DataSplits:
+def build_splits(
+    pixels: Tensor,
+    labels: np.ndarray,
+    class_names: list[str],
+    *,
+    test_fraction: float,
+    train_size: int | None,
+    test_size: int | None,
+    seed: int,
+    meta: dict,
+) -> DataSplits:
     """Seeded stratified split, then optional seeded size limits."""
     data = {"pixels": pixels.float().contiguous(), "labels": torch.as_tensor(labels, dtype=torch.int64)}
     train_idx, test_idx = stratified_split(labels, test_fraction, seed)
@@ -51,31 +61,57 @@ def build_splits(pixels: Tensor, labels: np.ndarray, class_names: list[str], *, 
 
 
 @DATASETS.register("digits", help="sklearn handwritten digits, 1,797 8x8 grey images, 10 classes")
-def digits(size: int = 8, channels: int = 1, test_fraction: float = 0.2, train_size: int | None = None,
-           test_size: int | None = None, seed: int = 0) -> DataSplits:
+def digits(
+    size: int = 8,
+    channels: int = 1,
+    test_fraction: float = 0.2,
+    train_size: int | None = None,
+    test_size: int | None = None,
+    seed: int = 0,
+) -> DataSplits:
     """sklearn handwritten digits (8x8, values 0..16 scaled to [0, 1]); bundled, no download."""
     from sklearn.datasets import load_digits
 
     d = load_digits()
     pixels = torch.from_numpy(d.images / 16.0).float().unsqueeze(1)
     pixels = set_channels(resize(pixels, size), channels)
-    return build_splits(pixels, d.target.astype(np.int64), [str(i) for i in range(10)],
-                        test_fraction=test_fraction, train_size=train_size, test_size=test_size, seed=seed,
-                        meta={"source": "sklearn.datasets.load_digits"})
+    return build_splits(
+        pixels,
+        d.target.astype(np.int64),
+        [str(i) for i in range(10)],
+        test_fraction=test_fraction,
+        train_size=train_size,
+        test_size=test_size,
+        seed=seed,
+        meta={"source": "sklearn.datasets.load_digits"},
+    )
 
 
 @DATASETS.register("lfw", help="skimage LFW subset: 100 faces vs 100 non-faces, 25x25 grey")
-def lfw(size: int = 32, channels: int = 1, test_fraction: float = 0.2, train_size: int | None = None,
-        test_size: int | None = None, seed: int = 0) -> DataSplits:
+def lfw(
+    size: int = 32,
+    channels: int = 1,
+    test_fraction: float = 0.2,
+    train_size: int | None = None,
+    test_size: int | None = None,
+    seed: int = 0,
+) -> DataSplits:
     """Face / non-face task from skimage's bundled LFW subset (first 100 faces, then 100 not)."""
     from skimage import data as skdata
 
     images = skdata.lfw_subset()  # (200, 25, 25) float64 in [0, 1]
     pixels = set_channels(resize(torch.from_numpy(images).float().unsqueeze(1), size), channels)
     labels = np.repeat(np.array([1, 0], dtype=np.int64), [100, 100])
-    return build_splits(pixels, labels, ["non-face", "face"], test_fraction=test_fraction,
-                        train_size=train_size, test_size=test_size, seed=seed,
-                        meta={"source": "skimage.data.lfw_subset"})
+    return build_splits(
+        pixels,
+        labels,
+        ["non-face", "face"],
+        test_fraction=test_fraction,
+        train_size=train_size,
+        test_size=test_size,
+        seed=seed,
+        meta={"source": "skimage.data.lfw_subset"},
+    )
 
 
 def read_image(path: Path, channels: int) -> Tensor:
@@ -112,8 +148,15 @@ def class_files(root: Path) -> dict[str, list[Path]]:
 
 
 @DATASETS.register("image_folder", help="your images: one sub-folder per class (png/jpg)")
-def image_folder(path: str | Path, size: int = 32, channels: int = 3, test_fraction: float = 0.2,
-                 train_size: int | None = None, test_size: int | None = None, seed: int = 0) -> DataSplits:
+def image_folder(
+    path: str | Path,
+    size: int = 32,
+    channels: int = 3,
+    test_fraction: float = 0.2,
+    train_size: int | None = None,
+    test_size: int | None = None,
+    seed: int = 0,
+) -> DataSplits:
     """A user's images, one sub-folder per class (sorted names are the classes), resized to `size`."""
     if channels not in (1, 3):
         raise VeilError(f"channels must be 1 or 3, got {channels}")
@@ -121,5 +164,13 @@ def image_folder(path: str | Path, size: int = 32, channels: int = 3, test_fract
     names = list(files)
     pixels = torch.cat([resize(read_image(p, channels)[None], size) for c in names for p in files[c]])
     labels = np.repeat(np.arange(len(names), dtype=np.int64), [len(files[c]) for c in names])
-    return build_splits(pixels, labels, names, test_fraction=test_fraction, train_size=train_size,
-                        test_size=test_size, seed=seed, meta={"source": str(path)})
+    return build_splits(
+        pixels,
+        labels,
+        names,
+        test_fraction=test_fraction,
+        train_size=train_size,
+        test_size=test_size,
+        seed=seed,
+        meta={"source": str(path)},
+    )

@@ -3,9 +3,10 @@ draw, and a number that says how skewed a partition is.
 
 All three are vectorised over samples (no per-sample Python loops) and seeded.
 """
+
 from __future__ import annotations
 
-from typing import Sequence
+from collections.abc import Sequence
 
 import numpy as np
 from torch import Tensor
@@ -41,8 +42,9 @@ def iid(labels: Labels, num_clients: int, seed: int = 0) -> list[np.ndarray]:
     return [np.sort(p) for p in np.array_split(perm, num_clients)]
 
 
-def dirichlet(labels: Labels, num_clients: int, alpha: float, seed: int = 0, min_size: int = 1,
-              max_tries: int = 1000) -> list[np.ndarray]:
+def dirichlet(
+    labels: Labels, num_clients: int, alpha: float, seed: int = 0, min_size: int = 1, max_tries: int = 1000
+) -> list[np.ndarray]:
     """Label skew: each class's samples go to clients in proportions drawn from Dir(alpha);
     small alpha gives each client few classes. Redrawn until every client has `min_size`."""
     if alpha <= 0:
@@ -57,8 +59,10 @@ def dirichlet(labels: Labels, num_clients: int, alpha: float, seed: int = 0, min
         if counts.sum(0).min() >= min_size:
             break
     else:
-        raise VeilError(f"could not give each of {num_clients} clients {min_size} samples with alpha={alpha} "
-                        f"in {max_tries} draws; raise alpha or lower min_size")
+        raise VeilError(
+            f"could not give each of {num_clients} clients {min_size} samples with alpha={alpha} "
+            f"in {max_tries} draws; raise alpha or lower min_size"
+        )
     perm = rng.permutation(len(y))
     by_class = perm[np.argsort(y[perm], kind="stable")]  # class blocks, random order inside
     owner = np.repeat(np.tile(np.arange(num_clients), len(classes)), counts.ravel())

@@ -3,10 +3,12 @@
 A split is a plain ``dict[str, Tensor]`` with the batch keys the models read, so a batch of it
 can go straight into ``model(batch)`` and any slice of it is again a split.
 """
+
 from __future__ import annotations
 
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Iterator, Sequence
+from typing import Any
 
 import numpy as np
 import torch
@@ -30,8 +32,10 @@ class DataSplits:
 
     def __repr__(self) -> str:
         shapes = {k: tuple(v.shape) for k, v in self.train.items()}
-        return (f"DataSplits({self.modality}, classes={self.num_classes}, train={split_size(self.train)}, "
-                f"test={split_size(self.test)}, keys={shapes})")
+        return (
+            f"DataSplits({self.modality}, classes={self.num_classes}, train={split_size(self.train)}, "
+            f"test={split_size(self.test)}, keys={shapes})"
+        )
 
 
 def split_size(split: Split) -> int:
@@ -48,8 +52,13 @@ def subset(split: Split, indices: Sequence[int] | np.ndarray | Tensor) -> Split:
     return {k: v[idx] for k, v in split.items()}
 
 
-def iterate_batches(split: Split, batch_size: int, shuffle: bool = False,
-                    generator: torch.Generator | None = None, drop_last: bool = False) -> Iterator[Split]:
+def iterate_batches(
+    split: Split,
+    batch_size: int,
+    shuffle: bool = False,
+    generator: torch.Generator | None = None,
+    drop_last: bool = False,
+) -> Iterator[Split]:
     """Yield consecutive batches; with `shuffle`, in an order drawn from `generator` (repeatable)."""
     if batch_size < 1:
         raise VeilError(f"batch_size must be at least 1, got {batch_size}")
@@ -57,7 +66,7 @@ def iterate_batches(split: Split, batch_size: int, shuffle: bool = False,
     order = torch.randperm(n, generator=generator) if shuffle else torch.arange(n)
     stop = n - n % batch_size if drop_last else n
     for start in range(0, stop, batch_size):
-        yield subset(split, order[start:start + batch_size])
+        yield subset(split, order[start : start + batch_size])
 
 
 def stratified_split(labels: np.ndarray, test_fraction: float, seed: int) -> tuple[np.ndarray, np.ndarray]:

@@ -5,11 +5,12 @@ Every loader returns ``input_ids`` and ``attention_mask`` int64 (N, max_len) lai
 ``[CLS] tokens [SEP] [PAD] ...`` and ``labels`` int64 (N,); ``meta`` keeps the tokenizer and the
 raw texts, which attacks need to decode and score what they recover.
 """
+
 from __future__ import annotations
 
 import csv
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Sequence
 
 import numpy as np
 import torch
@@ -52,22 +53,43 @@ def resolve_tokenizer(tokenizer: str | Tokenizer, corpus: Sequence[str], max_voc
     return make_tokenizer(tokenizer, corpus, max_vocab) if isinstance(tokenizer, str) else tokenizer
 
 
-def encode_splits(texts: dict[str, list[str]], labels: dict[str, np.ndarray], class_names: list[str], *,
-                  tokenizer: str | Tokenizer, max_len: int, train_size: int | None, test_size: int | None,
-                  seed: int, max_vocab: int, source: str) -> DataSplits:
+def encode_splits(
+    texts: dict[str, list[str]],
+    labels: dict[str, np.ndarray],
+    class_names: list[str],
+    *,
+    tokenizer: str | Tokenizer,
+    max_len: int,
+    train_size: int | None,
+    test_size: int | None,
+    seed: int,
+    max_vocab: int,
+    source: str,
+) -> DataSplits:
     """Limit each split (seeded), build the tokenizer on training texts, encode both splits."""
-    picks = {"train": take(len(texts["train"]), train_size, seed, "train_size"),
-             "test": take(len(texts["test"]), test_size, seed + 1, "test_size")}
+    picks = {
+        "train": take(len(texts["train"]), train_size, seed, "train_size"),
+        "test": take(len(texts["test"]), test_size, seed + 1, "test_size"),
+    }
     texts = {s: [texts[s][i] for i in picks[s]] for s in picks}
     tok = resolve_tokenizer(tokenizer, texts["train"], max_vocab)
     splits = {}
     for s in picks:
         ids, mask = tok.encode(texts[s], max_len)
-        splits[s] = {"input_ids": ids, "attention_mask": mask,
-                     "labels": torch.as_tensor(labels[s][picks[s]], dtype=torch.int64)}
-    meta = {"source": source, "tokenizer": tok, "tokenizer_name": getattr(tok, "name", type(tok).__name__),
-            "vocab_size": tok.vocab_size, "max_len": max_len,
-            "special_ids": [tok.pad_id, tok.cls_id, tok.sep_id], "texts": texts}
+        splits[s] = {
+            "input_ids": ids,
+            "attention_mask": mask,
+            "labels": torch.as_tensor(labels[s][picks[s]], dtype=torch.int64),
+        }
+    meta = {
+        "source": source,
+        "tokenizer": tok,
+        "tokenizer_name": getattr(tok, "name", type(tok).__name__),
+        "vocab_size": tok.vocab_size,
+        "max_len": max_len,
+        "special_ids": [tok.pad_id, tok.cls_id, tok.sep_id],
+        "texts": texts,
+    }
     return DataSplits(splits["train"], splits["test"], len(class_names), list(class_names), "text", meta)
 
 
@@ -96,38 +118,74 @@ def read_agnews(path: Path) -> tuple[list[str], np.ndarray]:
 
 
 @DATASETS.register("sst2", help="SST-2 movie-review sentiment, 2 classes (8,000/872 shipped; path= for all)")
-def sst2(path: str | Path | None = None, tokenizer: str | Tokenizer = "wordpiece", max_len: int = 64,
-         train_size: int | None = None, test_size: int | None = None, seed: int = 0,
-         max_vocab: int = 10000) -> DataSplits:
+def sst2(
+    path: str | Path | None = None,
+    tokenizer: str | Tokenizer = "wordpiece",
+    max_len: int = 64,
+    train_size: int | None = None,
+    test_size: int | None = None,
+    seed: int = 0,
+    max_vocab: int = 10000,
+) -> DataSplits:
     """SST-2; `path` is a folder with train.tsv and test.tsv (header ``sentence<TAB>label``)."""
     folder = ASSETS / "sst2" if path is None else Path(path)
     train = read_sst2(find_file(folder, ["train"], "sst2"))
     test = read_sst2(find_file(folder, ["test"], "sst2"))
-    return encode_splits({"train": train[0], "test": test[0]}, {"train": train[1], "test": test[1]},
-                         SST2_CLASSES, tokenizer=tokenizer, max_len=max_len, train_size=train_size,
-                         test_size=test_size, seed=seed, max_vocab=max_vocab,
-                         source="veil assets (SST-2 subset)" if path is None else str(path))
+    return encode_splits(
+        {"train": train[0], "test": test[0]},
+        {"train": train[1], "test": test[1]},
+        SST2_CLASSES,
+        tokenizer=tokenizer,
+        max_len=max_len,
+        train_size=train_size,
+        test_size=test_size,
+        seed=seed,
+        max_vocab=max_vocab,
+        source="veil assets (SST-2 subset)" if path is None else str(path),
+    )
 
 
 @DATASETS.register("agnews", help="AG News topics, 4 classes (4,000/1,000 shipped; path= for all)")
-def agnews(path: str | Path | None = None, tokenizer: str | Tokenizer = "wordpiece", max_len: int = 64,
-           train_size: int | None = None, test_size: int | None = None, seed: int = 0,
-           max_vocab: int = 10000) -> DataSplits:
+def agnews(
+    path: str | Path | None = None,
+    tokenizer: str | Tokenizer = "wordpiece",
+    max_len: int = 64,
+    train_size: int | None = None,
+    test_size: int | None = None,
+    seed: int = 0,
+    max_vocab: int = 10000,
+) -> DataSplits:
     """AG News; `path` is a folder with train.tsv (or dev.tsv) and test.tsv, no header: text, label name."""
     folder = ASSETS / "agnews" if path is None else Path(path)
     train = read_agnews(find_file(folder, ["train", "dev"], "agnews"))
     test = read_agnews(find_file(folder, ["test"], "agnews"))
-    return encode_splits({"train": train[0], "test": test[0]}, {"train": train[1], "test": test[1]},
-                         AGNEWS_CLASSES, tokenizer=tokenizer, max_len=max_len, train_size=train_size,
-                         test_size=test_size, seed=seed, max_vocab=max_vocab,
-                         source="veil assets (AG News subset)" if path is None else str(path))
+    return encode_splits(
+        {"train": train[0], "test": test[0]},
+        {"train": train[1], "test": test[1]},
+        AGNEWS_CLASSES,
+        tokenizer=tokenizer,
+        max_len=max_len,
+        train_size=train_size,
+        test_size=test_size,
+        seed=seed,
+        max_vocab=max_vocab,
+        source="veil assets (AG News subset)" if path is None else str(path),
+    )
 
 
 @DATASETS.register("table", help="your CSV / TSV / JSONL with a text and a label column")
-def table(path: str | Path, text_column: str = "text", label_column: str = "label",
-          tokenizer: str | Tokenizer = "wordpiece", max_len: int = 64, test_fraction: float = 0.2,
-          train_size: int | None = None, test_size: int | None = None, seed: int = 0,
-          max_vocab: int = 10000) -> DataSplits:
+def table(
+    path: str | Path,
+    text_column: str = "text",
+    label_column: str = "label",
+    tokenizer: str | Tokenizer = "wordpiece",
+    max_len: int = 64,
+    test_fraction: float = 0.2,
+    train_size: int | None = None,
+    test_size: int | None = None,
+    seed: int = 0,
+    max_vocab: int = 10000,
+) -> DataSplits:
     """A user's table; labels are the sorted distinct strings of the label column, split seeded and
     stratified into train/test."""
     data = read_table(path)
@@ -137,9 +195,19 @@ def table(path: str | Path, text_column: str = "text", label_column: str = "labe
         raise VeilError(f"{path}: data row {raw.index('') + 1} has an empty label")
     class_names, labels = np.unique(np.array(raw, dtype=str), return_inverse=True)
     if len(class_names) < 2:
-        raise VeilError(f"{path}: label column {label_column!r} has {len(class_names)} distinct value; a classifier needs at least 2")
+        raise VeilError(
+            f"{path}: label column {label_column!r} has {len(class_names)} distinct value; a classifier needs at least 2"
+        )
     train_idx, test_idx = stratified_split(labels, test_fraction, seed)
-    return encode_splits({"train": [texts[i] for i in train_idx], "test": [texts[i] for i in test_idx]},
-                         {"train": labels[train_idx], "test": labels[test_idx]}, [str(c) for c in class_names],
-                         tokenizer=tokenizer, max_len=max_len, train_size=train_size, test_size=test_size,
-                         seed=seed, max_vocab=max_vocab, source=str(path))
+    return encode_splits(
+        {"train": [texts[i] for i in train_idx], "test": [texts[i] for i in test_idx]},
+        {"train": labels[train_idx], "test": labels[test_idx]},
+        [str(c) for c in class_names],
+        tokenizer=tokenizer,
+        max_len=max_len,
+        train_size=train_size,
+        test_size=test_size,
+        seed=seed,
+        max_vocab=max_vocab,
+        source=str(path),
+    )

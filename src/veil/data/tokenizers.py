@@ -4,14 +4,16 @@ Both use BERT's special-token slots ([PAD]=0, [UNK]=100, [CLS]=101, [SEP]=102, [
 model built for one takes the other's ids, and both encode every text as
 ``[CLS] tokens [SEP] [PAD] ...`` at a fixed length.
 """
+
 from __future__ import annotations
 
 import json
 import re
 from collections import Counter
+from collections.abc import Iterable, Sequence
 from functools import lru_cache
 from pathlib import Path
-from typing import Iterable, Protocol, Sequence
+from typing import Protocol
 
 import torch
 from torch import Tensor
@@ -93,8 +95,14 @@ class WordPieceTokenizer:
     def encode(self, texts: Sequence[str], max_len: int) -> tuple[Tensor, Tensor]:
         """(input_ids, attention_mask), both int64 (N, max_len); long texts are truncated."""
         check_max_len(max_len)
-        enc = self._tok(list(texts), padding="max_length", truncation=True, max_length=max_len,
-                        return_tensors="pt", return_token_type_ids=False)
+        enc = self._tok(
+            list(texts),
+            padding="max_length",
+            truncation=True,
+            max_length=max_len,
+            return_tensors="pt",
+            return_token_type_ids=False,
+        )
         return enc["input_ids"].long(), enc["attention_mask"].long()
 
     def decode(self, ids: Sequence[int] | Tensor, skip_special: bool = False) -> list[str]:
@@ -135,7 +143,7 @@ class WordTokenizer:
         self.name = "word"
 
     @classmethod
-    def build(cls, corpus: Iterable[str], max_vocab: int = 10000, min_freq: int = 1) -> "WordTokenizer":
+    def build(cls, corpus: Iterable[str], max_vocab: int = 10000, min_freq: int = 1) -> WordTokenizer:
         """Keep the most frequent words (ties by spelling, so builds repeat) that appear at least
         `min_freq` times; `max_vocab` counts all ids, the 104 reserved ones included."""
         if max_vocab <= FIRST_WORD_ID:
@@ -166,7 +174,7 @@ class WordTokenizer:
         Path(path).write_text(json.dumps(blob, ensure_ascii=False), encoding="utf-8")
 
     @classmethod
-    def from_json(cls, path: str | Path) -> "WordTokenizer":
+    def from_json(cls, path: str | Path) -> WordTokenizer:
         """Load what `to_json` saved."""
         p = Path(path)
         if not p.exists():
@@ -186,8 +194,9 @@ class WordTokenizer:
 TOKENIZERS = ("wordpiece", "word")
 
 
-def make_tokenizer(name: str, corpus: Iterable[str] | None = None, max_vocab: int = 10000,
-                   min_freq: int = 1) -> Tokenizer:
+def make_tokenizer(
+    name: str, corpus: Iterable[str] | None = None, max_vocab: int = 10000, min_freq: int = 1
+) -> Tokenizer:
     """'wordpiece' (pretrained MiniLM vocabulary) or 'word' (built from `corpus`)."""
     if name == "wordpiece":
         return WordPieceTokenizer()

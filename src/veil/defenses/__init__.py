@@ -2,6 +2,7 @@
 
 Each defense module registers itself here on import; see `veil.defenses.base` for the protocol.
 """
+
 from __future__ import annotations
 
 from typing import Any

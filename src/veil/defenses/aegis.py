@@ -104,6 +104,7 @@ most of what AEGIS costs on a CPU, where the vocabulary-sized tables dominate a 
 transformer4's step costs 1.09x an undefended one on one core and 1.03-1.13x on two
 (docs/results.md), against 1.13-1.14x and 1.12-1.25x with the numpy path.
 """
+
 from __future__ import annotations
 
 from typing import Any
@@ -178,9 +179,18 @@ class Aegis(Defense):
     name = "aegis"
     modalities = ("text",)
 
-    def __init__(self, freeze_attention: bool = True, freeze_attention_bias: bool = True, embed_noise: float = 3.0, mlp_noise: float = 1.0,
-                 head_noise: float | None = None, mlp_down_noise: float | None = None, noised_lr: float = 1.0, lr_scale: float = 1.0,
-                 seed: int = 0) -> None:
+    def __init__(
+        self,
+        freeze_attention: bool = True,
+        freeze_attention_bias: bool = True,
+        embed_noise: float = 3.0,
+        mlp_noise: float = 1.0,
+        head_noise: float | None = None,
+        mlp_down_noise: float | None = None,
+        noised_lr: float = 1.0,
+        lr_scale: float = 1.0,
+        seed: int = 0,
+    ) -> None:
         super().__init__()
         if not isinstance(freeze_attention, bool):
             raise VeilError(f"freeze_attention must be true or false, got {freeze_attention!r}")
@@ -240,15 +250,25 @@ class Aegis(Defense):
         if self.noised_lr == 1.0 and self.lr_scale == 1.0:
             return []
         noised = {id(p) for p in self.noised_parameters(model)}
-        return [(p, self.lr_scale * (self.noised_lr if id(p) in noised else 1.0)) for p in model.parameters() if p.requires_grad]
+        return [
+            (p, self.lr_scale * (self.noised_lr if id(p) in noised else 1.0))
+            for p in model.parameters()
+            if p.requires_grad
+        ]
 
     def transform_grads(self, model: VeilModel, step: int) -> None:
         if self.embed_noise == 0 and self.mlp_noise == 0 and self.head_noise == 0 and self.mlp_down_noise == 0:
             return
         targets = self._noise_targets(model)
         # every std from the clean gradients, then one draw for all the tables (veil.defenses.noise)
-        stds = noise_tables_([p.grad for _, p, _, _ in targets], [stat for _, _, stat, _ in targets],
-                             [factor for _, _, _, factor in targets], (self.seed, step, self._calls), self.secret, self._work)
+        stds = noise_tables_(
+            [p.grad for _, p, _, _ in targets],
+            [stat for _, _, stat, _ in targets],
+            [factor for _, _, _, factor in targets],
+            (self.seed, step, self._calls),
+            self.secret,
+            self._work,
+        )
         self._calls += 1
         self.last_std = {}
         for (channel, _, _, _), std in zip(targets, stds):
@@ -266,18 +286,37 @@ class Aegis(Defense):
             out.append(("embedding", emb, row_norm_max, embedding_factor(emb, self.embed_noise)))
         if self.head_noise > 0 and head is not None:
             out.append(("head", head, row_norm_max, embedding_factor(head, self.head_noise)))
-        for channel, scale, mods in (("mlp_up", self.mlp_noise, model.mlp_up()), ("mlp_down", self.mlp_down_noise, model.mlp_down())):
+        for channel, scale, mods in (
+            ("mlp_up", self.mlp_noise, model.mlp_up()),
+            ("mlp_down", self.mlp_down_noise, model.mlp_down()),
+        ):
             if scale > 0:
-                out += [(channel, p, frobenius, block_factor(p, scale)) for m in mods for p in (m.weight, getattr(m, "bias", None)) if p is not None]
+                out += [
+                    (channel, p, frobenius, block_factor(p, scale))
+                    for m in mods
+                    for p in (m.weight, getattr(m, "bias", None))
+                    if p is not None
+                ]
         return [t for t in out if t[1].grad is not None]
 
     def describe(self) -> dict[str, Any]:
         """What an adaptive attacker is granted: the frozen set and the noise laws with their scales."""
-        return {"name": self.name, "freeze_attention": self.freeze_attention,
-                "freeze_attention_bias": self.freeze_attention_bias, "embed_noise": self.embed_noise,
-                "mlp_noise": self.mlp_noise, "head_noise": self.head_noise, "mlp_down_noise": self.mlp_down_noise, "noised_lr": self.noised_lr,
-                "lr_scale": self.lr_scale, "embed_law": "N(0, s^2), s = embed_noise * rho_max / (2D)^(1/4)",
-                "mlp_law": "N(0, s^2), s = mlp_noise * ||G||_F / (H D)^(1/4)", "last_std": dict(self.last_std)}
+        return {
+            "name": self.name,
+            "freeze_attention": self.freeze_attention,
+            "freeze_attention_bias": self.freeze_attention_bias,
+            "embed_noise": self.embed_noise,
+            "mlp_noise": self.mlp_noise,
+            "head_noise": self.head_noise,
+            "mlp_down_noise": self.mlp_down_noise,
+            "noised_lr": self.noised_lr,
+            "lr_scale": self.lr_scale,
+            "embed_law": "N(0, s^2), s = embed_noise * rho_max / (2D)^(1/4)",
+            "mlp_law": "N(0, s^2), s = mlp_noise * ||G||_F / (H D)^(1/4)",
+            "last_std": dict(self.last_std),
+        }
 
 
-DEFENSES.register("aegis", "AEGIS: freeze attention projections + calibrated noise on embedding and MLP-up gradients")(Aegis)
+DEFENSES.register("aegis", "AEGIS: freeze attention projections + calibrated noise on embedding and MLP-up gradients")(
+    Aegis
+)

@@ -19,9 +19,11 @@ it makes beside its ``seed`` (noise, permutation keys). The federated client set
 the server never sees (`veil.federated.secrets`); without it the draws follow the seed alone, and
 whoever knows the config (the server does) can regenerate them.
 """
+
 from __future__ import annotations
 
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 import torch
 from torch import Tensor
@@ -43,11 +45,13 @@ class Defense:
         self.secret: int | None = None
 
     # ---- lifecycle ------------------------------------------------------------------------
-    def attach(self, model: VeilModel) -> "Defense":
+    def attach(self, model: VeilModel) -> Defense:
         if self.model is not None:
             raise VeilError(f"defense {self.name!r} is already attached to a model; detach it first")
         if model.modality not in self.modalities:
-            raise VeilError(f"defense {self.name!r} does not support {model.modality} models; it supports: {', '.join(self.modalities)}")
+            raise VeilError(
+                f"defense {self.name!r} does not support {model.modality} models; it supports: {', '.join(self.modalities)}"
+            )
         self.model = model
         self._attach(model)
         return self

@@ -7,6 +7,7 @@
   g <- g + N(0, sigma^2 I), sigma absolute, seeded and fresh each call.
 - ``dpsgd`` — DP-SGD (Abadi et al., CCS 2016, Alg. 1), in `veil.defenses.dpsgd`.
 """
+
 from __future__ import annotations
 
 from typing import Any
@@ -96,7 +97,9 @@ class GaussianNoise(Defense):
         return {"name": self.name, "sigma": self.sigma, "law": "N(0, sigma^2) on every gradient entry"}
 
 
-DEFENSES.register("prune", "top-k magnitude gradient pruning (DLG): zero the `ratio` smallest entries per tensor")(Prune)
+DEFENSES.register("prune", "top-k magnitude gradient pruning (DLG): zero the `ratio` smallest entries per tensor")(
+    Prune
+)
 DEFENSES.register("gaussian", "plain Gaussian noise N(0, sigma^2) on every exported gradient")(GaussianNoise)
 
 from veil.defenses import dpsgd  # noqa: E402,F401  (registers `dpsgd`)

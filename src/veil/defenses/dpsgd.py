@@ -42,6 +42,7 @@ noise; an explicit ``seed`` makes runs repeatable but lets anyone who knows it s
 (tests, debugging). A resumed run continues the noise sequence where the checkpoint left it
 (`resume`), never replaying an earlier step's draw.
 """
+
 from __future__ import annotations
 
 import math
@@ -55,8 +56,16 @@ from torch import Tensor
 from veil.defenses import DEFENSES
 from veil.defenses.aegis import check_scale
 from veil.defenses.base import Defense
-from veil.defenses.dpsgd_engines import (LossFn, OpacusEngine, clip_and_sum, functorch_chunk,  # noqa: F401
-                                         micro_batches, per_sample_grads, restore_order, uncovered)
+from veil.defenses.dpsgd_engines import (  # noqa: F401
+    LossFn,
+    OpacusEngine,
+    clip_and_sum,
+    functorch_chunk,
+    micro_batches,
+    per_sample_grads,
+    restore_order,
+    uncovered,
+)
 from veil.defenses.noise import keyed_generator
 from veil.errors import VeilError
 from veil.models.base import Batch, VeilModel
@@ -103,9 +112,18 @@ class DPSGD(Defense):
     poisson = True  # the training loop draws Poisson batches for a defense that says so
     keeps_forward = True  # per-sample clipping and noise act on gradients only (veil.training.frozen)
 
-    def __init__(self, clip: float = 1.0, noise_multiplier: float | None = None, target_epsilon: float | None = None,
-                 delta: float | None = None, accountant: str = "rdp", mode: str = "auto", trainable: str | None = None,
-                 chunk: int = 64, seed: int | None = None) -> None:
+    def __init__(
+        self,
+        clip: float = 1.0,
+        noise_multiplier: float | None = None,
+        target_epsilon: float | None = None,
+        delta: float | None = None,
+        accountant: str = "rdp",
+        mode: str = "auto",
+        trainable: str | None = None,
+        chunk: int = 64,
+        seed: int | None = None,
+    ) -> None:
         super().__init__()
         self.clip = _positive("clip", clip)
         self.noise_multiplier = None if noise_multiplier is None else check_scale("noise_multiplier", noise_multiplier)
@@ -121,14 +139,18 @@ class DPSGD(Defense):
             try:
                 re.compile(trainable)
             except (re.error, TypeError):
-                raise VeilError(f"dpsgd trainable must be a regular expression over parameter names, got {trainable!r}") from None
+                raise VeilError(
+                    f"dpsgd trainable must be a regular expression over parameter names, got {trainable!r}"
+                ) from None
         if seed is not None and (isinstance(seed, bool) or not isinstance(seed, int)):
             raise VeilError(f"seed must be an integer or null (a secret seed from the OS), got {seed!r}")
         seed = secrets.randbits(62) if seed is None else seed
         if isinstance(chunk, bool) or not isinstance(chunk, int) or chunk < 1:
             raise VeilError(f"chunk must be an integer >= 1 (samples per physical micro-batch), got {chunk!r}")
         if (noise_multiplier is None) == (target_epsilon is None):
-            raise VeilError("dpsgd needs exactly one of noise_multiplier (sigma) or target_epsilon (sigma from the accountant)")
+            raise VeilError(
+                "dpsgd needs exactly one of noise_multiplier (sigma) or target_epsilon (sigma from the accountant)"
+            )
         self.accountant, self.mode, self.trainable, self.seed, self.chunk = accountant, mode, trainable, seed, chunk
         self.sample_rate: float | None = None
         self.expected_batch: float | None = None
@@ -150,7 +172,9 @@ class DPSGD(Defense):
                 for n, p in model.named_parameters():
                     p.requires_grad_(self._restore[n])
                 self.model = None
-                raise VeilError(f"dpsgd trainable={self.trainable!r} matches no trainable parameter of {type(model).__name__}")
+                raise VeilError(
+                    f"dpsgd trainable={self.trainable!r} matches no trainable parameter of {type(model).__name__}"
+                )
         left = uncovered(model, ghost=self.mode != "hooks")
         tied = _tied(model)
         self.engine_mode = ("ghost" if not left and not tied else "functorch") if self.mode == "auto" else self.mode
@@ -158,8 +182,10 @@ class DPSGD(Defense):
             for n, p in model.named_parameters():
                 p.requires_grad_(self._restore[n])
             self.model = None
-            raise VeilError(f"dpsgd mode=ghost: Opacus ghost clipping does not support tied weights ({type(model).__name__} ties "
-                            f"{', '.join(tied)}); use mode=hooks, functorch or auto")
+            raise VeilError(
+                f"dpsgd mode=ghost: Opacus ghost clipping does not support tied weights ({type(model).__name__} ties "
+                f"{', '.join(tied)}); use mode=hooks, functorch or auto"
+            )
         if self.engine_mode in ("ghost", "hooks"):
             self.frozen = left
             named = dict(model.named_parameters())
@@ -186,8 +212,15 @@ class DPSGD(Defense):
         if self.target_epsilon is not None:
             from opacus.accountants.utils import get_noise_multiplier
 
-            self.noise_multiplier = float(get_noise_multiplier(target_epsilon=self.target_epsilon, target_delta=self.delta,
-                                                               sample_rate=self.sample_rate, steps=steps, accountant=self.accountant))
+            self.noise_multiplier = float(
+                get_noise_multiplier(
+                    target_epsilon=self.target_epsilon,
+                    target_delta=self.delta,
+                    sample_rate=self.sample_rate,
+                    steps=steps,
+                    accountant=self.accountant,
+                )
+            )
 
     def resume(self, step: int) -> None:
         """Continue after `step` finished steps (a resumed run): the accountant's count and the noise sequence."""
@@ -196,9 +229,16 @@ class DPSGD(Defense):
     def privacy(self, steps: int | None = None) -> dict[str, Any]:
         """epsilon spent after `steps` (default: the steps taken) at delta, with what it rests on."""
         steps = self.steps if steps is None else steps
-        out: dict[str, Any] = {"mode": self.engine_mode, "accountant": self.accountant, "clip": self.clip,
-                               "noise_multiplier": self.noise_multiplier, "sample_rate": self.sample_rate,
-                               "delta": self.delta, "steps": steps, "epsilon": None}
+        out: dict[str, Any] = {
+            "mode": self.engine_mode,
+            "accountant": self.accountant,
+            "clip": self.clip,
+            "noise_multiplier": self.noise_multiplier,
+            "sample_rate": self.sample_rate,
+            "delta": self.delta,
+            "steps": steps,
+            "epsilon": None,
+        }
         if self.sample_rate is not None and self.noise_multiplier is not None and self.delta is not None:
             eps = epsilon(self.noise_multiplier, self.sample_rate, steps, self.delta, self.accountant)
             out["epsilon"] = eps if math.isfinite(eps) else "inf"
@@ -210,7 +250,9 @@ class DPSGD(Defense):
     def backward(self, model: VeilModel, batch: Batch, loss_fn: LossFn) -> tuple[Tensor, Tensor]:
         """Set ``p.grad`` to the noised mean of the clipped per-sample gradients (virtual steps of `chunk`)."""
         if self.noise_multiplier is None:
-            raise VeilError("dpsgd target_epsilon needs the training schedule (veil train); give noise_multiplier for a single step")
+            raise VeilError(
+                "dpsgd target_epsilon needs the training schedule (veil train); give noise_multiplier for a single step"
+            )
         named = {n: p for n, p in model.named_parameters() if p.requires_grad}
         n = next(iter(batch.values())).shape[0]
         losses, logits = [], []
@@ -244,13 +286,22 @@ class DPSGD(Defense):
         return total + noise * (self.noise_multiplier * self.clip)
 
     def describe(self) -> dict[str, Any]:
-        out = {"name": self.name, "clip": self.clip, "noise_multiplier": self.noise_multiplier,
-               "target_epsilon": self.target_epsilon, "delta": self.delta, "sample_rate": self.sample_rate,
-               "mode": self.engine_mode, "trainable": self.trainable,
-               "law": "(sum of per-sample clipped grads + N(0, (noise_multiplier * clip)^2)) / expected batch"}
+        out = {
+            "name": self.name,
+            "clip": self.clip,
+            "noise_multiplier": self.noise_multiplier,
+            "target_epsilon": self.target_epsilon,
+            "delta": self.delta,
+            "sample_rate": self.sample_rate,
+            "mode": self.engine_mode,
+            "trainable": self.trainable,
+            "law": "(sum of per-sample clipped grads + N(0, (noise_multiplier * clip)^2)) / expected batch",
+        }
         if self.frozen:
             out["frozen"] = list(self.frozen)
         return out
 
 
-DEFENSES.register("dpsgd", "DP-SGD: Poisson batches, per-sample clipping + Gaussian noise, RDP/PRV accountant (Opacus)")(DPSGD)
+DEFENSES.register(
+    "dpsgd", "DP-SGD: Poisson batches, per-sample clipping + Gaussian noise, RDP/PRV accountant (Opacus)"
+)(DPSGD)

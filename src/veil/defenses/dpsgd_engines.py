@@ -18,10 +18,11 @@ its weight (every veil adapter reads the position table so; HF BERT also the seg
 per-sample gradient under ``ghost`` / ``hooks``: `uncovered` finds those, and the defense then
 freezes them (explicit mode) or falls back to ``functorch`` (``mode: auto``).
 """
+
 from __future__ import annotations
 
 import warnings
-from typing import Callable
+from collections.abc import Callable
 
 import torch
 from torch import Tensor, nn
@@ -43,8 +44,9 @@ def per_sample_loss(model: VeilModel, logits: Tensor, batch: Batch) -> Tensor:
         keep = torch.ones_like(tgt, dtype=logits.dtype) if mask is None else mask[:, 1:].to(logits.dtype)
         tok = nn.functional.cross_entropy(logits[:, :-1].transpose(1, 2), tgt, reduction="none")
         return (tok * keep).sum(1) / keep.sum(1).clamp_min(1.0)
-    return nn.functional.cross_entropy(logits, batch["labels"], reduction="none",
-                                       label_smoothing=getattr(model, "label_smoothing", 0.0))
+    return nn.functional.cross_entropy(
+        logits, batch["labels"], reduction="none", label_smoothing=getattr(model, "label_smoothing", 0.0)
+    )
 
 
 # ---- physical micro-batches ----------------------------------------------------------------------
@@ -58,23 +60,33 @@ def micro_batches(batch: Batch, size: int) -> tuple[list[Batch], Tensor | None]:
     n = next(iter(batch.values())).shape[0]
     mask = batch.get("attention_mask")
     if mask is None or mask.dim() != 2 or n == 0:
-        return [{k: v[s:s + size] for k, v in batch.items()} for s in range(0, n, size)], None
+        return [{k: v[s : s + size] for k, v in batch.items()} for s in range(0, n, size)], None
     used = mask.ne(0)
-    last = torch.where(used, torch.arange(1, mask.shape[1] + 1, device=mask.device), 0).amax(1)  # length incl. inner pads
+    last = torch.where(used, torch.arange(1, mask.shape[1] + 1, device=mask.device), 0).amax(
+        1
+    )  # length incl. inner pads
     order = torch.argsort(last, stable=True)
     parts = []
     for s in range(0, n, size):
-        idx = order[s:s + size]
+        idx = order[s : s + size]
         width = max(int(last[idx].max()), 1)
-        parts.append({k: (v[idx][:, :width] if v.dim() >= 2 and v.shape[:2] == mask.shape else v[idx]) for k, v in batch.items()})
+        parts.append(
+            {k: (v[idx][:, :width] if v.dim() >= 2 and v.shape[:2] == mask.shape else v[idx]) for k, v in batch.items()}
+        )
     return parts, order
 
 
-def restore_order(losses: list[Tensor], logits: list[Tensor], order: Tensor | None, width: int) -> tuple[Tensor, Tensor]:
+def restore_order(
+    losses: list[Tensor], logits: list[Tensor], order: Tensor | None, width: int
+) -> tuple[Tensor, Tensor]:
     """Per-sample losses and logits of the micro-batches, back in the logical batch's order;
     sequence logits (B, T', ...) padded with zeros to the batch's `width` T."""
-    logits = [lg if lg.dim() < 3 or lg.shape[1] == width else
-              torch.nn.functional.pad(lg, (0, 0) * (lg.dim() - 2) + (0, width - lg.shape[1])) for lg in logits]
+    logits = [
+        lg
+        if lg.dim() < 3 or lg.shape[1] == width
+        else torch.nn.functional.pad(lg, (0, 0) * (lg.dim() - 2) + (0, width - lg.shape[1]))
+        for lg in logits
+    ]
     loss, logit = torch.cat(losses), torch.cat(logits)
     if order is None:
         return loss, logit
@@ -110,7 +122,7 @@ def per_sample_grads(model: VeilModel, batch: Batch, loss_fn: LossFn) -> tuple[d
         return loss, (loss.detach(), logits.detach()[0])
 
     grads, (losses, logits) = vmap(grad(one, has_aux=True), in_dims=(None, 0), randomness="different")(params, batch)
-    return {k[len("model."):]: v for k, v in grads.items()}, losses, logits
+    return {k[len("model.") :]: v for k, v in grads.items()}, losses, logits
 
 
 def clip_factors(norms: Tensor, clip: float) -> Tensor:
@@ -167,8 +179,9 @@ class OpacusEngine:
 
         self.ghost, self.clip = ghost, clip
         if ghost:
-            self.hooks = GradSampleHooksFastGradientClipping(model, loss_reduction="sum", strict=False,
-                                                             max_grad_norm=clip, use_ghost_clipping=True)
+            self.hooks = GradSampleHooksFastGradientClipping(
+                model, loss_reduction="sum", strict=False, max_grad_norm=clip, use_ghost_clipping=True
+            )
         else:
             self.hooks = GradSampleHooks(model, loss_reduction="sum", strict=False)
         self.named = {n: p for n, p in model.named_parameters() if p.requires_grad}
@@ -190,11 +203,16 @@ class OpacusEngine:
         one that got a gradient but no sample was read outside its module's forward: an error."""
         missing = [k for k, p in self.named.items() if getattr(p, attr, None) is None and p.grad is not None]
         if missing:
-            raise VeilError(f"dpsgd: Opacus hooks gave no per-sample gradient for {', '.join(missing[:4])} "
-                            "(a table read outside its module's forward); use mode=functorch or leave it out of `trainable`")
+            raise VeilError(
+                f"dpsgd: Opacus hooks gave no per-sample gradient for {', '.join(missing[:4])} "
+                "(a table read outside its module's forward); use mode=functorch or leave it out of `trainable`"
+            )
         shape = (lambda p: (n,)) if attr == "_norm_sample" else (lambda p: (n, *p.shape))
         out = [getattr(p, attr, None) for p in self.named.values()]
-        out = [torch.zeros(shape(p), dtype=p.dtype, device=p.device) if o is None else o for o, p in zip(out, self.named.values())]
+        out = [
+            torch.zeros(shape(p), dtype=p.dtype, device=p.device) if o is None else o
+            for o, p in zip(out, self.named.values())
+        ]
         for p in self.named.values():
             setattr(p, attr, None)
         return out

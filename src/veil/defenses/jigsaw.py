@@ -23,13 +23,13 @@ an identity draw by a cyclic shift of the selected slots, so at least two tokens
 ``gamma > 0`` and two slots are movable. On a 16-patch grid this raises gamma 0.03 and 0.1 to two
 patches per image (0.125).
 """
+
 from __future__ import annotations
 
 import math
 
 import torch
 from torch import Tensor
-
 
 MIN_SELECTED = 2  # the fewest slots a shuffle with gamma > 0 selects (one slot cannot move)
 
@@ -60,8 +60,16 @@ def _select(movable: Tensor, k: Tensor, g: torch.Generator | None) -> Tensor:
     return (_rank(keys) < k.unsqueeze(-1)) & movable
 
 
-def select_blocks(batch: int, grid: tuple[int, int], gamma: float, g: torch.Generator | None = None,
-                  device: torch.device | str = "cpu", rounds: int = 8, min_aspect: float = 0.3, least: int = 0) -> Tensor:
+def select_blocks(
+    batch: int,
+    grid: tuple[int, int],
+    gamma: float,
+    g: torch.Generator | None = None,
+    device: torch.device | str = "cpu",
+    rounds: int = 8,
+    min_aspect: float = 0.3,
+    least: int = 0,
+) -> Tensor:
     """(B, H*W) bool: BEiT block-wise selection of ~gamma*H*W patches per image.
 
     Each image draws ``rounds`` rectangles (area ~ U[1, target], log-uniform aspect ratio in
@@ -75,7 +83,7 @@ def select_blocks(batch: int, grid: tuple[int, int], gamma: float, g: torch.Gene
     k = torch.floor(gamma * N + u[:, :1]).clamp_(max=N)  # (B, 1) target count
     if least and gamma > 0:
         k.clamp_(min=min(least, N))
-    area, aspect, ty, tx = u[:, 1: 1 + 4 * R].view(batch, 4, R).unbind(1)
+    area, aspect, ty, tx = u[:, 1 : 1 + 4 * R].view(batch, 4, R).unbind(1)
     area = 1 + area * (k.clamp(min=1) - 1)
     ratio = torch.exp(math.log(min_aspect) * (1 - 2 * aspect))
     h = (area * ratio).sqrt_().round_().clamp_(1, H)
@@ -83,12 +91,14 @@ def select_blocks(batch: int, grid: tuple[int, int], gamma: float, g: torch.Gene
     cy = (ty * (H - h + 1)).floor_() + (h - 1) / 2  # block centres
     cx = (tx * (W - w + 1)).floor_() + (w - 1) / 2
     rr, cc = _grid_coords(H, W, device)
-    inside = ((rr - cy.unsqueeze(-1)).abs_() <= (h.unsqueeze(-1) - 1) / 2) & ((cc - cx.unsqueeze(-1)).abs_() <= (w.unsqueeze(-1) - 1) / 2)
+    inside = ((rr - cy.unsqueeze(-1)).abs_() <= (h.unsqueeze(-1) - 1) / 2) & (
+        (cc - cx.unsqueeze(-1)).abs_() <= (w.unsqueeze(-1) - 1) / 2
+    )
     union = inside.cummax(dim=1).values  # union of the first r blocks, (B, R, N)
     fits = union.sum(-1) <= k  # (B, R): a prefix of True
     last = fits.sum(1, keepdim=True)  # length of the longest fitting prefix
     chosen = union.gather(1, (last - 1).clamp_(min=0).unsqueeze(-1).expand(-1, 1, N)).squeeze(1) & (last > 0)
-    keys = u[:, 1 + 4 * R:].masked_fill(chosen, 2.0)  # top up to exactly k with random patches
+    keys = u[:, 1 + 4 * R :].masked_fill(chosen, 2.0)  # top up to exactly k with random patches
     return chosen | (_rank(keys) < k - chosen.sum(-1, keepdim=True))
 
 
@@ -113,8 +123,9 @@ def _windowed(x: Tensor, window: int, fill: bool | float) -> Tensor:
     return x.view(B, -1, window)
 
 
-def select_windows(movable: Tensor, gamma: float, window: int | None, g: torch.Generator | None = None,
-                   least: int = 0) -> Tensor:
+def select_windows(
+    movable: Tensor, gamma: float, window: int | None, g: torch.Generator | None = None, least: int = 0
+) -> Tensor:
     """(B, T) bool: per n-gram window of `window` slots, ~gamma of its movable slots (Eq. 6).
 
     ``least``: a sequence none of whose windows selects ``least`` slots has its largest window
@@ -129,7 +140,13 @@ def select_windows(movable: Tensor, gamma: float, window: int | None, g: torch.G
     if least and gamma > 0:
         big = n.argmax(1, keepdim=True)  # the window with the most movable slots
         short = k.amax(1, keepdim=True) < least
-        k.scatter_(1, big, torch.where(short, torch.maximum(k.gather(1, big), n.gather(1, big).clamp(max=least).long()), k.gather(1, big)))
+        k.scatter_(
+            1,
+            big,
+            torch.where(
+                short, torch.maximum(k.gather(1, big), n.gather(1, big).clamp(max=least).long()), k.gather(1, big)
+            ),
+        )
     return _select(mov, k, g).flatten(1)[:, :T]
 
 

@@ -32,6 +32,7 @@ code, the client knows which slots it shuffled, so an ``mjp`` model gets ``E_unk
 ``shuffle`` model keeps its PEs. ``gamma = 0`` makes the transform the identity (bit-identical
 training); the auxiliary loss is a separate switch (``aux='none'`` for a zero-strength run).
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -90,7 +91,9 @@ def _check_choice(name: str, value: str, allowed: tuple[str, ...]) -> str:
     return value
 
 
-@DEFENSES.register("mjp", "Masked Jigsaw Puzzle: shuffle a ratio gamma of tokens, learnable E_unk at their positions, DAL/DRL")
+@DEFENSES.register(
+    "mjp", "Masked Jigsaw Puzzle: shuffle a ratio gamma of tokens, learnable E_unk at their positions, DAL/DRL"
+)
 class MJP(Defense):
     """Masked Jigsaw Puzzle (Alg. 1, Eq. 2-6).
 
@@ -113,9 +116,18 @@ class MJP(Defense):
     name = "mjp"
     POOL = 2048  # image masks drawn per batch of draws (see `_from_pool`)
 
-    def __init__(self, gamma: float | None = None, window: int | None = 32, selection: str = "block",
-                 aux: str | None = None, aux_lambda: float = 0.01, variant: str = "mjp", seed: int | None = None, unk_init: str = "random",
-                 pairs_per_token: int = 4) -> None:
+    def __init__(
+        self,
+        gamma: float | None = None,
+        window: int | None = 32,
+        selection: str = "block",
+        aux: str | None = None,
+        aux_lambda: float = 0.01,
+        variant: str = "mjp",
+        seed: int | None = None,
+        unk_init: str = "random",
+        pairs_per_token: int = 4,
+    ) -> None:
         super().__init__()
         self.gamma = None if gamma is None else check_unit_interval("mjp gamma", gamma)
         if window is not None and (isinstance(window, bool) or int(window) != window or int(window) < 2):
@@ -128,7 +140,9 @@ class MJP(Defense):
         self.aux_lambda = float(aux_lambda)
         self.variant = _check_choice("variant", str(variant), VARIANTS)
         if self.variant == "nope" and self.aux not in (None, "none"):
-            raise VeilError(f"mjp aux {self.aux!r} regresses position embeddings, which variant 'nope' removes; use aux=none")
+            raise VeilError(
+                f"mjp aux {self.aux!r} regresses position embeddings, which variant 'nope' removes; use aux=none"
+            )
         self.seed = None if seed is None else int(seed)
         self.unk_init = _check_choice("unk_init", str(unk_init), UNK_INITS)
         self.pairs_per_token = int(pairs_per_token)
@@ -142,7 +156,9 @@ class MJP(Defense):
     # ---- lifecycle ------------------------------------------------------------------------
     def _attach(self, model: VeilModel) -> None:
         if model.task == "lm":
-            raise VeilError("mjp shuffles input tokens, which breaks next-token prediction; use it on classification models")
+            raise VeilError(
+                "mjp shuffles input tokens, which breaks next-token prediction; use it on classification models"
+            )
         if hasattr(model, "mjp"):
             raise VeilError("this model already carries MJP parameters (model.mjp); detach the other MJP first")
         image = model.modality == "image"
@@ -155,7 +171,9 @@ class MJP(Defense):
         ref = model.position_table()
         model.set_embedding_transform(self._transform)  # refuses a second transform
         start = ref.detach().reshape(-1, dim).mean(0) if self.unk_init == "mean" else None
-        model.mjp = MJPModule(dim, 2 if image else 1, unk=self.variant == "mjp", aux=self.aux, unk_start=start).to(ref.device, ref.dtype)
+        model.mjp = MJPModule(dim, 2 if image else 1, unk=self.variant == "mjp", aux=self.aux, unk_start=start).to(
+            ref.device, ref.dtype
+        )
 
     def _detach(self, model: VeilModel) -> None:
         model.set_embedding_transform(None)
@@ -175,8 +193,17 @@ class MJP(Defense):
         self.eval_unk = bool(unk)
 
     def describe(self) -> dict[str, Any]:
-        return {"name": self.name, "gamma": self.gamma, "window": self.window, "selection": self.selection, "aux": self.aux,
-                "aux_lambda": self.aux_lambda, "variant": self.variant, "seed": self.seed, "unk_init": self.unk_init}
+        return {
+            "name": self.name,
+            "gamma": self.gamma,
+            "window": self.window,
+            "selection": self.selection,
+            "aux": self.aux,
+            "aux_lambda": self.aux_lambda,
+            "variant": self.variant,
+            "seed": self.seed,
+            "unk_init": self.unk_init,
+        }
 
     # ---- the embedding transform (Alg. 1 + Eq. 2-3) ------------------------------------------
     def _generator(self, device: torch.device) -> torch.Generator | None:
@@ -213,11 +240,16 @@ class MJP(Defense):
             if self.selection == "block":
                 mask = select_blocks(size, self.grid, gamma, g, device, least=MIN_SELECTED)
             else:
-                mask = select_random(torch.ones(size, self.grid[0] * self.grid[1], dtype=torch.bool, device=device), gamma, g, MIN_SELECTED)
+                mask = select_random(
+                    torch.ones(size, self.grid[0] * self.grid[1], dtype=torch.bool, device=device),
+                    gamma,
+                    g,
+                    MIN_SELECTED,
+                )
             pool = self._pool = [key, mask, jigsaw(mask, None, g), 0]
         i = pool[3]
         pool[3] = i + batch
-        return pool[1][i: i + batch], pool[2][i: i + batch]
+        return pool[1][i : i + batch], pool[2][i : i + batch]
 
     def _transform(self, tok: Tensor, pos: Tensor, movable: Tensor) -> tuple[Tensor, Tensor]:
         model = self.model

@@ -38,12 +38,14 @@ cos (below 1e-5 of the noise's std), and neither depends on the thread count: th
 the same noise, a new key fresh noise (the last bit may differ between CPUs that pick another
 SIMD path). On a GPU the noise comes from ``torch.randn`` on a generator seeded from the same key.
 """
+
 from __future__ import annotations
 
 import math
 import os
 import warnings
-from typing import Any, Callable, Sequence
+from collections.abc import Callable, Sequence
+from typing import Any
 
 import numpy as np
 import torch
@@ -60,7 +62,7 @@ def seed_sequence(key: Sequence[int], secret: int | None = None) -> np.random.Se
     its spawn key, so the stream is unpredictable to anyone who knows the key but not the secret."""
     if secret is None:
         return np.random.SeedSequence(key_words(key))
-    return np.random.SeedSequence(int(secret) % 2 ** 256, spawn_key=tuple(key_words(key)))
+    return np.random.SeedSequence(int(secret) % 2**256, spawn_key=tuple(key_words(key)))
 
 
 def torch_seed(key: Sequence[int], secret: int | None = None) -> int:
@@ -73,8 +75,9 @@ def sfc64_words(n: int, key: Sequence[int], secret: int | None = None) -> np.nda
     return np.random.SFC64(seed_sequence(key, secret)).random_raw((n + 1) // 2).view(np.int32)
 
 
-def standard_normal(n: int, key: Sequence[int], device: torch.device | str = "cpu", out: Tensor | None = None,
-                    secret: int | None = None) -> Tensor:
+def standard_normal(
+    n: int, key: Sequence[int], device: torch.device | str = "cpu", out: Tensor | None = None, secret: int | None = None
+) -> Tensor:
     """n i.i.d. N(0, 1) float32 values, a deterministic function of ``key`` (a tuple of integers)
     and ``secret`` (see `seed_sequence`), by the transform above in numpy.
 
@@ -86,20 +89,26 @@ def standard_normal(n: int, key: Sequence[int], device: torch.device | str = "cp
         g.manual_seed(torch_seed(key, secret))
         return torch.randn(n, generator=g, device=device)
     m = (n + 1) // 2
-    if out is None or out.numel() < 2 * m or out.dtype != torch.float32 or out.device != device or not out.is_contiguous():
+    if (
+        out is None
+        or out.numel() < 2 * m
+        or out.dtype != torch.float32
+        or out.device != device
+        or not out.is_contiguous()
+    ):
         out = torch.empty(2 * m, dtype=torch.float32)
     bits = sfc64_words(n, key, secret)
     space = out.detach().numpy()
-    radius, angle = space[:m], space[m:2 * m]
+    radius, angle = space[:m], space[m : 2 * m]
     np.right_shift(bits[:m], 9, out=bits[:m])
     radius[:] = bits[:m]
-    radius += 2.0 ** 22 + 0.5
-    radius *= 2.0 ** -23
+    radius += 2.0**22 + 0.5
+    radius *= 2.0**-23
     np.log(radius, out=radius)
     radius *= -2.0
     np.sqrt(radius, out=radius)
     angle[:] = bits[m:]
-    angle *= 2 * math.pi * 2.0 ** -32
+    angle *= 2 * math.pi * 2.0**-32
     sin = np.sin(angle)
     np.cos(angle, out=angle)
     angle *= radius
@@ -111,8 +120,14 @@ def standard_normal(n: int, key: Sequence[int], device: torch.device | str = "cp
 Statistic = Callable[[Tensor], Tensor]
 
 
-def noise_tables_(tables: Sequence[Tensor], stats: Sequence[Statistic], factors: Sequence[float], key: Sequence[int],
-                  secret: int | None = None, work: dict[str, Tensor] | None = None) -> list[float]:
+def noise_tables_(
+    tables: Sequence[Tensor],
+    stats: Sequence[Statistic],
+    factors: Sequence[float],
+    key: Sequence[int],
+    secret: int | None = None,
+    work: dict[str, Tensor] | None = None,
+) -> list[float]:
     """Noise each table in place with a std taken from its CLEAN values: s_j = factors[j] *
     stats[j](T_j), then T_j += s_j z_j, where z (n = the tables' total size) is the key's draw
     laid over the tables in order. Returns the s_j.
@@ -140,7 +155,7 @@ def noise_tables_(tables: Sequence[Tensor], stats: Sequence[Statistic], factors:
     z = standard_normal(n, key, device, out=work.get("z"), secret=secret)
     offset = 0
     for t, std in zip(tables, stds):
-        t.add_(z[offset:offset + t.numel()].view_as(t), alpha=std)
+        t.add_(z[offset : offset + t.numel()].view_as(t), alpha=std)
         offset += t.numel()
     return stds
 
@@ -155,12 +170,12 @@ def _noise_graph(bits: Tensor, tables: list[Tensor], stats: tuple[Statistic, ...
     int32), fused with the statistics and the in-place adds, on every thread of torch's pool."""
     stds = _stds(tables, stats, scale)
     m = bits.shape[0] // 2
-    radius = torch.sqrt(-2.0 * torch.log(((bits[:m] >> 9).float() + (2.0 ** 22 + 0.5)) * 2.0 ** -23))
-    angle = bits[m:].float() * (2 * math.pi * 2.0 ** -32)
+    radius = torch.sqrt(-2.0 * torch.log(((bits[:m] >> 9).float() + (2.0**22 + 0.5)) * 2.0**-23))
+    angle = bits[m:].float() * (2 * math.pi * 2.0**-32)
     z = torch.cat([radius * torch.sin(angle), radius * torch.cos(angle)])
     offset = 0
     for j, t in enumerate(tables):
-        t.add_(z[offset:offset + t.numel()].view_as(t) * stds[j])
+        t.add_(z[offset : offset + t.numel()].view_as(t) * stds[j])
         offset += t.numel()
     return stds
 
@@ -179,11 +194,17 @@ def _compiled_graph() -> Callable[..., Tensor] | None:
 def _give_up_compiling(error: Exception) -> None:
     _GRAPH["fn"] = None
     first = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
-    warnings.warn(f"torch.compile failed ({first}); AEGIS noise falls back to numpy, ~1.3x slower on a CPU. "
-                  "Set VEIL_COMPILE=0 to skip the attempt.", RuntimeWarning, stacklevel=3)
+    warnings.warn(
+        f"torch.compile failed ({first}); AEGIS noise falls back to numpy, ~1.3x slower on a CPU. "
+        "Set VEIL_COMPILE=0 to skip the attempt.",
+        RuntimeWarning,
+        stacklevel=3,
+    )
 
 
-def keyed_generator(seed: int, step: int, count: int, device: torch.device, secret: int | None = None) -> torch.Generator:
+def keyed_generator(
+    seed: int, step: int, count: int, device: torch.device, secret: int | None = None
+) -> torch.Generator:
     """A generator whose state depends on (seed, step, count) and the secret only: reproducible, never repeated."""
     g = torch.Generator(device=device)
     g.manual_seed(torch_seed((seed, step, count), secret))

@@ -13,6 +13,7 @@ position embedding was already added on the client, so the server cannot subtrac
 The keys live only in the client's `state` mapping (in split learning: Flower's per-node
 `Context.state`), never in a message.
 """
+
 from __future__ import annotations
 
 from typing import Any
@@ -61,7 +62,9 @@ class PatchPermutation(Defense):
         if not self.enabled:
             return features
         count = int(state.get("calls", 0))
-        g = torch.Generator().manual_seed(self.seed * 1_000_003 + count if self.secret is None else torch_seed((self.seed, count), self.secret))
+        g = torch.Generator().manual_seed(
+            self.seed * 1_000_003 + count if self.secret is None else torch_seed((self.seed, count), self.secret)
+        )
         keys = fresh_keys(features.shape[0], features.shape[1] - self.skip, g)
         state["keys"], state["calls"] = keys, count + 1
         return self._apply(features, keys, permute)
@@ -74,10 +77,12 @@ class PatchPermutation(Defense):
     def _apply(self, x: Tensor, keys: Tensor, fn: Any) -> Tensor:
         if self.skip == 0:
             return fn(x, keys)
-        return torch.cat([x[:, : self.skip], fn(x[:, self.skip:], keys)], dim=1)
+        return torch.cat([x[:, : self.skip], fn(x[:, self.skip :], keys)], dim=1)
 
     def describe(self) -> dict[str, Any]:
         return {"name": self.name, "enabled": self.enabled, "keys": "fresh per sample, kept on the client"}
 
 
-DEFENSES.register("permutation", "p-FeSTA: shuffle patch features per sample with a client-only key (split learning)")(PatchPermutation)
+DEFENSES.register("permutation", "p-FeSTA: shuffle patch features per sample with a client-only key (split learning)")(
+    PatchPermutation
+)

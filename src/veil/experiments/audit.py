@@ -3,6 +3,7 @@
 Every finished piece is a file — a run folder per (task, defense, seed), a JSON per attack cell
 — written atomically, so a killed audit resumes without recomputing anything it finished.
 """
+
 from __future__ import annotations
 
 import json
@@ -68,7 +69,9 @@ def protocol_module(task: Task) -> Any:
     """The module that audits a non-single-step task: `validate_task(task, s)`, `run_task(task, s, out, progress)`."""
     import importlib
 
-    return importlib.import_module({"fedavg": "veil.federated.audit", "split": "veil.federated.split_audit"}[task.protocol])
+    return importlib.import_module(
+        {"fedavg": "veil.federated.audit", "split": "veil.federated.split_audit"}[task.protocol]
+    )
 
 
 def run_dir(out: Path, task: Task, defense: dict[str, Any], seed: int) -> Path:
@@ -80,13 +83,15 @@ def cell_path(out: Path, cell: Cell) -> Path:
 
 
 def run_audit(s: Scenario, out: str | Path, progress: bool = True, jobs: int = 1) -> dict[str, Any]:
-    from veil.report.summary import build_summary
     from veil.report.render import write_reports
+    from veil.report.summary import build_summary
 
     out = Path(out)
     cells = validate(s)
     marker = out / "scenario.yaml"
-    if marker.is_file() and marker.read_text() != dump_scenario(s) and holds_progress(out):  # else: nothing ran yet, take over
+    if (
+        marker.is_file() and marker.read_text() != dump_scenario(s) and holds_progress(out)
+    ):  # else: nothing ran yet, take over
         raise VeilError(f"audit folder '{out}' holds a different scenario; pick a new --out or remove it")
     out.mkdir(parents=True, exist_ok=True)
     atomic_write_text(marker, dump_scenario(s))
@@ -96,7 +101,9 @@ def run_audit(s: Scenario, out: str | Path, progress: bool = True, jobs: int = 1
     overhead = {t.name: _overhead(t, out, s.seeds[0]) for t in single.tasks}
     summary = build_summary(single, out, cells, utility, overhead, versions())
     done = summary["tasks"]
-    protocol = {t.name: protocol_module(t).run_task(t, s, out, progress) for t in s.tasks if t.protocol != "single-step"}
+    protocol = {
+        t.name: protocol_module(t).run_task(t, s, out, progress) for t in s.tasks if t.protocol != "single-step"
+    }
     summary["tasks"] = {t.name: done.get(t.name) or protocol[t.name] for t in s.tasks}  # scenario order
     atomic_write_text(out / "summary.json", json.dumps(summary, indent=2))
     write_reports(summary, out)
@@ -126,7 +133,9 @@ def _train_all(s: Scenario, out: Path, progress: bool, jobs: int = 1) -> dict[st
             futures = [pool.submit(_train_one, cfg, path, False) for cfg, path in args]
             summaries = [f.result() for f in tqdm(futures, desc="train", disable=not progress, unit="run")]
     else:
-        summaries = [_train_one(cfg, path, progress) for cfg, path in tqdm(args, desc="train", disable=not progress, unit="run")]
+        summaries = [
+            _train_one(cfg, path, progress) for cfg, path in tqdm(args, desc="train", disable=not progress, unit="run")
+        ]
     utility: dict[str, dict[str, list[dict[str, Any]]]] = {}
     for (t, d, _), summary in zip(todo, summaries):
         utility.setdefault(t.name, {}).setdefault(label(d), []).append(summary)
@@ -166,8 +175,8 @@ def _reusable(path: Path) -> bool:
 
 def _overhead(task: Task, out: Path, seed: int) -> dict[str, float]:
     """Step time per defense relative to none, measured once per task and cached."""
-    from veil.experiments.build import build_run
     from veil.attacks.harness import private_batches
+    from veil.experiments.build import build_run
     from veil.experiments.cells import step_overhead
 
     path = out / "cells" / task.name / "overhead.json"
@@ -182,7 +191,11 @@ def _overhead(task: Task, out: Path, seed: int) -> dict[str, float]:
     batch = private_batches(data.train, min(32, len(data.train["labels"])), 1, seed)[0]
     seconds = step_overhead(models, batch)
     base = seconds.get("none", min(seconds.values()))
-    result = {"seconds": seconds, "ratio": {k: v / base for k, v in seconds.items()}, "batch_size": len(batch["labels"])}
+    result = {
+        "seconds": seconds,
+        "ratio": {k: v / base for k, v in seconds.items()},
+        "batch_size": len(batch["labels"]),
+    }
     path.parent.mkdir(parents=True, exist_ok=True)
     write_checked_text(path, json.dumps(result))
     return result

@@ -1,4 +1,5 @@
 """Turn a validated `RunConfig` into live objects: data, model (sized by the data), defenses."""
+
 from __future__ import annotations
 
 from pathlib import Path
@@ -39,9 +40,13 @@ def build_model(cfg: RunConfig, data: DataSplits) -> VeilModel:
         vocab = model.token_embedding().weight.shape[0]
         tok = data.meta.get("tokenizer")
         if tok is not None and tok.vocab_size > vocab:
-            raise VeilError(f"model {name!r} has a vocabulary of {vocab} but the data's tokenizer has {tok.vocab_size}; use data.tokenizer=wordpiece")
+            raise VeilError(
+                f"model {name!r} has a vocabulary of {vocab} but the data's tokenizer has {tok.vocab_size}; use data.tokenizer=wordpiece"
+            )
         if data.train["input_ids"].shape[1] > model.position_table().shape[-2]:
-            raise VeilError(f"data sequences ({data.train['input_ids'].shape[1]} tokens) are longer than model {name!r} allows; lower data.max_len")
+            raise VeilError(
+                f"data sequences ({data.train['input_ids'].shape[1]} tokens) are longer than model {name!r} allows; lower data.max_len"
+            )
     return model
 
 
@@ -69,7 +74,9 @@ def build_run(cfg: RunConfig, data: DataSplits | None = None) -> tuple[VeilModel
     return model, data, defenses
 
 
-def load_run(run_dir: str | Path, overrides: list[str] | None = None) -> tuple[RunConfig, VeilModel, DataSplits, list[Defense]]:
+def load_run(
+    run_dir: str | Path, overrides: list[str] | None = None
+) -> tuple[RunConfig, VeilModel, DataSplits, list[Defense]]:
     """Rebuild a finished (or checkpointed) run with its trained weights."""
     from veil.training.checkpoint import load_model_weights
 

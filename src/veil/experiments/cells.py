@@ -2,6 +2,7 @@
 the same harness as `veil attack` (`veil.attacks.harness`): the attack sees only the server's
 view and the granted knowledge; the private batch is used afterwards, to score.
 """
+
 from __future__ import annotations
 
 import statistics
@@ -25,16 +26,27 @@ def example_of(ref: dict[str, Tensor], rec: Any, tokenizer: Any) -> dict[str, An
     if rec.token_ids is not None:
         from veil.metrics import text_report
 
-        words = (lambda ids: list(tokenizer.decode(ids))) if tokenizer is not None else (lambda ids: [str(i) for i in ids])
+        words = (
+            (lambda ids: list(tokenizer.decode(ids))) if tokenizer is not None else (lambda ids: [str(i) for i in ids])
+        )
         refs = sequences(ref)
         order = text_report(refs, rec.token_ids)["order"] if rec.token_ids else [-1] * len(refs)
-        return {"references": [words(r) for r in refs[:4]],
-                "reconstructions": [words(rec.token_ids[j]) if j >= 0 else [] for j in order[:4]]}
+        return {
+            "references": [words(r) for r in refs[:4]],
+            "reconstructions": [words(rec.token_ids[j]) if j >= 0 else [] for j in order[:4]],
+        }
     return {}
 
 
-def run_cell(attack: Attack, model: VeilModel, data: DataSplits, defenses: list[Defense], knowledge: dict[str, Any],
-             samples: int, seed: int) -> dict[str, Any]:
+def run_cell(
+    attack: Attack,
+    model: VeilModel,
+    data: DataSplits,
+    defenses: list[Defense],
+    knowledge: dict[str, Any],
+    samples: int,
+    seed: int,
+) -> dict[str, Any]:
     """Attack `samples` client steps of one trained run; mean of every metric, first example kept."""
     batch_size = int(knowledge.get("batch_size", 1)) if not isinstance(knowledge.get("batch_size"), bool) else 1
     grant = {k: bool(v) for k, v in knowledge.items()}
@@ -50,7 +62,9 @@ def run_cell(attack: Attack, model: VeilModel, data: DataSplits, defenses: list[
     return {"metrics": out, "example": example}
 
 
-def step_overhead(models: dict[str, tuple[VeilModel, list[Defense]]], batch: dict[str, Tensor], repeats: int = 15) -> dict[str, float]:
+def step_overhead(
+    models: dict[str, tuple[VeilModel, list[Defense]]], batch: dict[str, Tensor], repeats: int = 15
+) -> dict[str, float]:
     """Median seconds of one client step (forward, backward, defense, export) per defense,
     interleaved in one run so the machine's noise hits all alike (ratios are what count); the
     order alternates each round so no defense always runs right after another."""
@@ -58,7 +72,7 @@ def step_overhead(models: dict[str, tuple[VeilModel, list[Defense]]], batch: dic
 
     times: dict[str, list[float]] = {k: [] for k in models}
     for r in range(repeats + 1):
-        for k, (m, ds) in (list(models.items()) if r % 2 else list(models.items())[::-1]):
+        for k, (m, ds) in list(models.items()) if r % 2 else list(models.items())[::-1]:
             m.train()
             t0 = time.perf_counter()
             client_step(m, batch, ds, None, step=r, clip=1.0, export=True)  # no optimiser: weights stay

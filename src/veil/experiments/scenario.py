@@ -13,6 +13,7 @@ and seeds. Everything is validated before any training — a bad scenario fails 
         knowledge: {labels: true, batch_size: 1}
         samples: 4                       # attacked client steps per cell
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass, field
@@ -105,14 +106,22 @@ def parse_task(raw: Any, index: int) -> Task:
         run = from_dict(raw["run"])
     except VeilError as e:
         raise VeilError(f"{where} ({name}): {e}") from None
-    return Task(name=str(name), run=run, protocol=protocol,
-                defenses=_entries(raw.get("defenses", ["none"]), "defenses", where),
-                attacks=_entries(raw.get("attacks", []), "attacks", where),
-                knowledge=dict(knowledge), samples=samples, federated=dict(raw.get("federated") or {}))
+    return Task(
+        name=str(name),
+        run=run,
+        protocol=protocol,
+        defenses=_entries(raw.get("defenses", ["none"]), "defenses", where),
+        attacks=_entries(raw.get("attacks", []), "attacks", where),
+        knowledge=dict(knowledge),
+        samples=samples,
+        federated=dict(raw.get("federated") or {}),
+    )
 
 
 def parse_scenario(raw: Any, default_name: str = "scenario") -> Scenario:
-    if isinstance(raw, dict) and "split" in raw and "tasks" not in raw:  # a `veil split` run config: its protocols, audited
+    if (
+        isinstance(raw, dict) and "split" in raw and "tasks" not in raw
+    ):  # a `veil split` run config: its protocols, audited
         from veil.federated.split_audit import scenario_from_run_config
 
         raw = scenario_from_run_config(raw, default_name)

@@ -36,6 +36,7 @@ summary["tasks"][task] (beside the single-step keys utility / leakage / worst_ca
   leakage[defense][attack]  the attack's most-leaking audited round (key `round`), so the
                     verdict worst_case[defense] is the worst round of the strongest attack
 """
+
 from __future__ import annotations
 
 import json
@@ -50,9 +51,9 @@ from veil.experiments.scenario import Scenario, Task, label
 #: attacks that invert one gradient in closed form: not applicable to a multi-step FedAvg update
 SINGLE_GRADIENT = {
     "april": "APRIL solves one gradient in closed form (dL/dW = dL/dz x^T); a FedAvg update sums s local steps "
-             "taken at moving weights, which that equation does not model: audit it with federated.mode: fedsgd",
+    "taken at moving weights, which that equation does not model: audit it with federated.mode: fedsgd",
     "april-mjp": "april-mjp solves one gradient in closed form; a FedAvg update sums s local steps taken at moving "
-                 "weights: audit it with federated.mode: fedsgd",
+    "weights: audit it with federated.mode: fedsgd",
 }
 DEFAULTS = {"backend": "inline", "secret": "seeded"}
 SKIP_KEYS = {"round", "client", "event", "attack", "update", "verified"}
@@ -79,7 +80,9 @@ def plan(task: Task, s: Scenario) -> tuple[list[dict[str, Any]], dict[str, str]]
     if "audit" in task.federated:
         raise VeilError(f"task '{task.name}': federated.audit is set from the task's attacks; remove it")
     if task.knowledge.get("labels"):
-        raise VeilError(f"task '{task.name}': knowledge.labels cannot be granted under protocol {task.protocol} (the server sees only updates)")
+        raise VeilError(
+            f"task '{task.name}': knowledge.labels cannot be granted under protocol {task.protocol} (the server sees only updates)"
+        )
     fed = federated_config({**DEFAULTS, **task.federated})
     model = build_model(task.run, build_data(task.run))
     own = {label(a) for a in task.attacks}
@@ -100,7 +103,9 @@ def plan(task: Task, s: Scenario) -> tuple[list[dict[str, Any]], dict[str, str]]
             run.append(a)
     names = [a["name"] for a in run]
     if len(set(names)) != len(names):  # the live auditor logs events by attack name
-        raise VeilError(f"task '{task.name}': under protocol {task.protocol} each attack name may appear once, got {names}")
+        raise VeilError(
+            f"task '{task.name}': under protocol {task.protocol} each attack name may appear once, got {names}"
+        )
     return run, skipped
 
 
@@ -122,7 +127,11 @@ def read_events(run_dir: Path, labels: dict[str, str]) -> list[dict[str, Any]]:
 
 
 def _numeric(e: dict[str, Any]) -> dict[str, float]:
-    return {k: float(v) for k, v in e.items() if k not in SKIP_KEYS and isinstance(v, (int, float)) and not isinstance(v, bool)}
+    return {
+        k: float(v)
+        for k, v in e.items()
+        if k not in SKIP_KEYS and isinstance(v, (int, float)) and not isinstance(v, bool)
+    }
 
 
 def _mean(rows: list[dict[str, float]]) -> dict[str, float]:
@@ -148,8 +157,13 @@ def per_round(events: list[list[dict[str, Any]]], knows: dict[str, str]) -> list
     out = []
     for r in sorted(rounds):
         evs = rounds[r]
-        row: dict[str, Any] = {"round": r, **{k: statistics.fmean(float(e[k]) for e in evs) for k in ("test_accuracy", "bytes_down", "bytes_up")},
-                               "train_loss": statistics.fmean(float(e["train_loss"]) for e in evs) if all(e.get("train_loss") is not None for e in evs) else None}
+        row: dict[str, Any] = {
+            "round": r,
+            **{k: statistics.fmean(float(e[k]) for e in evs) for k in ("test_accuracy", "bytes_down", "bytes_up")},
+            "train_loss": statistics.fmean(float(e["train_loss"]) for e in evs)
+            if all(e.get("train_loss") is not None for e in evs)
+            else None,
+        }
         leak = {a: _mean(rows) for a, rows in audits.get(r, {}).items()}
         row["leakage"] = leak
         row["worst_case"] = worst_case(leak, knows, errors.get(r)) if leak or errors.get(r) else None
@@ -188,10 +202,25 @@ def run_task(task: Task, s: Scenario, out: Path, progress: bool = False) -> dict
 
     attacks, skipped = plan(task, s)
     knows = {label(a): make_attack(a).knows for a in attacks}
-    t: dict[str, Any] = {"model": task.run.model["name"], "data": task.run.data["name"], "protocol": task.protocol,
-                         "dropout": float(task.run.model.get("dropout", 0.0) or 0.0), "knowledge": task.knowledge,
-                         "samples": 0, "utility": {}, "leakage": {}, "skipped": skipped, "blocked": {}, "overhead": {},
-                         "step_seconds": {}, "attacker_knows": knows, "worst_case": {}, "rounds": {}, "clients": {}, "bytes": {}}
+    t: dict[str, Any] = {
+        "model": task.run.model["name"],
+        "data": task.run.data["name"],
+        "protocol": task.protocol,
+        "dropout": float(task.run.model.get("dropout", 0.0) or 0.0),
+        "knowledge": task.knowledge,
+        "samples": 0,
+        "utility": {},
+        "leakage": {},
+        "skipped": skipped,
+        "blocked": {},
+        "overhead": {},
+        "step_seconds": {},
+        "attacker_knows": knows,
+        "worst_case": {},
+        "rounds": {},
+        "clients": {},
+        "bytes": {},
+    }
     for d in task.defenses:
         runs, events = [], []
         for seed in s.seeds:
@@ -204,15 +233,19 @@ def run_task(task: Task, s: Scenario, out: Path, progress: bool = False) -> dict
         t["utility"][dn] = utility(runs)
         t["rounds"][dn] = per_round(events, knows)
         t["clients"][dn] = per_client(events)
-        t["bytes"][dn] = {"bytes_total": statistics.fmean(r["bytes_total"] for r in runs),
-                          "bytes_per_round": statistics.fmean(r["bytes_total"] / max(1, r["rounds"]) for r in runs)}
+        t["bytes"][dn] = {
+            "bytes_total": statistics.fmean(r["bytes_total"] for r in runs),
+            "bytes_per_round": statistics.fmean(r["bytes_total"] / max(1, r["rounds"]) for r in runs),
+        }
         by_attack: dict[str, list[tuple[int, dict[str, float]]]] = defaultdict(list)
         for row in t["rounds"][dn]:
             for a, m in row["leakage"].items():
                 by_attack[a].append((row["round"], m))
         t["leakage"][dn] = {a: most_leaking(v) for a, v in by_attack.items()}
         errors = {e["attack"]: e["error"] for run in events for e in run if e.get("event") == "audit" and "error" in e}
-        failed = {a: errors.get(a, "no audited update") for a in knows if a not in by_attack}  # e.g. AEGIS froze the layer it reads
+        failed = {
+            a: errors.get(a, "no audited update") for a in knows if a not in by_attack
+        }  # e.g. AEGIS froze the layer it reads
         if failed:
             t["blocked"][dn] = failed
         t["worst_case"][dn] = worst_case(t["leakage"][dn], knows, failed)
@@ -223,8 +256,12 @@ def run_task(task: Task, s: Scenario, out: Path, progress: bool = False) -> dict
 
 def utility(runs: list[dict[str, Any]]) -> dict[str, Any]:
     acc = [float(r["test_accuracy"]) for r in runs]
-    u: dict[str, Any] = {"test_accuracy_mean": statistics.fmean(acc), "test_accuracy_std": statistics.stdev(acc) if len(acc) > 1 else 0.0,
-                         "test_accuracy_values": acc, "train_seconds_mean": statistics.fmean(float(r["train_seconds"]) for r in runs)}
+    u: dict[str, Any] = {
+        "test_accuracy_mean": statistics.fmean(acc),
+        "test_accuracy_std": statistics.stdev(acc) if len(acc) > 1 else 0.0,
+        "test_accuracy_values": acc,
+        "train_seconds_mean": statistics.fmean(float(r["train_seconds"]) for r in runs),
+    }
     if runs[0].get("dp"):
         u["federated_dp"] = runs[0]["dp"]
     return u
@@ -247,7 +284,11 @@ def plot_rounds(rounds: dict[str, list[dict[str, Any]]], path: Path, title: str)
     ylab, top = "worst-case leakage", 0.0
     for d, rows in rounds.items():
         acc.plot([r["round"] for r in rows], [r["test_accuracy"] for r in rows], marker=".", label=d)
-        pts = [(r["round"], min(float(r["worst_case"]["value"]), 100.0)) for r in rows if r["worst_case"] and r["worst_case"]["attack"]]
+        pts = [
+            (r["round"], min(float(r["worst_case"]["value"]), 100.0))
+            for r in rows
+            if r["worst_case"] and r["worst_case"]["attack"]
+        ]
         if pts:
             metrics = {r["worst_case"]["metric"] for r in rows if r["worst_case"] and r["worst_case"]["attack"]}
             ylab = "worst-case " + "/".join(sorted(metrics))
@@ -255,7 +296,12 @@ def plot_rounds(rounds: dict[str, list[dict[str, Any]]], path: Path, title: str)
             top = max(top, max(v for _, v in pts))
     acc.set(xlabel="round", ylabel="test accuracy", title=f"{title}: utility", ylim=(0, 1))
     # from 0, so that rounding-level wobbles of a failed attack (PSNR ~6 dB) do not look like signal
-    leak.set(xlabel="round", ylabel=ylab, title="leakage of the strongest attack (up = worse)", ylim=(0, max(1.0, top * 1.15)))
+    leak.set(
+        xlabel="round",
+        ylabel=ylab,
+        title="leakage of the strongest attack (up = worse)",
+        ylim=(0, max(1.0, top * 1.15)),
+    )
     handles, names = acc.get_legend_handles_labels()
     fig.legend(handles, names, loc="lower center", ncol=1, fontsize=8, frameon=False)
     fig.tight_layout(rect=(0, 0.07 * len(rounds), 1, 1))
@@ -271,27 +317,48 @@ def report_blocks(t: dict[str, Any], out: Path) -> list[tuple]:
     from veil.report.worst_case import cell_leakage, leak_text
 
     f = t.get("federated", {})
-    blocks: list[tuple] = [("h3", "Federated training, audited round by round"),
-                           ("p", f"{f.get('mode')} with {f.get('strategy')} on Flower ({f.get('backend')} backend): {f.get('clients')} clients, "
-                                 f"{f.get('partition')} partition (alpha {f.get('alpha')}), {f.get('rounds')} rounds, local epochs "
-                                 f"{f.get('local_epochs')}, local steps {f.get('local_steps') or 'all batches'}; the server audits "
-                                 f"{f.get('audit_clients')} client(s) every {f.get('audit_every')} round(s) on the updates it received. "
-                                 "A FedAvg update mixes several local steps: single-gradient attacks read it as the pseudo-gradient "
-                                 "(w - w_k) / (lr s); `ig-fedavg` simulates the client's local steps (Geiping et al. 2020 sec. 5); "
-                                 "`multi-round` attacks a client's updates averaged over the rounds so far and `multi-round-global` the "
-                                 "difference of consecutive global models (one rebuild, scored against each audited client's samples). A low figure means these attacks, at "
-                                 "these budgets, failed on these updates, not that the updates are safe; a malicious server "
-                                 "(crafted weights) is not modelled.")]
+    blocks: list[tuple] = [
+        ("h3", "Federated training, audited round by round"),
+        (
+            "p",
+            f"{f.get('mode')} with {f.get('strategy')} on Flower ({f.get('backend')} backend): {f.get('clients')} clients, "
+            f"{f.get('partition')} partition (alpha {f.get('alpha')}), {f.get('rounds')} rounds, local epochs "
+            f"{f.get('local_epochs')}, local steps {f.get('local_steps') or 'all batches'}; the server audits "
+            f"{f.get('audit_clients')} client(s) every {f.get('audit_every')} round(s) on the updates it received. "
+            "A FedAvg update mixes several local steps: single-gradient attacks read it as the pseudo-gradient "
+            "(w - w_k) / (lr s); `ig-fedavg` simulates the client's local steps (Geiping et al. 2020 sec. 5); "
+            "`multi-round` attacks a client's updates averaged over the rounds so far and `multi-round-global` the "
+            "difference of consecutive global models (one rebuild, scored against each audited client's samples). A low figure means these attacks, at "
+            "these budgets, failed on these updates, not that the updates are safe; a malicious server "
+            "(crafted weights) is not modelled.",
+        ),
+    ]
     if t.get("figure"):
-        blocks.append(("img", out / t["figure"], "Accuracy (left) and the strongest attack's leakage (right) per round, one line per defense."))
+        blocks.append(
+            (
+                "img",
+                out / t["figure"],
+                "Accuracy (left) and the strongest attack's leakage (right) per round, one line per defense.",
+            )
+        )
     rows = []
     for d, rs in t["rounds"].items():
         for r in rs:
             wc = r["worst_case"]
             leak = f"`{wc['attack']}`: {leak_text(wc)}" if wc and wc["attack"] else "—"
-            rows.append([d, r["round"], fmt(r["test_accuracy"]), fmt(r["train_loss"]) if r["train_loss"] is not None else "—",
-                         int(r["bytes_down"] + r["bytes_up"]), leak])
-    blocks.append(("table", ["defense", "round", "test accuracy", "train loss", "bytes", "worst case this round"], rows))
+            rows.append(
+                [
+                    d,
+                    r["round"],
+                    fmt(r["test_accuracy"]),
+                    fmt(r["train_loss"]) if r["train_loss"] is not None else "—",
+                    int(r["bytes_down"] + r["bytes_up"]),
+                    leak,
+                ]
+            )
+    blocks.append(
+        ("table", ["defense", "round", "test accuracy", "train loss", "bytes", "worst case this round"], rows)
+    )
     rows = [[d, int(b["bytes_total"]), int(b["bytes_per_round"])] for d, b in t["bytes"].items()]
     blocks.append(("table", ["defense", "bytes (all rounds, down + up)", "bytes per round"], rows))
     rows = []
@@ -302,4 +369,3 @@ def report_blocks(t: dict[str, Any], out: Path) -> list[tuple]:
                 rows.append([d, c, a, int(m.get("round", 0)), leak_text(cl) if cl else "no metric"])
     blocks.append(("table", ["defense", "client", "attack", "most-leaking round", "leakage"], rows))
     return blocks
-

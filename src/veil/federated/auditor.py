@@ -21,14 +21,16 @@ It also makes sampling and aggregation order deterministic (sampled by partition
 seeded RNG, replies sorted by partition id) — so a resumed run is bit-identical — and logs
 every failed or missing client instead of stopping the round.
 """
+
 from __future__ import annotations
 
 import copy
 import math
 import random
 import statistics
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
-from typing import Any, Callable, Iterable
+from typing import Any
 
 import numpy as np
 import torch
@@ -97,12 +99,29 @@ class Auditor:
     They are part of the server's checkpoint (`state_tensors` / `load_state`), so a resumed run
     attacks the same means."""
 
-    def __init__(self, model: VeilModel, attacks: list[dict[str, Any]], know: Knowledge, mode: str,
-                 every: int = 1, max_clients: int = 1, score: Score | None = None, plan: LocalPlan | None = None) -> None:
+    def __init__(
+        self,
+        model: VeilModel,
+        attacks: list[dict[str, Any]],
+        know: Knowledge,
+        mode: str,
+        every: int = 1,
+        max_clients: int = 1,
+        score: Score | None = None,
+        plan: LocalPlan | None = None,
+    ) -> None:
         self.model = copy.deepcopy(model)
-        self.attacks: list[tuple[str, Attack]] = [(a["name"], create_attack(a["name"], **{k: v for k, v in a.items() if k != "name"}))
-                                                  for a in attacks]
-        self.know, self.mode, self.every, self.max_clients, self.score, self.plan = know, mode, every, max_clients, score, plan
+        self.attacks: list[tuple[str, Attack]] = [
+            (a["name"], create_attack(a["name"], **{k: v for k, v in a.items() if k != "name"})) for a in attacks
+        ]
+        self.know, self.mode, self.every, self.max_clients, self.score, self.plan = (
+            know,
+            mode,
+            every,
+            max_clients,
+            score,
+            plan,
+        )
         self.multi = any(getattr(a, "needs", "") == "rounds" for _, a in self.attacks)
         self.sums: dict[int, dict[str, torch.Tensor]] = {}
         self.counts: dict[int, int] = {}
@@ -125,17 +144,28 @@ class Auditor:
         order = local_slots(n, p.batch_size, p.seed, rnd, pid, p.epochs, p.local_steps)
         used = sorted({int(i) for idx in order for i in idx})
         slot = {s: j for j, s in enumerate(used)}  # dummy slots only for samples trained on this round
-        return LocalTraining(lr=lr, steps=steps, batch_size=p.batch_size, epochs=p.epochs, samples=len(used), clip=p.clip,
-                             groups=optimizer_groups(self.model, lr, p.weight_decay, p.defenses),
-                             order=tuple(tuple(slot[int(i)] for i in idx) for idx in order))
+        return LocalTraining(
+            lr=lr,
+            steps=steps,
+            batch_size=p.batch_size,
+            epochs=p.epochs,
+            samples=len(used),
+            clip=p.clip,
+            groups=optimizer_groups(self.model, lr, p.weight_decay, p.defenses),
+            order=tuple(tuple(slot[int(i)] for i in idx) for idx in order),
+        )
 
-    def pseudo_gradient(self, global_arrays: ArrayRecord, reply: Message, lr: float) -> tuple[dict[str, torch.Tensor], int]:
+    def pseudo_gradient(
+        self, global_arrays: ArrayRecord, reply: Message, lr: float
+    ) -> tuple[dict[str, torch.Tensor], int]:
         self.model.load_state_dict(global_arrays.to_torch_state_dict())
         update = reply.content["arrays"].to_torch_state_dict()
         if self.mode == "fedsgd":
             return {k: v.float() for k, v in update.items()}, 1
         steps = max(1, int(reply.content["metrics"]["steps"]))
-        return {n: (p.detach() - update[n]) / (lr * steps) for n, p in self.model.named_parameters() if p.requires_grad}, steps
+        return {
+            n: (p.detach() - update[n]) / (lr * steps) for n, p in self.model.named_parameters() if p.requires_grad
+        }, steps
 
     def observation(self, rnd: int, global_arrays: ArrayRecord, reply: Message, lr: float) -> Observation:
         grads, steps = self.pseudo_gradient(global_arrays, reply, lr)
@@ -163,9 +193,13 @@ class Auditor:
         if not self.multi:
             return
         steps = [max(1, int(r.content["metrics"]["steps"])) for r in replies] or [1]
-        self.prev = {"weights": {k: v.detach().clone() for k, v in global_arrays.to_torch_state_dict().items()}, "lr": lr,
-                     "steps": statistics.fmean(steps), "pids": sorted(int(r.content["metrics"]["partition-id"]) for r in replies),
-                     "round": rnd}
+        self.prev = {
+            "weights": {k: v.detach().clone() for k, v in global_arrays.to_torch_state_dict().items()},
+            "lr": lr,
+            "steps": statistics.fmean(steps),
+            "pids": sorted(int(r.content["metrics"]["partition-id"]) for r in replies),
+            "round": rnd,
+        }
 
     def mean_update(self, pid: int, global_arrays: ArrayRecord) -> Observation:
         """The client's pseudo-gradients averaged over every round the server received one, at the
@@ -196,11 +230,26 @@ class Auditor:
                     if attack.combine != "mean":  # type: ignore[attr-defined]
                         continue  # the global view is attacked once per round, below
                     view = self.mean_update(pid, global_arrays)
-                    ev = self.run(attack, view, {"event": "audit", "round": rnd, "client": pid, "attack": name, "update": "mean",
-                                                 "rounds_averaged": self.counts.get(pid, 0)}, lambda rec, p=pid: self.score(rnd, p, digest, rec) if self.score else {})
+                    ev = self.run(
+                        attack,
+                        view,
+                        {
+                            "event": "audit",
+                            "round": rnd,
+                            "client": pid,
+                            "attack": name,
+                            "update": "mean",
+                            "rounds_averaged": self.counts.get(pid, 0),
+                        },
+                        lambda rec, p=pid, d=digest: self.score(rnd, p, d, rec) if self.score else {},
+                    )
                 else:
-                    ev = self.run(attack, obs, {"event": "audit", "round": rnd, "client": pid, "attack": name, "update": obs.kind},
-                                  lambda rec, p=pid: self.score(rnd, p, digest, rec) if self.score else {})
+                    ev = self.run(
+                        attack,
+                        obs,
+                        {"event": "audit", "round": rnd, "client": pid, "attack": name, "update": obs.kind},
+                        lambda rec, p=pid, d=digest: self.score(rnd, p, d, rec) if self.score else {},
+                    )
                 events.append(ev)
         for name, attack in self.attacks:
             if getattr(attack, "needs", "") != "rounds" or attack.combine != "global":  # type: ignore[attr-defined]
@@ -217,7 +266,9 @@ class Auditor:
             audited = prev["pids"][: self.max_clients]
             score_one = getattr(self.score, "score_round", None)
             scored: dict[str, Any] = {}
-            first = self.run(attack, view, {**ev, "of_round": prev["round"]}, lambda rec: scored.update(rec=rec) or {})
+            first = self.run(
+                attack, view, {**ev, "of_round": prev["round"]}, lambda rec, box=scored: box.update(rec=rec) or {}
+            )
             for pid in audited:
                 row = {**first, "client": pid}
                 if "rec" in scored and score_one is not None:
@@ -225,7 +276,9 @@ class Auditor:
                 events.append(row)
         return events
 
-    def run(self, attack: Attack, obs: Observation, ev: dict[str, Any], score: Callable[[Reconstruction], dict[str, Any]]) -> dict[str, Any]:
+    def run(
+        self, attack: Attack, obs: Observation, ev: dict[str, Any], score: Callable[[Reconstruction], dict[str, Any]]
+    ) -> dict[str, Any]:
         """One attack on one view: the event, with its scores, or why it was skipped or failed."""
         reason = attack.applies_to(obs.model)
         if reason:
@@ -259,15 +312,25 @@ class Auditor:
                 self.sums.setdefault(int(pid), {})[name] = v
         self.prev = None
         if "prev" in scalars:
-            self.prev = {**scalars["prev"], "weights": {k.split("/", 1)[1]: v for k, v in tensors.items() if k.startswith("prev/")}}
+            self.prev = {
+                **scalars["prev"],
+                "weights": {k.split("/", 1)[1]: v for k, v in tensors.items() if k.startswith("prev/")},
+            }
 
 
 class AuditedStrategy(Strategy):
     """Wraps a Flower strategy: deterministic sampling and order, failure log, live audit."""
 
-    def __init__(self, inner: Strategy, partition_of: dict[int, int], fraction: float, seed: int,
-                 auditor: Auditor | None = None) -> None:
-        self.inner, self.partition_of, self.fraction, self.seed, self.auditor = inner, partition_of, fraction, seed, auditor
+    def __init__(
+        self, inner: Strategy, partition_of: dict[int, int], fraction: float, seed: int, auditor: Auditor | None = None
+    ) -> None:
+        self.inner, self.partition_of, self.fraction, self.seed, self.auditor = (
+            inner,
+            partition_of,
+            fraction,
+            seed,
+            auditor,
+        )
         self.events: list[dict[str, Any]] = []
         self._sent: dict[int, list[int]] = {}
         self._global: dict[int, tuple[ArrayRecord, float]] = {}
@@ -284,14 +347,18 @@ class AuditedStrategy(Strategy):
         pick = random.Random(self.seed * 7919 + rnd).sample(range(len(by_pid)), k)
         return [by_pid[i] for i in sorted(pick)]
 
-    def configure_train(self, server_round: int, arrays: ArrayRecord, config: ConfigRecord, grid: Grid) -> Iterable[Message]:
+    def configure_train(
+        self, server_round: int, arrays: ArrayRecord, config: ConfigRecord, grid: Grid
+    ) -> Iterable[Message]:
         nodes = self.sample(server_round)
         self._sent[server_round] = nodes
         self._global[server_round] = (arrays, float(config["lr"]))
         random.seed(self.seed * 7919 + server_round)  # the inner strategy shuffles with `random`
         return self.inner.configure_train(server_round, arrays, config, _SampledGrid(grid, nodes))
 
-    def aggregate_train(self, server_round: int, replies: Iterable[Message]) -> tuple[ArrayRecord | None, MetricRecord | None]:
+    def aggregate_train(
+        self, server_round: int, replies: Iterable[Message]
+    ) -> tuple[ArrayRecord | None, MetricRecord | None]:
         replies = list(replies)
         ok = sorted((m for m in replies if not m.has_error()), key=lambda m: int(m.content["metrics"]["partition-id"]))
         self._log_failures(server_round, replies, ok)
@@ -309,15 +376,31 @@ class AuditedStrategy(Strategy):
         answered = {m.metadata.src_node_id for m in replies}
         for m in replies:
             if m.has_error():
-                self.events.append({"event": "client_failure", "round": rnd, "client": self.partition_of.get(m.metadata.src_node_id, -1),
-                                    "reason": str(m.error.reason)[:300]})
+                self.events.append(
+                    {
+                        "event": "client_failure",
+                        "round": rnd,
+                        "client": self.partition_of.get(m.metadata.src_node_id, -1),
+                        "reason": str(m.error.reason)[:300],
+                    }
+                )
         for node in self._sent.pop(rnd, []):
             if node not in answered:
-                self.events.append({"event": "client_failure", "round": rnd, "client": self.partition_of.get(node, -1),
-                                    "reason": "no reply before the round timeout"})
+                self.events.append(
+                    {
+                        "event": "client_failure",
+                        "round": rnd,
+                        "client": self.partition_of.get(node, -1),
+                        "reason": "no reply before the round timeout",
+                    }
+                )
 
-    def configure_evaluate(self, server_round: int, arrays: ArrayRecord, config: ConfigRecord, grid: Grid) -> Iterable[Message]:
-        return self.inner.configure_evaluate(server_round, arrays, config, _SampledGrid(grid, self.sample(server_round)))
+    def configure_evaluate(
+        self, server_round: int, arrays: ArrayRecord, config: ConfigRecord, grid: Grid
+    ) -> Iterable[Message]:
+        return self.inner.configure_evaluate(
+            server_round, arrays, config, _SampledGrid(grid, self.sample(server_round))
+        )
 
     def aggregate_evaluate(self, server_round: int, replies: Iterable[Message]) -> MetricRecord | None:
         return self.inner.aggregate_evaluate(server_round, [m for m in replies if not m.has_error()])
@@ -333,8 +416,17 @@ class BatchOracle:
     def batches(self, rnd: int, pid: int) -> list[dict[str, torch.Tensor]]:
         spec = self.world.spec
         steps = 1 if spec.fed.mode == "fedsgd" else spec.fed.local_steps
-        return list(local_batches(client_split(self.world, pid), spec.cfg.train.batch_size, spec.cfg.train.seed, rnd, pid,
-                                  spec.fed.local_epochs, steps))
+        return list(
+            local_batches(
+                client_split(self.world, pid),
+                spec.cfg.train.batch_size,
+                spec.cfg.train.seed,
+                rnd,
+                pid,
+                spec.fed.local_epochs,
+                steps,
+            )
+        )
 
     def __call__(self, rnd: int, pid: int, digest: str, rec: Reconstruction) -> dict[str, Any]:
         """`veil.attacks.harness.score` against every distinct sample the client trained on this round

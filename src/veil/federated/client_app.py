@@ -14,6 +14,7 @@ simulation engine sets and a SuperNode takes from `--node-config`. The defenses 
 `client_step`; what leaves the client is exactly what they produced — clipped by Flower's
 clipping mod when ``federated.dp`` is client-fixed / client-adaptive (`veil.federated.dp`).
 """
+
 from __future__ import annotations
 
 import os
@@ -24,7 +25,7 @@ from flwr.app import ArrayRecord, ConfigRecord, Context, Message, MetricRecord, 
 from flwr.clientapp import ClientApp
 
 from veil.federated import dp
-from veil.federated.task import client_world, load_arrays, reset_defenses, model_arrays, tensors_arrays, train_round
+from veil.federated.task import client_world, load_arrays, model_arrays, reset_defenses, tensors_arrays, train_round
 
 app = ClientApp()
 
@@ -46,7 +47,9 @@ def _inject_fault(spec_fail: dict, pid: int, rnd: int, timeout: float) -> None:
         raise RuntimeError(f"injected failure in client {pid}, round {rnd}")
     if mode == "hang":
         time.sleep(float(spec_fail.get("seconds", timeout * 2 + 5)))
-        raise RuntimeError(f"injected hang in client {pid}, round {rnd}")  # the late reply is an error; the server has moved on
+        raise RuntimeError(
+            f"injected hang in client {pid}, round {rnd}"
+        )  # the late reply is an error; the server has moved on
     elif mode == "exit":
         os._exit(17)
 
@@ -71,9 +74,19 @@ def train(msg: Message, ctx: Context) -> Message:
     load_arrays(world.model, msg.content["arrays"])
     res = train_round(world, pid, rnd, float(conf["lr"]), float(conf.get("proximal-mu", 0.0)))
     arrays: ArrayRecord = tensors_arrays(res.grads) if res.grads is not None else model_arrays(world.model)
-    metrics = MetricRecord({"num-examples": res.num_examples, "loss": res.loss, "steps": res.steps, "partition-id": pid,
-                            **dp.reply_metrics(world.spec.fed)})
-    return Message(RecordDict({"arrays": arrays, "metrics": metrics, "receipt": ConfigRecord({"digest": res.digest})}), reply_to=msg)
+    metrics = MetricRecord(
+        {
+            "num-examples": res.num_examples,
+            "loss": res.loss,
+            "steps": res.steps,
+            "partition-id": pid,
+            **dp.reply_metrics(world.spec.fed),
+        }
+    )
+    return Message(
+        RecordDict({"arrays": arrays, "metrics": metrics, "receipt": ConfigRecord({"digest": res.digest})}),
+        reply_to=msg,
+    )
 
 
 @app.evaluate()
@@ -84,7 +97,9 @@ def evaluate(msg: Message, ctx: Context) -> Message:
     world = client_world(str(msg.content["config"]["spec"]))
     pid = _partition(ctx, world.spec.fed.clients)
     load_arrays(world.model, msg.content["arrays"])
-    share = {k: v[pid::world.spec.fed.clients] for k, v in world.data.test.items()}  # this client's slice of the test set
+    share = {
+        k: v[pid :: world.spec.fed.clients] for k, v in world.data.test.items()
+    }  # this client's slice of the test set
     metrics = eval_model(world.model, share, world.spec.cfg.train.eval_batch_size)
     out = MetricRecord({"num-examples": int(len(share["labels"])), **{k: float(v) for k, v in metrics.items()}})
     return Message(RecordDict({"metrics": out}), reply_to=msg)

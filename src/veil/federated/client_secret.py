@@ -18,6 +18,7 @@ So each client mixes in a secret the server never sees (`secret` in the `federat
 In split learning only the permutation keys need the secret; in `seeded` mode they follow the
 seed as before (keys are fresh per call either way).
 """
+
 from __future__ import annotations
 
 import secrets
@@ -39,13 +40,13 @@ def process_secret() -> int:
 
 def derive(root: int, *path: int) -> int:
     """A 128-bit secret derived from `root` along `path` (independent for every path)."""
-    words = np.random.SeedSequence(root, spawn_key=tuple(int(p) % 2 ** 32 for p in path)).generate_state(4, np.uint32)
+    words = np.random.SeedSequence(root, spawn_key=tuple(int(p) % 2**32 for p in path)).generate_state(4, np.uint32)
     return int.from_bytes(words.astype("<u4").tobytes(), "little")
 
 
 def round_secret(mode: str, seed: int, rnd: int, pid: int) -> int:
     """The secret of client `pid` in round `rnd` (see the module docstring for the modes)."""
-    return derive(process_secret() if mode == "random" else int(seed) % 2 ** 64, rnd, pid)
+    return derive(process_secret() if mode == "random" else int(seed) % 2**64, rnd, pid)
 
 
 def client_secret(pid: int) -> int:

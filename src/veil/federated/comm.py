@@ -16,6 +16,7 @@ tail parameters (the factor 2 counts both directions):
 
 Here a "round" is one pass over the client's D samples, as in the paper.
 """
+
 from __future__ import annotations
 
 from collections import defaultdict
@@ -58,9 +59,15 @@ class Ledger:
         return sum(self.down.values()) + sum(self.up.values())
 
     def as_dict(self) -> dict[str, Any]:
-        return {"bytes_down": sum(self.down.values()), "bytes_up": sum(self.up.values()), "bytes_total": self.total(),
-                "by_type": {k: {"down": self.down.get(k, 0), "up": self.up.get(k, 0), "messages": self.count.get(k, 0)}
-                            for k in sorted(set(self.down) | set(self.up))}}
+        return {
+            "bytes_down": sum(self.down.values()),
+            "bytes_up": sum(self.up.values()),
+            "bytes_total": self.total(),
+            "by_type": {
+                k: {"down": self.down.get(k, 0), "up": self.up.get(k, 0), "messages": self.count.get(k, 0)}
+                for k in sorted(set(self.down) | set(self.up))
+            },
+        }
 
 
 def paper_cost(protocol: str, D: int, R: int, n: float, F: int, G: int, P_h: int, P_b: int, P_t: int) -> float:

@@ -34,6 +34,7 @@
 
 Every bad key or value is a one-line `VeilError`.
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -81,8 +82,13 @@ class FederatedConfig:
         return d
 
 
-_CHOICES = {"partition": ("iid", "dirichlet"), "mode": ("fedavg", "fedsgd"), "strategy": ("fedavg", "fedprox"),
-            "backend": ("ray", "inline"), "secret": SECRET_MODES}
+_CHOICES = {
+    "partition": ("iid", "dirichlet"),
+    "mode": ("fedavg", "fedsgd"),
+    "strategy": ("fedavg", "fedprox"),
+    "backend": ("ray", "inline"),
+    "secret": SECRET_MODES,
+}
 
 
 def coerce(cls: type, raw: Any, section: str) -> Any:
@@ -119,7 +125,9 @@ def federated_config(raw: Any) -> FederatedConfig:
     fed = coerce(FederatedConfig, raw, "federated")
     check_choices(fed, "federated", _CHOICES)
     if fed.clients < 1 or fed.rounds < 1:
-        raise VeilError(f"federated.clients and federated.rounds must be at least 1, got {fed.clients} and {fed.rounds}")
+        raise VeilError(
+            f"federated.clients and federated.rounds must be at least 1, got {fed.clients} and {fed.rounds}"
+        )
     if not 0.0 < fed.fraction <= 1.0:
         raise VeilError(f"federated.fraction must be in (0, 1], got {fed.fraction}")
     if fed.alpha <= 0:
@@ -165,17 +173,17 @@ def apply_extra_overrides(extra: dict[str, Any], overrides: list[str]) -> tuple[
 class SplitConfig:
     """The `split:` section (veil split):
 
-      protocol: pfesta        # sl | festa | pfesta | fl | central
-      tasks: [classify, zones, segment]
-      clients_per_task: 2
-      epochs: 20              # passes over each client's shard
-      unify_every: 0          # global steps between FedAvg of heads/tails within a task (0: once per epoch)
-      task_scale: {}          # per-task gradient scaling at the body, e.g. {classify: 1, zones: 2, segment: 10}
-      permute: true           # pfesta: the permutation module (false: same protocol, patches in order)
-      backend: inline         # inline | ray
-      eval_every: 0           # epochs between evaluations (0: only at the end)
-      freeze_head: false      # central only: keep the patch-embedding head at its initialisation, as p-FeSTA does
-      secret: random          # random: permutation keys also seeded from a client-held secret; seeded: from the run seed
+    protocol: pfesta        # sl | festa | pfesta | fl | central
+    tasks: [classify, zones, segment]
+    clients_per_task: 2
+    epochs: 20              # passes over each client's shard
+    unify_every: 0          # global steps between FedAvg of heads/tails within a task (0: once per epoch)
+    task_scale: {}          # per-task gradient scaling at the body, e.g. {classify: 1, zones: 2, segment: 10}
+    permute: true           # pfesta: the permutation module (false: same protocol, patches in order)
+    backend: inline         # inline | ray
+    eval_every: 0           # epochs between evaluations (0: only at the end)
+    freeze_head: false      # central only: keep the patch-embedding head at its initialisation, as p-FeSTA does
+    secret: random          # random: permutation keys also seeded from a client-held secret; seeded: from the run seed
     """
 
     protocol: str = "pfesta"
@@ -192,7 +200,11 @@ class SplitConfig:
     secret: str = "random"
 
 
-_SPLIT_CHOICES = {"protocol": ("sl", "festa", "pfesta", "fl", "central"), "backend": ("inline", "ray"), "secret": SECRET_MODES}
+_SPLIT_CHOICES = {
+    "protocol": ("sl", "festa", "pfesta", "fl", "central"),
+    "backend": ("inline", "ray"),
+    "secret": SECRET_MODES,
+}
 
 
 def split_config(raw: Any) -> SplitConfig:

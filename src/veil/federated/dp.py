@@ -39,13 +39,15 @@ num-examples weights would break the C / k sensitivity. The noise comes from num
 seeded per round from OS entropy (``secret: random``) or from the run seed (``secret: seeded``:
 reproducible, but whoever holds the config can subtract the noise — no guarantee then).
 """
+
 from __future__ import annotations
 
 import json
 import math
 import os
+from collections.abc import Callable, Iterable
 from pathlib import Path
-from typing import Any, Callable, Iterable
+from typing import Any
 
 import numpy as np
 from flwr.app import ArrayRecord, Context, Message, MetricRecord
@@ -76,10 +78,15 @@ def check_dp(fed: Any) -> None:
         raise VeilError(f"federated.dp must be one of {', '.join(KINDS)}, got {fed.dp!r}")
     if fed.dp == "none":
         default = type(fed)()
-        unused = [k for k in ("dp_noise", "dp_clip", "dp_delta", "dp_quantile", "dp_clip_lr", "dp_count_std")
-                  if getattr(fed, k) != getattr(default, k)]
+        unused = [
+            k
+            for k in ("dp_noise", "dp_clip", "dp_delta", "dp_quantile", "dp_clip_lr", "dp_count_std")
+            if getattr(fed, k) != getattr(default, k)
+        ]
         if unused:
-            raise VeilError(f"federated.{unused[0]} is set but federated.dp is none; pick one of {', '.join(KINDS[1:])}")
+            raise VeilError(
+                f"federated.{unused[0]} is set but federated.dp is none; pick one of {', '.join(KINDS[1:])}"
+            )
         return
     if fed.mode != "fedavg":
         raise VeilError(f"federated.dp={fed.dp} needs federated.mode=fedavg (it clips weight updates), got {fed.mode}")
@@ -90,13 +97,17 @@ def check_dp(fed: Any) -> None:
     if not 0.0 <= fed.dp_delta < 1.0:
         raise VeilError(f"federated.dp_delta must be in [0, 1) (0: 1 / clients), got {fed.dp_delta}")
     if not 0.0 <= fed.dp_quantile <= 1.0 or fed.dp_clip_lr <= 0 or fed.dp_count_std < 0:
-        raise VeilError("federated.dp_quantile must be in [0, 1], dp_clip_lr > 0 and dp_count_std >= 0, got "
-                        f"{fed.dp_quantile}, {fed.dp_clip_lr}, {fed.dp_count_std}")
+        raise VeilError(
+            "federated.dp_quantile must be in [0, 1], dp_clip_lr > 0 and dp_count_std >= 0, got "
+            f"{fed.dp_quantile}, {fed.dp_clip_lr}, {fed.dp_count_std}"
+        )
     k = sampled_clients(fed.clients, fed.fraction)
     std = fed.dp_count_std or k / 20
     if fed.dp.endswith("adaptive") and fed.dp_noise > 0 and fed.dp_noise >= 2 * std:
-        raise VeilError(f"federated.dp_noise {fed.dp_noise} needs dp_count_std > {fed.dp_noise / 2:g} for adaptive clipping "
-                        f"(z_Delta = (z^-2 - (2 dp_count_std)^-2)^-1/2); dp_count_std is {std:g}")
+        raise VeilError(
+            f"federated.dp_noise {fed.dp_noise} needs dp_count_std > {fed.dp_noise / 2:g} for adaptive clipping "
+            f"(z_Delta = (z^-2 - (2 dp_count_std)^-2)^-1/2); dp_count_std is {std:g}"
+        )
 
 
 class _AllOrNothing:
@@ -105,7 +116,9 @@ class _AllOrNothing:
 
     released: bool = False
 
-    def aggregate_train(self, server_round: int, replies: Iterable[Message]) -> tuple[ArrayRecord | None, MetricRecord | None]:
+    def aggregate_train(
+        self, server_round: int, replies: Iterable[Message]
+    ) -> tuple[ArrayRecord | None, MetricRecord | None]:
         replies = list(replies)
         self.released = len(replies) == self.num_sampled_clients  # type: ignore[attr-defined]
         if not self.released:
@@ -144,8 +157,15 @@ def wrap_strategy(inner: Strategy, fed: Any) -> Strategy:
     if fed.dp.endswith("fixed"):
         return (ClientFixed if fed.dp == "client-fixed" else ServerFixed)(inner, fed.dp_noise, fed.dp_clip, k)
     cls = ClientAdaptive if fed.dp == "client-adaptive" else ServerAdaptive
-    return cls(inner, fed.dp_noise, k, initial_clipping_norm=fed.dp_clip, target_clipped_quantile=fed.dp_quantile,
-               clip_norm_lr=fed.dp_clip_lr, clipped_count_stddev=fed.dp_count_std or None)
+    return cls(
+        inner,
+        fed.dp_noise,
+        k,
+        initial_clipping_norm=fed.dp_clip,
+        target_clipped_quantile=fed.dp_quantile,
+        clip_norm_lr=fed.dp_clip_lr,
+        clipped_count_stddev=fed.dp_count_std or None,
+    )
 
 
 def clipping_mod(msg: Message, ctx: Context, call_next: ClientAppCallable) -> Message:
@@ -203,7 +223,7 @@ def accounted_noise(fed: Any) -> float:
     if not fed.dp.endswith("adaptive") or fed.dp_noise == 0:
         return fed.dp_noise  # local: z of the Gaussian mechanism at sensitivity 2C
     s = fed.dp_count_std or sampled_clients(fed.clients, fed.fraction) / 20
-    return (fed.dp_noise ** -2 + 3 / (4 * s * s)) ** -0.5
+    return (fed.dp_noise**-2 + 3 / (4 * s * s)) ** -0.5
 
 
 def epsilon(fed: Any, rounds: int) -> float | None:
@@ -238,15 +258,23 @@ def round_fields(fed: Any, strategy: Strategy, rnd: int) -> dict[str, Any]:
         return {}
     if fed.dp == "local":
         return {"dp_epsilon": epsilon(fed, rnd), "dp_delta": delta(fed), "dp_clip": fed.dp_clip, "dp_released": True}
-    return {"dp_epsilon": epsilon(fed, rnd), "dp_delta": delta(fed), "dp_clip": float(strategy.clipping_norm),
-            "dp_released": bool(getattr(strategy, "released", False))}
+    return {
+        "dp_epsilon": epsilon(fed, rnd),
+        "dp_delta": delta(fed),
+        "dp_clip": float(strategy.clipping_norm),
+        "dp_released": bool(getattr(strategy, "released", False)),
+    }
 
 
 def restore_clip(fed: Any, strategy: Strategy, metrics: Path) -> None:
     """On resume, adaptive clipping continues from the last completed round's clip."""
     if not fed.dp.endswith("adaptive") or not metrics.is_file():
         return
-    clips = [e["dp_clip"] for e in map(json.loads, metrics.read_text().splitlines()) if e.get("event") == "round" and "dp_clip" in e]
+    clips = [
+        e["dp_clip"]
+        for e in map(json.loads, metrics.read_text().splitlines())
+        if e.get("event") == "round" and "dp_clip" in e
+    ]
     if clips:
         strategy.clipping_norm = float(clips[-1])
 
@@ -256,13 +284,26 @@ def summary(fed: Any, rounds: int) -> dict[str, Any]:
     if fed.dp == "none":
         return {"kind": "none"}
     local = fed.dp == "local"
-    return {"kind": fed.dp, "noise_multiplier": fed.dp_noise, "accounted_noise_multiplier": accounted_noise(fed), "clip": fed.dp_clip,
-            "sampled_clients": sampled_clients(fed.clients, fed.fraction), "sample_rate": sample_rate(fed), "rounds": rounds,
-            "delta": delta(fed), "epsilon": epsilon(fed, rounds),
-            "accountant": "opacus RDP, sub-sampled Gaussian, one step per round" + (" (every round counted for every client)" if local else ""),
-            "unit": "client (replace one client's data: sensitivity 2C)" if local else "client (add/remove one client's data)",
-            "protects": "each client's updates, against the server and everyone else" if local else
-                        "the released global models, against clients and third parties; not against the server, "
-                        "which sees every update before its noise",
-            "noise_seed": "run seed (reproducible; not private against whoever holds the config)" if fed.secret == "seeded"
-                          else ("each client's secret" if local else "OS entropy per round")}
+    return {
+        "kind": fed.dp,
+        "noise_multiplier": fed.dp_noise,
+        "accounted_noise_multiplier": accounted_noise(fed),
+        "clip": fed.dp_clip,
+        "sampled_clients": sampled_clients(fed.clients, fed.fraction),
+        "sample_rate": sample_rate(fed),
+        "rounds": rounds,
+        "delta": delta(fed),
+        "epsilon": epsilon(fed, rounds),
+        "accountant": "opacus RDP, sub-sampled Gaussian, one step per round"
+        + (" (every round counted for every client)" if local else ""),
+        "unit": "client (replace one client's data: sensitivity 2C)"
+        if local
+        else "client (add/remove one client's data)",
+        "protects": "each client's updates, against the server and everyone else"
+        if local
+        else "the released global models, against clients and third parties; not against the server, "
+        "which sees every update before its noise",
+        "noise_seed": "run seed (reproducible; not private against whoever holds the config)"
+        if fed.secret == "seeded"
+        else ("each client's secret" if local else "OS entropy per round"),
+    }

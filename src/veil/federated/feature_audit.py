@@ -12,6 +12,7 @@ The server runs the protocol, so it knows when the permutation is on (`Knowledge
 (`strongest`: the attack with the highest PSNR on the permuted features). The row
 `feature_inversion` is the naive decoder (`unshuffle: false`) the paper's claim rests on.
 """
+
 from __future__ import annotations
 
 from typing import Any
@@ -23,7 +24,6 @@ from veil.attacks import Knowledge, Observation, create_attack
 from veil.defenses.permutation import PatchPermutation
 from veil.federated.split import SplitSpec
 from veil.metrics import image_report
-
 
 #: the adaptive inversion first (it is the verdict wherever the permutation is on), then the naive rows
 DEFAULT_ATTACKS: dict[str, dict[str, Any]] = {"feature_inversion+unshuffle": {}, "feature_inversion": {}, "fsha": {}}
@@ -44,16 +44,30 @@ def victim_view(spec: SplitSpec, victims: int) -> tuple[Tensor, Tensor, Any, Ten
     return private, aux, head, clean, PatchPermutation(True, seed=spec.cfg.train.seed + 4242)
 
 
-def attack_features(attack: Any, feats: Tensor, private: Tensor, aux: Tensor, head: Any, known: dict[str, Any], seed: int) -> dict[str, float]:
+def attack_features(
+    attack: Any, feats: Tensor, private: Tensor, aux: Tensor, head: Any, known: dict[str, Any], seed: int
+) -> dict[str, float]:
     """One feature attack on what the server received, scored against the private images."""
-    know = Knowledge(batch_size=len(private), input_shape=tuple(private.shape[1:]), aux_data={"pixels": aux, "head": head},
-                     defense=known, seed=seed)
+    know = Knowledge(
+        batch_size=len(private),
+        input_shape=tuple(private.shape[1:]),
+        aux_data={"pixels": aux, "head": head},
+        defense=known,
+        seed=seed,
+    )
     rec = attack.reconstruct(Observation(model=None, features=feats, kind="features"), know)  # type: ignore[arg-type]
     rep = image_report(private, rec.images.clamp(0, 1))
-    return {"psnr": float(rep["psnr"]), "ssim": float(rep["ssim"]), "mse": float(rep["mse"]), "seconds": float(rec.stats["seconds"])}
+    return {
+        "psnr": float(rep["psnr"]),
+        "ssim": float(rep["ssim"]),
+        "mse": float(rep["mse"]),
+        "seconds": float(rec.stats["seconds"]),
+    }
 
 
-def feature_attacks(spec: SplitSpec, victims: int = 64, attacks: dict[str, dict[str, Any]] | None = None) -> dict[str, Any]:
+def feature_attacks(
+    spec: SplitSpec, victims: int = 64, attacks: dict[str, dict[str, Any]] | None = None
+) -> dict[str, Any]:
     private, aux, head, clean, module = victim_view(spec, victims)
     permuted = module.before_send(clean, {})
     attacks = attacks or DEFAULT_ATTACKS

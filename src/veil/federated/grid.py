@@ -6,13 +6,15 @@ bytes and parsed back before the other side sees it, so nothing crosses by refer
 isolation a SuperLink gives — and its byte count is exact. A client that raises becomes an error
 reply (as in Flower's engine); one that outlives the timeout is dropped from the round.
 """
+
 from __future__ import annotations
 
 import os
 import threading
 import time
 import uuid
-from typing import Any, Callable, Iterable
+from collections.abc import Callable, Iterable
+from typing import Any
 
 from flwr.app import Context, Error, Message, RecordDict
 from flwr.clientapp import ClientApp
@@ -40,9 +42,16 @@ class LocalGrid(Grid):
         self.app = client_app
         self._run = Run.create_empty(run_id=run_id)
         self.ledger = ledger or Ledger()
-        self.nodes = {1001 + i: Context(run_id=run_id, node_id=1001 + i,
-                                        node_config={"partition-id": i, "num-partitions": num_nodes},
-                                        state=RecordDict(), run_config={}) for i in range(num_nodes)}
+        self.nodes = {
+            1001 + i: Context(
+                run_id=run_id,
+                node_id=1001 + i,
+                node_config={"partition-id": i, "num-partitions": num_nodes},
+                state=RecordDict(),
+                run_config={},
+            )
+            for i in range(num_nodes)
+        }
         self._replies: dict[str, Message] = {}
 
     def set_run(self, run: Run) -> None:
@@ -52,8 +61,9 @@ class LocalGrid(Grid):
     def run(self) -> Run:
         return self._run
 
-    def create_message(self, content: RecordDict, message_type: str, dst_node_id: int, group_id: str,
-                       ttl: float | None = None) -> Message:
+    def create_message(
+        self, content: RecordDict, message_type: str, dst_node_id: int, group_id: str, ttl: float | None = None
+    ) -> Message:
         return Message(content, dst_node_id, message_type, ttl=ttl, group_id=group_id)
 
     def get_node_ids(self) -> Iterable[int]:
@@ -106,7 +116,9 @@ def run_local(server_main: ServerMain, client_app: ClientApp, num_nodes: int) ->
     return grid
 
 
-def run_ray(server_main: ServerMain, client_app: ClientApp, num_nodes: int, num_cpus: float = 1.0, verbose: bool = False) -> None:
+def run_ray(
+    server_main: ServerMain, client_app: ClientApp, num_nodes: int, num_cpus: float = 1.0, verbose: bool = False
+) -> None:
     """Flower's simulation engine (Ray): one virtual SuperNode per client."""
     import logging
 
@@ -119,9 +131,15 @@ def run_ray(server_main: ServerMain, client_app: ClientApp, num_nodes: int, num_
     server = ServerApp()
     server.main()(server_main)
     cores = max(1, os.cpu_count() or 1)
-    backend = {"client_resources": {"num_cpus": num_cpus, "num_gpus": 0.0},
-               "init_args": {"num_cpus": cores, "include_dashboard": False, "log_to_driver": verbose,
-                             "logging_level": logging.INFO if verbose else logging.ERROR}}
+    backend = {
+        "client_resources": {"num_cpus": num_cpus, "num_gpus": 0.0},
+        "init_args": {
+            "num_cpus": cores,
+            "include_dashboard": False,
+            "log_to_driver": verbose,
+            "logging_level": logging.INFO if verbose else logging.ERROR,
+        },
+    }
     if not verbose:
         logging.getLogger("flwr").setLevel(logging.WARNING)
     run_simulation(server_app=server, client_app=client_app, num_supernodes=num_nodes, backend_config=backend)

@@ -15,10 +15,11 @@ Each task's training data goes to its own clients (disjoint shards of the digits
 same shard whether the task trains alone or with the others);
 every task is evaluated on the digits test split.
 """
+
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Callable
 
 import numpy as np
 import torch
@@ -61,12 +62,31 @@ def hard_dice(logits: Tensor, target: Tensor) -> float:
 
 
 TASK_DEFS: dict[str, Task] = {
-    "classify": Task("classify", lambda d, p, s: CLSTail(d, 10), lambda o, t: F.cross_entropy(o, t.long()),
-                     lambda o, t: float((o.argmax(-1) == t.long()).float().mean()), "accuracy", True),
-    "zones": Task("zones", lambda d, p, s: CLSTail(d, 6), lambda o, t: F.binary_cross_entropy_with_logits(o, t),
-                  lambda o, t: float(((o.sigmoid() - t) ** 2).mean()), "mse", False),
-    "segment": Task("segment", lambda d, p, s: SegTail(d, p, s), lambda o, t: F.binary_cross_entropy_with_logits(o, t) + 1 - dice(o, t),
-                    hard_dice, "dice", True, True),
+    "classify": Task(
+        "classify",
+        lambda d, p, s: CLSTail(d, 10),
+        lambda o, t: F.cross_entropy(o, t.long()),
+        lambda o, t: float((o.argmax(-1) == t.long()).float().mean()),
+        "accuracy",
+        True,
+    ),
+    "zones": Task(
+        "zones",
+        lambda d, p, s: CLSTail(d, 6),
+        lambda o, t: F.binary_cross_entropy_with_logits(o, t),
+        lambda o, t: float(((o.sigmoid() - t) ** 2).mean()),
+        "mse",
+        False,
+    ),
+    "segment": Task(
+        "segment",
+        lambda d, p, s: SegTail(d, p, s),
+        lambda o, t: F.binary_cross_entropy_with_logits(o, t) + 1 - dice(o, t),
+        hard_dice,
+        "dice",
+        True,
+        True,
+    ),
 }
 
 
@@ -82,7 +102,9 @@ def task_split(split: dict[str, Tensor], task: str, seed: int) -> dict[str, Tens
     return {"pixels": noisy, "target": (px > 0.5).float()}
 
 
-def multitask_data(tasks: list[str], clients_per_task: int, seed: int, dataset: str = "digits") -> tuple[list[tuple[str, dict[str, Tensor]]], dict[str, dict[str, Tensor]]]:
+def multitask_data(
+    tasks: list[str], clients_per_task: int, seed: int, dataset: str = "digits"
+) -> tuple[list[tuple[str, dict[str, Tensor]]], dict[str, dict[str, Tensor]]]:
     """[(task, train shard)] for every client (task-major order) and {task: test split}."""
     data = load_data(dataset, seed=seed)
     n = len(data.train["labels"])
@@ -91,6 +113,8 @@ def multitask_data(tasks: list[str], clients_per_task: int, seed: int, dataset: 
     clients = []
     for t in tasks:
         i = TASKS.index(t)
-        clients += [(t, task_split(subset(data.train, shards[i * clients_per_task + j]), t, seed + i * 100 + j))
-                    for j in range(clients_per_task)]
+        clients += [
+            (t, task_split(subset(data.train, shards[i * clients_per_task + j]), t, seed + i * 100 + j))
+            for j in range(clients_per_task)
+        ]
     return clients, {t: task_split(data.test, t, seed + 999) for t in tasks}

@@ -1,4 +1,5 @@
 """Figures of a federated run: leakage per round (one panel per attack metric) beside accuracy."""
+
 from __future__ import annotations
 
 from collections import defaultdict

@@ -1,5 +1,6 @@
 """`federate(spec, run_dir)`: run veil's ServerApp + ClientApp in Flower's simulation engine (Ray)
 or on the in-process grid, resuming from the run folder's checkpoint when one is there."""
+
 from __future__ import annotations
 
 import json
@@ -23,11 +24,15 @@ def check_run_dir(spec: Spec, run_dir: Path, resume: bool) -> dict[str, Any] | N
     if (run_dir / "summary.json").is_file():
         return json.loads((run_dir / "summary.json").read_text())
     if not resume and (run_dir / "checkpoints" / "state.json").is_file():
-        raise VeilError(f"run folder '{run_dir}' holds an interrupted run; add --resume to continue it or pick a new --out")
+        raise VeilError(
+            f"run folder '{run_dir}' holds an interrupted run; add --resume to continue it or pick a new --out"
+        )
     return None
 
 
-def federate(spec: Spec, run_dir: str | Path, resume: bool = False, progress: bool = False, verbose: bool = False) -> dict[str, Any]:
+def federate(
+    spec: Spec, run_dir: str | Path, resume: bool = False, progress: bool = False, verbose: bool = False
+) -> dict[str, Any]:
     from veil.federated.client_app import app as client_app
     from veil.federated.grid import run_local, run_ray
     from veil.federated.server_app import server_main
@@ -48,5 +53,7 @@ def federate(spec: Spec, run_dir: str | Path, resume: bool = False, progress: bo
     else:
         run_ray(main, client_app, spec.fed.clients, spec.fed.num_cpus, verbose)
     if not out:
-        raise VeilError(f"the federated run stopped before finishing; see {run_dir}/metrics.jsonl, then rerun with --resume")
+        raise VeilError(
+            f"the federated run stopped before finishing; see {run_dir}/metrics.jsonl, then rerun with --resume"
+        )
     return out

@@ -16,6 +16,7 @@ RUN_DIR/
                           [, dp: kind, noise, clip, delta, epsilon (`veil.federated.dp`)]
   leakage.png             leakage per round beside accuracy
 """
+
 from __future__ import annotations
 
 import json
@@ -37,14 +38,21 @@ from veil.federated.auditor import AuditedStrategy, Auditor, BatchOracle, LocalP
 from veil.federated.comm import message_bytes
 from veil.federated.grid import wait_for_nodes
 from veil.federated.task import Spec, client_world, load_arrays, load_spec, model_arrays, round_lr
-
-from veil.training.checkpoint import atomic_write_text, load_model_weights, load_tensors, save_model_weights, save_tensors
+from veil.training.checkpoint import (
+    atomic_write_text,
+    load_model_weights,
+    load_tensors,
+    save_model_weights,
+    save_tensors,
+)
 from veil.training.loop import evaluate, make_optimizer
 
 
 def make_strategy(spec: Spec) -> Strategy:
     """FedAvg / FedProx, behind Flower's DP wrapper when `federated.dp` asks (then weighted uniformly)."""
-    common: dict[str, Any] = dict(fraction_train=1.0, fraction_evaluate=1.0, min_train_nodes=1, min_evaluate_nodes=1, min_available_nodes=1)
+    common: dict[str, Any] = dict(
+        fraction_train=1.0, fraction_evaluate=1.0, min_train_nodes=1, min_evaluate_nodes=1, min_available_nodes=1
+    )
     if spec.fed.dp != "none":
         common["weighted_by_key"] = dp.WEIGHT_KEY
     if spec.fed.strategy == "fedprox":
@@ -56,7 +64,10 @@ def discover(grid: Grid, spec: Spec, timeout: float) -> tuple[dict[int, int], di
     """Ask every SuperNode which partition it holds (a `query` message): (node id -> partition id,
     partition id -> its number of samples)."""
     nodes = wait_for_nodes(grid, spec.fed.clients)
-    msgs = [Message(RecordDict({"config": ConfigRecord({"spec": spec.text()})}), dst_node_id=n, message_type="query") for n in nodes]
+    msgs = [
+        Message(RecordDict({"config": ConfigRecord({"spec": spec.text()})}), dst_node_id=n, message_type="query")
+        for n in nodes
+    ]
     replies = list(grid.send_and_receive(msgs, timeout=timeout))
     bad = [m for m in replies if m.has_error()]
     if bad or len(replies) < len(nodes):
@@ -78,7 +89,11 @@ class ServerState:
 
         self.model = copy.deepcopy(self.world.model)
         self.model.load_state_dict(self.world.initial)
-        self.opt = make_optimizer(self.model, spec.cfg.train.lr, spec.cfg.train.weight_decay) if spec.fed.mode == "fedsgd" else None
+        self.opt = (
+            make_optimizer(self.model, spec.cfg.train.lr, spec.cfg.train.weight_decay)
+            if spec.fed.mode == "fedsgd"
+            else None
+        )
         self.round, self.seconds = 0, 0.0
         self.ck = run_dir / "checkpoints"
         self.auditor: Auditor | None = None  # its multi-round memory is checkpointed with the model
@@ -94,7 +109,11 @@ class ServerState:
         load_model_weights(self.model, self.ck / "last.safetensors")
         if self.opt is not None:
             path = self.ck / "server_optimizer.safetensors"
-            restore_optimizer(self.opt, load_tensors(path, f"remove '{self.ck}' to restart the run from its first round"), state["optimizer"])
+            restore_optimizer(
+                self.opt,
+                load_tensors(path, f"remove '{self.ck}' to restart the run from its first round"),
+                state["optimizer"],
+            )
         self.round, self.seconds = int(state["round"]), float(state["seconds"])
         self.auditor_state = state.get("auditor", {})
 
@@ -103,7 +122,11 @@ class ServerState:
         self.auditor = auditor
         if auditor is not None and auditor.multi and self.round > 0:
             path = self.ck / "auditor.safetensors"
-            tensors = load_tensors(path, f"remove '{self.ck}' to restart the run from its first round") if path.is_file() else {}
+            tensors = (
+                load_tensors(path, f"remove '{self.ck}' to restart the run from its first round")
+                if path.is_file()
+                else {}
+            )
             auditor.load_state(tensors, self.auditor_state)
 
     def apply(self, agg: ArrayRecord, lr: float) -> None:
@@ -143,14 +166,36 @@ def make_auditor(spec: Spec, state: ServerState, oracle: bool, sizes: dict[int, 
     bs = spec.cfg.train.batch_size
     # what veil's harness grants a server (`veil.attacks.harness.knowledge_for`): batch size, input shape,
     # the public tokenizer, each defense's settings by name (adaptive attackers read them); never labels
-    know = Knowledge(batch_size=bs, input_shape=shape, seq_len=shape[0] if text else None, tokenizer=w.data.meta.get("tokenizer"),
-                     defense={d.name: d.describe() for d in w.defenses}, seed=spec.cfg.train.seed)
+    know = Knowledge(
+        batch_size=bs,
+        input_shape=shape,
+        seq_len=shape[0] if text else None,
+        tokenizer=w.data.meta.get("tokenizer"),
+        defense={d.name: d.describe() for d in w.defenses},
+        seed=spec.cfg.train.seed,
+    )
     # what the server configured for the local training (and the partition sizes the clients told it):
     # the attacks that simulate a client's round (ig-fedavg) read it as Observation.local
-    plan = LocalPlan(batch_size=bs, epochs=spec.fed.local_epochs, local_steps=spec.fed.local_steps, seed=spec.cfg.train.seed,
-                     weight_decay=spec.cfg.train.weight_decay, clip=spec.cfg.train.clip or None, sizes=dict(sizes or {}), defenses=list(w.defenses))
-    return Auditor(state.model, spec.fed.audit, know, spec.fed.mode, spec.fed.audit_every, spec.fed.audit_clients,
-                   BatchOracle(w) if oracle else None, plan)
+    plan = LocalPlan(
+        batch_size=bs,
+        epochs=spec.fed.local_epochs,
+        local_steps=spec.fed.local_steps,
+        seed=spec.cfg.train.seed,
+        weight_decay=spec.cfg.train.weight_decay,
+        clip=spec.cfg.train.clip or None,
+        sizes=dict(sizes or {}),
+        defenses=list(w.defenses),
+    )
+    return Auditor(
+        state.model,
+        spec.fed.audit,
+        know,
+        spec.fed.mode,
+        spec.fed.audit_every,
+        spec.fed.audit_clients,
+        BatchOracle(w) if oracle else None,
+        plan,
+    )
 
 
 def append_events(path: Path, events: list[dict[str, Any]]) -> None:
@@ -182,7 +227,11 @@ def server_main(grid: Grid, spec: Spec, run_dir: Path, oracle: bool = True, prog
     while state.round < spec.fed.rounds:
         rnd, t0 = state.round + 1, time.perf_counter()
         lr = round_lr(spec.cfg, spec.fed, rnd)
-        msgs = list(strategy.configure_train(rnd, model_arrays(state.model), ConfigRecord({"spec": spec.text(), "lr": lr}), grid))
+        msgs = list(
+            strategy.configure_train(
+                rnd, model_arrays(state.model), ConfigRecord({"spec": spec.text(), "lr": lr}), grid
+            )
+        )
         down = sum(message_bytes(m) for m in msgs)
         replies = list(grid.send_and_receive(msgs, timeout=spec.fed.timeout))
         up = sum(message_bytes(m) for m in replies)
@@ -191,15 +240,27 @@ def server_main(grid: Grid, spec: Spec, run_dir: Path, oracle: bool = True, prog
         if agg is not None:
             state.apply(agg, lr)
         state.round, state.seconds = rnd, state.seconds + time.perf_counter() - t0
-        ev = {"event": "round", "round": rnd, "lr": lr, "clients": len(msgs), "replies": sum(not m.has_error() for m in replies),
-              "train_loss": float(train_metrics["loss"]) if train_metrics is not None else None,
-              "bytes_down": down, "bytes_up": up, "seconds": round(time.perf_counter() - t0, 3),
-              **dp.round_fields(spec.fed, strategy.inner, rnd), **evaluate(state.model, state.world.data.test, spec.cfg.train.eval_batch_size)}
+        ev = {
+            "event": "round",
+            "round": rnd,
+            "lr": lr,
+            "clients": len(msgs),
+            "replies": sum(not m.has_error() for m in replies),
+            "train_loss": float(train_metrics["loss"]) if train_metrics is not None else None,
+            "bytes_down": down,
+            "bytes_up": up,
+            "seconds": round(time.perf_counter() - t0, 3),
+            **dp.round_fields(spec.fed, strategy.inner, rnd),
+            **evaluate(state.model, state.world.data.test, spec.cfg.train.eval_batch_size),
+        }
         events, strategy.events = strategy.events + [ev], []
         append_events(metrics, events)
         state.save()
         if progress:
-            print(f"round {rnd}/{spec.fed.rounds}: test_accuracy={ev['test_accuracy']:.4f} loss={ev['train_loss']} ({ev['seconds']:.1f}s)", flush=True)
+            print(
+                f"round {rnd}/{spec.fed.rounds}: test_accuracy={ev['test_accuracy']:.4f} loss={ev['train_loss']} ({ev['seconds']:.1f}s)",
+                flush=True,
+            )
     return finish(spec, state, metrics)
 
 
@@ -225,9 +286,16 @@ def finish(spec: Spec, state: ServerState, metrics: Path) -> dict[str, Any]:
     rounds = [e for e in events if e["event"] == "round"]
     save_model_weights(state.model, state.ck / "model.safetensors")
     summary = {
-        "model": spec.cfg.model["name"], "data": spec.cfg.data["name"], "defense": [d["name"] for d in spec.cfg.defense] or ["none"],
-        "mode": spec.fed.mode, "strategy": spec.fed.strategy, "clients": spec.fed.clients, "partition": spec.fed.partition,
-        "alpha": spec.fed.alpha, "rounds": state.round, "train_seconds": round(state.seconds, 3),
+        "model": spec.cfg.model["name"],
+        "data": spec.cfg.data["name"],
+        "defense": [d["name"] for d in spec.cfg.defense] or ["none"],
+        "mode": spec.fed.mode,
+        "strategy": spec.fed.strategy,
+        "clients": spec.fed.clients,
+        "partition": spec.fed.partition,
+        "alpha": spec.fed.alpha,
+        "rounds": state.round,
+        "train_seconds": round(state.seconds, 3),
         "test_accuracy": rounds[-1]["test_accuracy"] if rounds else None,
         "best_round_accuracy": max((e["test_accuracy"] for e in rounds), default=None),
         "client_failures": sum(e["event"] == "client_failure" for e in events),
@@ -251,4 +319,6 @@ def main(grid: Grid, context: Context) -> None:
     from the Flower run config (pyproject `[tool.flwr.app.config]` or `--run-config`)."""
     rc = context.run_config
     spec = load_spec(str(rc["config"]), str(rc.get("overrides", "")).split())
-    server_main(grid, spec, Path(str(rc.get("run-dir", "runs/flwr"))), oracle=bool(rc.get("oracle", True)), progress=True)
+    server_main(
+        grid, spec, Path(str(rc.get("run-dir", "runs/flwr"))), oracle=bool(rc.get("oracle", True)), progress=True
+    )

@@ -15,12 +15,11 @@ Protocols (`split.protocol`), each over Flower messages (see `split_client` for 
 The body takes one Adam step per client batch with the gradient scaled by `task_scale[task]`
 (the paper's per-task gradient scaling). Bytes are the serialised size of every message.
 """
+
 from __future__ import annotations
 
-import json
 import math
 import random
-import time
 from collections import defaultdict
 from dataclasses import dataclass
 from pathlib import Path
@@ -28,16 +27,15 @@ from typing import Any
 
 import torch
 import yaml
-from flwr.app import ArrayRecord, ConfigRecord, Context, Message, RecordDict
+from flwr.app import ArrayRecord, ConfigRecord, Message, RecordDict
 from flwr.serverapp import Grid
 from torch import Tensor, nn
 
-from veil.config import apply_overrides, from_dict, read_yaml, RunConfig
+from veil.config import RunConfig, apply_overrides, from_dict, read_yaml
 from veil.errors import VeilError
-from veil.federated.comm import Ledger, message_bytes, paper_cost
+from veil.federated.comm import Ledger, message_bytes
 from veil.federated.config import SplitConfig, apply_extra_overrides, split_config, split_sections
 from veil.federated.grid import wait_for_nodes
-from veil.training.checkpoint import atomic_write_text
 
 
 @dataclass
@@ -101,7 +99,9 @@ class Exchange:
         ledger.sent(msg, message_bytes(msg) - _spec_bytes(self.spec))
         reply = list(self.grid.send_and_receive([msg], timeout=600))
         if not reply or reply[0].has_error():
-            raise VeilError(f"split client {node} failed on {mtype}: {reply[0].error.reason[:300] if reply else 'no reply'}")
+            raise VeilError(
+                f"split client {node} failed on {mtype}: {reply[0].error.reason[:300] if reply else 'no reply'}"
+            )
         ledger.received(reply[0])
         return reply[0]
 
@@ -110,7 +110,9 @@ def _spec_bytes(spec: SplitSpec) -> int:
     """The run spec rides along in every message for stateless clients; it is not protocol traffic."""
     from veil.federated.comm import content_bytes
 
-    return content_bytes(RecordDict({"config": ConfigRecord({"spec": spec.text()})})) - content_bytes(RecordDict({"config": ConfigRecord({})}))
+    return content_bytes(RecordDict({"config": ConfigRecord({"spec": spec.text()})})) - content_bytes(
+        RecordDict({"config": ConfigRecord({})})
+    )
 
 
 def _t(msg: Message, key: str) -> Tensor:
@@ -186,7 +188,10 @@ class SplitServer:
                 if pf:
                     if not order[n]:
                         order[n] = rng.sample(range(self.size[n]), self.size[n])
-                    idx, order[n] = order[n][: self.spec.cfg.train.batch_size], order[n][self.spec.cfg.train.batch_size:]
+                    idx, order[n] = (
+                        order[n][: self.spec.cfg.train.batch_size],
+                        order[n][self.spec.cfg.train.batch_size :],
+                    )
                     _, loss = self.body_step(n, cache[n][idx].clone(), idx=idx)
                 else:
                     h = _t(self.ex(n, "train.fwd", config={"step": step}), "features")
@@ -206,8 +211,15 @@ class SplitServer:
         tails = {t: {f"tail.{k}": v for k, v in parts[t][1].state_dict().items()} for t in self.sc.tasks}
         for start in range(0, self.total, self.unify):
             steps = min(self.unify, self.total - start)
-            reps = {n: self.ex(n, "train.local", params=ArrayRecord({**glob, **tails[self.task[n]]}),
-                               config={"step": start, "steps": steps, "lr": self.spec.cfg.train.lr}) for n in self.nodes}
+            reps = {
+                n: self.ex(
+                    n,
+                    "train.local",
+                    params=ArrayRecord({**glob, **tails[self.task[n]]}),
+                    config={"step": start, "steps": steps, "lr": self.spec.cfg.train.lr},
+                )
+                for n in self.nodes
+            }
             sds = {n: r.content["params"].to_torch_state_dict() for n, r in reps.items()}
             glob = _wavg([sds[n] for n in self.nodes], [self.size[n] for n in self.nodes], ("head.", "body."))
             for t in self.sc.tasks:
@@ -216,12 +228,23 @@ class SplitServer:
             self.log_step(start + steps - 1, [float(r.content["metrics"]["loss"]) for r in reps.values()])
         self.body.load_state_dict({k[5:]: v for k, v in glob.items() if k.startswith("body.")})
         for n in self.nodes:  # the final tails and head are the clients' models for evaluation
-            self.ex(n, "train.params", params=ArrayRecord({**{k: v for k, v in glob.items() if k.startswith("head.")}, **tails[self.task[n]]}))
+            self.ex(
+                n,
+                "train.params",
+                params=ArrayRecord({**{k: v for k, v in glob.items() if k.startswith("head.")}, **tails[self.task[n]]}),
+            )
 
     def log_step(self, step: int, losses: list[float]) -> None:
         if (step + 1) % self.steps_per_epoch == 0:
-            self.events.append({"event": "epoch", "epoch": (step + 1) // self.steps_per_epoch, "step": step + 1,
-                                "loss": sum(losses) / len(losses), "bytes": self.ex.train.total()})
+            self.events.append(
+                {
+                    "event": "epoch",
+                    "epoch": (step + 1) // self.steps_per_epoch,
+                    "step": step + 1,
+                    "loss": sum(losses) / len(losses),
+                    "bytes": self.ex.train.total(),
+                }
+            )
 
     @torch.no_grad()
     def evaluate(self) -> dict[str, float]:
@@ -230,7 +253,13 @@ class SplitServer:
         for t in self.sc.tasks:
             n = next(n for n in self.nodes if self.task[n] == t)
             h = _t(self.ex(n, "evaluate.embed", phase="eval", config={"protocol": self.sc.protocol}), "features")
-            rep = self.ex(n, "evaluate.tail", phase="eval", body=_arr(self.tokens_for(n, self.body.eval()(h))), config={"protocol": self.sc.protocol})
+            rep = self.ex(
+                n,
+                "evaluate.tail",
+                phase="eval",
+                body=_arr(self.tokens_for(n, self.body.eval()(h))),
+                config={"protocol": self.sc.protocol},
+            )
             self.body.train()
             out[t] = float(next(iter(rep.content["metrics"].values())))
         return out

@@ -27,6 +27,7 @@ Scores: PSNR / SSIM / MSE of the rebuilt batch against the private one (Hungaria
 Resume: each protocol run is a folder reused when its resolved config matches
 (`split_compare.cached_run`); each feature-attack cell is a JSON file under cells/.
 """
+
 from __future__ import annotations
 
 import json
@@ -46,10 +47,14 @@ def task_spec(task: Task, protocol: dict[str, Any], seed: int) -> Any:
     from veil.federated.split import split_spec_from_raw
 
     if protocol["name"] not in PROTOCOLS:
-        raise VeilError(f"task '{task.name}': unknown split protocol '{protocol['name']}' in defenses; allowed: {', '.join(PROTOCOLS)}")
+        raise VeilError(
+            f"task '{task.name}': unknown split protocol '{protocol['name']}' in defenses; allowed: {', '.join(PROTOCOLS)}"
+        )
     shared = {k: v for k, v in task.federated.items() if k != "victims"}
     if "protocol" in shared:
-        raise VeilError(f"task '{task.name}': federated.protocol is set by each defenses entry (sl, festa, pfesta, ...); remove it")
+        raise VeilError(
+            f"task '{task.name}': federated.protocol is set by each defenses entry (sl, festa, pfesta, ...); remove it"
+        )
     raw = task.run_for({"name": "none"}, seed).to_dict()
     split = {**shared, **{k: v for k, v in protocol.items() if k != "name"}, "protocol": protocol["name"]}
     try:
@@ -68,8 +73,10 @@ def attacks_of(task: Task, s: Scenario) -> tuple[list[dict[str, Any]], dict[str,
         if make_attack(a).needs == "features":
             run.append(a)
         elif label(a) in own:
-            raise VeilError(f"attack '{a['name']}' does not apply to task '{task.name}': a split-learning server sees head features, "
-                            f"not gradients; use feature_inversion or fsha")
+            raise VeilError(
+                f"attack '{a['name']}' does not apply to task '{task.name}': a split-learning server sees head features, "
+                f"not gradients; use feature_inversion or fsha"
+            )
         else:
             skipped[label(a)] = "a split-learning server sees head features, not parameter updates"
     return run, skipped
@@ -111,9 +118,23 @@ def run_task(task: Task, s: Scenario, out: Path, progress: bool = False) -> dict
     attacks, skipped = attacks_of(task, s)
     victims = int(task.federated.get("victims", 64))
     knows = {label(a): make_attack(a).knows for a in attacks}
-    t: dict[str, Any] = {"model": task.run.model["name"], "data": task.run.data["name"], "protocol": task.protocol, "dropout": 0.0,
-                         "knowledge": task.knowledge, "samples": victims, "utility": {}, "leakage": {}, "skipped": skipped,
-                         "blocked": {}, "overhead": {}, "step_seconds": {}, "attacker_knows": knows, "worst_case": {}, "split": {}}
+    t: dict[str, Any] = {
+        "model": task.run.model["name"],
+        "data": task.run.data["name"],
+        "protocol": task.protocol,
+        "dropout": 0.0,
+        "knowledge": task.knowledge,
+        "samples": victims,
+        "utility": {},
+        "leakage": {},
+        "skipped": skipped,
+        "blocked": {},
+        "overhead": {},
+        "step_seconds": {},
+        "attacker_knows": knows,
+        "worst_case": {},
+        "split": {},
+    }
     for d in task.defenses:
         dn, runs, cells = label(d), [], []
         for seed in s.seeds:
@@ -127,7 +148,9 @@ def run_task(task: Task, s: Scenario, out: Path, progress: bool = False) -> dict
                 path = out / "cells" / task.name / dn / label(a) / f"seed{seed}.json"
                 if not path.is_file():
                     path.parent.mkdir(parents=True, exist_ok=True)
-                    atomic_write_text(path, json.dumps({"metrics": attack_cell(spec, a, permuted, victims), "permuted": permuted}))
+                    atomic_write_text(
+                        path, json.dumps({"metrics": attack_cell(spec, a, permuted, victims), "permuted": permuted})
+                    )
                 row[label(a)] = json.loads(path.read_text())["metrics"]
             cells.append(row)
         t["split"][dn] = split_entry(runs)
@@ -144,16 +167,24 @@ def utility(runs: list[dict[str, Any]]) -> dict[str, Any]:
     """The first task's metric (accuracy for classify) as test_accuracy, every task's metric beside it."""
     first = runs[0]["tasks"][0]
     vals = [float(r["metrics"][first]) for r in runs]
-    return {"test_accuracy_mean": statistics.fmean(vals), "test_accuracy_std": statistics.stdev(vals) if len(vals) > 1 else 0.0,
-            "test_accuracy_values": vals, "metric": runs[0]["metric_names"][first],
-            "train_seconds_mean": statistics.fmean(float(r["seconds"]) for r in runs)}
+    return {
+        "test_accuracy_mean": statistics.fmean(vals),
+        "test_accuracy_std": statistics.stdev(vals) if len(vals) > 1 else 0.0,
+        "test_accuracy_values": vals,
+        "metric": runs[0]["metric_names"][first],
+        "train_seconds_mean": statistics.fmean(float(r["seconds"]) for r in runs),
+    }
 
 
 def split_entry(runs: list[dict[str, Any]]) -> dict[str, Any]:
     """Per-task metrics (mean over seeds), bytes per client measured and by the paper's formula."""
     r0 = runs[0]
-    out: dict[str, Any] = {"metrics": {k: statistics.fmean(float(r["metrics"][k]) for r in runs) for k in r0["metrics"]},
-                           "metric_names": r0["metric_names"], "protocol": r0["protocol"], "permute": r0.get("permute")}
+    out: dict[str, Any] = {
+        "metrics": {k: statistics.fmean(float(r["metrics"][k]) for r in runs) for k in r0["metrics"]},
+        "metric_names": r0["metric_names"],
+        "protocol": r0["protocol"],
+        "permute": r0.get("permute"),
+    }
     if "bytes_per_client" in r0:
         out["bytes_per_client"] = statistics.fmean(float(r["bytes_per_client"]) for r in runs)
         paper = r0["paper_bytes_per_client"]
@@ -170,16 +201,33 @@ def report_blocks(t: dict[str, Any], out: Path) -> list[tuple]:
     rows = []
     for d, e in t["split"].items():
         leak = t["leakage"].get(d, {})
-        rows.append([d, *[fmt(e["metrics"].get(k, "—")) for k in tasks], fmt(e.get("bytes_per_client", "—")),
-                     fmt(e.get("paper_bytes_per_client", "—")), *[fmt(leak[a]["psnr"]) if a in leak else "—" for a in attacks]])
+        rows.append(
+            [
+                d,
+                *[fmt(e["metrics"].get(k, "—")) for k in tasks],
+                fmt(e.get("bytes_per_client", "—")),
+                fmt(e.get("paper_bytes_per_client", "—")),
+                *[fmt(leak[a]["psnr"]) if a in leak else "—" for a in attacks],
+            ]
+        )
     names = next(iter(t["split"].values()))["metric_names"] if t["split"] else {}
-    head = ["protocol", *[f"{k} ({names.get(k, '')})" for k in tasks], "bytes per client", "paper formula",
-            *[f"PSNR {a}" for a in attacks]]
-    return [("h3", "Split learning: protocols, bytes and feature-space attacks"),
-            ("p", "Each protocol trained over Flower messages (bytes measured from the serialised messages, beside the paper's formula); "
-                  "the feature attacks rebuild a client's private images from the head features the server receives "
-                  "(permuted under p-FeSTA when permute is on). PSNR in dB; FL and central send no features."),
-            ("table", head, rows)]
+    head = [
+        "protocol",
+        *[f"{k} ({names.get(k, '')})" for k in tasks],
+        "bytes per client",
+        "paper formula",
+        *[f"PSNR {a}" for a in attacks],
+    ]
+    return [
+        ("h3", "Split learning: protocols, bytes and feature-space attacks"),
+        (
+            "p",
+            "Each protocol trained over Flower messages (bytes measured from the serialised messages, beside the paper's formula); "
+            "the feature attacks rebuild a client's private images from the head features the server receives "
+            "(permuted under p-FeSTA when permute is on). PSNR in dB; FL and central send no features.",
+        ),
+        ("table", head, rows),
+    ]
 
 
 #: the rows of p-FeSTA's Tables IV-V, and the feature attacks of `veil.federated.feature_audit`
@@ -193,6 +241,17 @@ def scenario_from_run_config(raw: dict[str, Any], name: str) -> dict[str, Any]:
     base = {k: v for k, v in raw.items() if k in ("model", "data", "train", "defense")}
     split = {k: v for k, v in (raw.get("split") or {}).items() if k != "protocol"}
     seed = int((raw.get("train") or {}).get("seed", 0))
-    return {"name": name, "seeds": [seed], "tasks": [{"name": f"{name}-split", "protocol": "split", "run": base,
-                                                      "defenses": list(TABLE_PROTOCOLS), "attacks": list(TABLE_ATTACKS),
-                                                      "federated": split}]}
+    return {
+        "name": name,
+        "seeds": [seed],
+        "tasks": [
+            {
+                "name": f"{name}-split",
+                "protocol": "split",
+                "run": base,
+                "defenses": list(TABLE_PROTOCOLS),
+                "attacks": list(TABLE_ATTACKS),
+                "federated": split,
+            }
+        ],
+    }

@@ -15,6 +15,7 @@ Client state (head, tail, Adam moments, permutation keys) lives in Flower's per-
 `Context.state`, so it survives across messages whichever process serves them (Ray actors are
 pooled). The permutation keys are written there and nowhere else: no reply carries them.
 """
+
 from __future__ import annotations
 
 import json
@@ -48,7 +49,9 @@ def split_world(spec_text: str) -> SplitWorld:
     from veil.federated.split import split_spec_from_text
 
     spec = split_spec_from_text(spec_text)
-    clients, tests = multitask_data(spec.split.tasks, spec.split.clients_per_task, spec.cfg.train.seed, spec.cfg.data["name"])
+    clients, tests = multitask_data(
+        spec.split.tasks, spec.split.clients_per_task, spec.cfg.train.seed, spec.cfg.data["name"]
+    )
     return SplitWorld(spec, clients, tests)
 
 
@@ -80,7 +83,9 @@ class ClientState:
             if key in st.array_records:
                 mod.load_state_dict(st[key].to_torch_state_dict())
             if f"opt-{key}" in st.array_records:
-                restore_optimizer(opt, st[f"opt-{key}"].to_torch_state_dict(), json.loads(str(st[f"opt-{key}-meta"]["json"])))
+                restore_optimizer(
+                    opt, st[f"opt-{key}"].to_torch_state_dict(), json.loads(str(st[f"opt-{key}-meta"]["json"]))
+                )
 
     def save(self) -> None:
         st = self.ctx.state
@@ -98,7 +103,7 @@ class ClientState:
         per = -(-n // bs)
         epoch, pos = divmod(step, per)
         g = torch.Generator().manual_seed(self.world.spec.cfg.train.seed * 7919 + self.pid * 104729 + epoch)
-        idx = torch.randperm(n, generator=g)[pos * bs:(pos + 1) * bs]
+        idx = torch.randperm(n, generator=g)[pos * bs : (pos + 1) * bs]
         return {k: v[idx] for k, v in self.data.items()}
 
     def keys(self, name: str) -> Tensor:
@@ -125,7 +130,9 @@ def _state(msg: Message, ctx: Context) -> ClientState:
 @app.query("info")
 def info(msg: Message, ctx: Context) -> Message:
     cs = _state(msg, ctx)
-    return _reply(msg, info=ConfigRecord({"task": cs.task_name, "partition-id": cs.pid, "num-examples": len(cs.data["target"])}))
+    return _reply(
+        msg, info=ConfigRecord({"task": cs.task_name, "partition-id": cs.pid, "num-examples": len(cs.data["target"])})
+    )
 
 
 def _embed(cs: ClientState, pixels: Tensor, key_name: str) -> Tensor:
@@ -134,7 +141,9 @@ def _embed(cs: ClientState, pixels: Tensor, key_name: str) -> Tensor:
         h = cs.head(pixels)
     if not cs.world.spec.split.permute:
         return h
-    state: dict[str, Any] = {"calls": int(cs.ctx.state["perm-calls"]["n"]) if "perm-calls" in cs.ctx.state.config_records else 0}
+    state: dict[str, Any] = {
+        "calls": int(cs.ctx.state["perm-calls"]["n"]) if "perm-calls" in cs.ctx.state.config_records else 0
+    }
     perm = PatchPermutation(True, seed=cs.world.spec.cfg.train.seed * 1009 + cs.pid)
     if cs.world.spec.split.secret == "random":  # keys the server cannot re-derive from the seed
         perm.secret = client_secret(cs.pid)
@@ -210,8 +219,11 @@ def params(msg: Message, ctx: Context) -> Message:
     parts = {f"tail.{k}": v for k, v in cs.tail.state_dict().items()}
     if bool(msg.content["config"]["head"]):
         parts.update({f"head.{k}": v for k, v in cs.head.state_dict().items()})
-    return _reply(msg, params=ArrayRecord({k: v.detach() for k, v in parts.items()}),
-                  metrics=MetricRecord({"num-examples": len(cs.data["target"])}))
+    return _reply(
+        msg,
+        params=ArrayRecord({k: v.detach() for k, v in parts.items()}),
+        metrics=MetricRecord({"num-examples": len(cs.data["target"])}),
+    )
 
 
 @app.train("params")
@@ -229,7 +241,11 @@ def set_params(msg: Message, ctx: Context) -> Message:
 def eval_tail(msg: Message, ctx: Context) -> Message:
     cs = _state(msg, ctx)
     test = cs.world.tests[cs.task_name]
-    keys = cs.keys("test-keys") if str(msg.content["config"]["protocol"]) == "pfesta" and cs.world.spec.split.permute else None
+    keys = (
+        cs.keys("test-keys")
+        if str(msg.content["config"]["protocol"]) == "pfesta" and cs.world.spec.split.permute
+        else None
+    )
     with torch.no_grad():
         out = cs.tail(_unperm(_tensor(msg, "body"), keys, unpermute))
     return _reply(msg, metrics=MetricRecord({cs.task.metric_name: cs.task.metric(out, test["target"])}))
@@ -245,7 +261,7 @@ def local(msg: Message, ctx: Context) -> Message:
     body = build_body(cs.world.spec)
     sd = msg.content["params"].to_torch_state_dict()
     for prefix, mod in (("head.", cs.head), ("body.", body), ("tail.", cs.tail)):
-        mod.load_state_dict({k[len(prefix):]: v for k, v in sd.items() if k.startswith(prefix)})
+        mod.load_state_dict({k[len(prefix) :]: v for k, v in sd.items() if k.startswith(prefix)})
     mods = nn.ModuleDict({"head": cs.head, "body": body, "tail": cs.tail})
     opt = torch.optim.Adam(mods.parameters(), lr=float(conf["lr"]))
     start, steps = int(conf["step"]), int(conf["steps"])
@@ -256,4 +272,8 @@ def local(msg: Message, ctx: Context) -> Message:
         loss.backward()
         opt.step()
     out = {f"{n}.{k}": v.detach().clone() for n, m in mods.items() for k, v in m.state_dict().items()}
-    return _reply(msg, params=ArrayRecord(out), metrics=MetricRecord({"num-examples": len(cs.data["target"]), "loss": float(loss.detach())}))
+    return _reply(
+        msg,
+        params=ArrayRecord(out),
+        metrics=MetricRecord({"num-examples": len(cs.data["target"]), "loss": float(loss.detach())}),
+    )

@@ -1,5 +1,6 @@
 """Every split protocol on the same tasks and budget: central, FL, SL, FeSTA, p-FeSTA
 (multi-task) and single-task p-FeSTA per task -> RUN_DIR/compare.json (the paper's Table IV/V)."""
+
 from __future__ import annotations
 
 import json
@@ -18,7 +19,11 @@ def variant(spec: SplitSpec, **changes: Any) -> SplitSpec:
 
 def cached_run(spec: SplitSpec, out: Path) -> dict[str, Any]:
     """Reuse a finished run folder with the same resolved config; run otherwise."""
-    if (out / "summary.json").is_file() and (out / "config.yaml").is_file() and (out / "config.yaml").read_text() == spec.text():
+    if (
+        (out / "summary.json").is_file()
+        and (out / "config.yaml").is_file()
+        and (out / "config.yaml").read_text() == spec.text()
+    ):
         return json.loads((out / "summary.json").read_text())
     return run_split(spec, out, progress=True)
 
@@ -28,11 +33,17 @@ def compare(spec: SplitSpec, run_dir: str | Path) -> dict[str, Any]:
     runs: dict[str, dict[str, Any]] = {}
     for proto in ("central", "fl", "sl", "festa", "pfesta"):
         runs[proto] = cached_run(variant(spec, protocol=proto), run_dir / proto)
-    runs["central-frozen-head"] = cached_run(variant(spec, protocol="central", freeze_head=True), run_dir / "central-frozen-head")
+    runs["central-frozen-head"] = cached_run(
+        variant(spec, protocol="central", freeze_head=True), run_dir / "central-frozen-head"
+    )
     if spec.split.task_scale and len(spec.split.tasks) > 1:
-        runs["pfesta-equal-scale"] = cached_run(variant(spec, protocol="pfesta", task_scale={}), run_dir / "pfesta-equal-scale")
+        runs["pfesta-equal-scale"] = cached_run(
+            variant(spec, protocol="pfesta", task_scale={}), run_dir / "pfesta-equal-scale"
+        )
     for t in spec.split.tasks:
-        runs[f"pfesta-single-{t}"] = cached_run(variant(spec, protocol="pfesta", tasks=[t]), run_dir / f"pfesta-single-{t}")
+        runs[f"pfesta-single-{t}"] = cached_run(
+            variant(spec, protocol="pfesta", tasks=[t]), run_dir / f"pfesta-single-{t}"
+        )
     table = {
         "tasks": list(spec.split.tasks),
         "metric_names": runs["pfesta"]["metric_names"],

@@ -5,6 +5,7 @@ final norm, permutation-equivariant over the patch tokens), and task-specific ta
 Built from a registered veil ViT (`vit-digits`, `vit-tiny`, ...) so the same config section
 sizes all three; the head's output is exactly the ViT's `tok + pos` for the patch slots.
 """
+
 from __future__ import annotations
 
 import torch

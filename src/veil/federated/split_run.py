@@ -1,6 +1,7 @@
 """`run_split(spec, run_dir)`: one split-learning protocol end to end (Flower messages on the
 in-process grid or Ray), or the centralised reference; writes RUN_DIR/summary.json with each
 task's metric and the measured bytes beside the paper's formulas (Table V)."""
+
 from __future__ import annotations
 
 import json
@@ -23,18 +24,19 @@ def _nbytes(module: nn.Module) -> int:
 
 def paper_table(server: SplitServer) -> dict[str, Any]:
     """The paper's per-client costs for this run's sizes, every protocol (bytes)."""
-    from veil.federated.split_client import build_parts
-
     from veil.federated.multitask import TASK_DEFS
+    from veil.federated.split_client import build_parts
 
     head, tail = build_parts(server.spec, server.sc.tasks[0])
     side = head.patch * math.isqrt(head.pos.shape[0])  # image side = patch x grid
-    x = torch.zeros(1, head.proj.in_features // head.patch ** 2, side, side)
+    x = torch.zeros(1, head.proj.in_features // head.patch**2, side, side)
     with torch.no_grad():
         F = head(x).numel() * 4
         full = server.body(head(x)).numel() * 4
     # G: bytes of the body output (= of its gradient) per sample that the tails read, mean over tasks
-    G = sum(full if TASK_DEFS[t].reads_patches else full // (head(x).shape[1] + 1) for t in server.sc.tasks) / len(server.sc.tasks)
+    G = sum(full if TASK_DEFS[t].reads_patches else full // (head(x).shape[1] + 1) for t in server.sc.tasks) / len(
+        server.sc.tasks
+    )
     D = sum(server.size.values()) / len(server.size)
     R = server.sc.epochs
     n = server.unify / server.steps_per_epoch
@@ -63,7 +65,7 @@ def central(spec: SplitSpec) -> dict[str, float]:
         for _ in range(spec.split.epochs):
             perm = torch.randperm(n, generator=g)
             for i in range(0, n, bs):
-                b = {k: v[perm[i:i + bs]] for k, v in pooled.items()}
+                b = {k: v[perm[i : i + bs]] for k, v in pooled.items()}
                 loss = task.loss(tail(body(head(b["pixels"]))), b["target"])
                 opt.zero_grad()
                 loss.backward()
@@ -85,20 +87,34 @@ def run_split(spec: SplitSpec, run_dir: str | Path, progress: bool = False) -> d
     atomic_write_text(run_dir / "config.yaml", spec.text())
     torch.set_num_threads(1)
     t0 = time.perf_counter()
-    summary: dict[str, Any] = {"protocol": spec.split.protocol, "freeze_head": spec.split.freeze_head, "tasks": list(spec.split.tasks), "permute": spec.split.permute,
-                               "clients_per_task": spec.split.clients_per_task, "epochs": spec.split.epochs,
-                               "metric_names": {t: TASK_DEFS[t].metric_name for t in spec.split.tasks}}
+    summary: dict[str, Any] = {
+        "protocol": spec.split.protocol,
+        "freeze_head": spec.split.freeze_head,
+        "tasks": list(spec.split.tasks),
+        "permute": spec.split.permute,
+        "clients_per_task": spec.split.clients_per_task,
+        "epochs": spec.split.epochs,
+        "metric_names": {t: TASK_DEFS[t].metric_name for t in spec.split.tasks},
+    }
     if spec.split.protocol == "central":
         summary["metrics"] = central(spec)
     else:
+
         def main(grid: Any, context: Any) -> None:
             server = SplitServer(grid, spec)
             server.train_fl() if spec.split.protocol == "fl" else server.train_split()
             summary["metrics"] = server.evaluate()
             clients = len(server.nodes)
-            summary.update({"bytes": server.ex.train.as_dict(), "bytes_per_client": server.ex.train.total() / clients,
-                            "eval_bytes": server.ex.eval.total(), "paper_bytes_per_client": paper_table(server),
-                            "steps": server.total, "unify_every": server.unify})
+            summary.update(
+                {
+                    "bytes": server.ex.train.as_dict(),
+                    "bytes_per_client": server.ex.train.total() / clients,
+                    "eval_bytes": server.ex.eval.total(),
+                    "paper_bytes_per_client": paper_table(server),
+                    "steps": server.total,
+                    "unify_every": server.unify,
+                }
+            )
             with (run_dir / "metrics.jsonl").open("w") as f:
                 for e in server.events:
                     f.write(json.dumps(e) + "\n")

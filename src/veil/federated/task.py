@@ -11,14 +11,16 @@ shuffles) — is seeded from a client-held secret the server never sees (`arm_ro
 `veil.federated.client_secret`); with ``federated.secret: seeded`` from (seed, r, pid) instead,
 so a round computes the same update wherever and whenever it runs — what makes `--resume` exact.
 """
+
 from __future__ import annotations
 
 import hashlib
 import math
+from collections.abc import Iterator
 from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any
 
 import numpy as np
 import torch
@@ -26,7 +28,7 @@ import yaml
 from flwr.app import ArrayRecord
 from torch import Tensor
 
-from veil.config import RunConfig, from_dict, read_yaml, apply_overrides
+from veil.config import RunConfig, apply_overrides, from_dict, read_yaml
 from veil.data import DataSplits, dirichlet, iid, subset
 from veil.defenses.base import Defense
 from veil.defenses.noise import torch_seed
@@ -98,13 +100,15 @@ def local_slots(n: int, batch_size: int, seed: int, rnd: int, pid: int, epochs: 
         for start in range(0, n, batch_size):
             if steps and len(out) >= steps:
                 return out
-            out.append(order[start:start + batch_size])
+            out.append(order[start : start + batch_size])
         epoch += 1
         if not steps and epoch >= epochs:
             return out
 
 
-def local_batches(split: dict[str, Tensor], batch_size: int, seed: int, rnd: int, pid: int, epochs: int, steps: int) -> Iterator[Batch]:
+def local_batches(
+    split: dict[str, Tensor], batch_size: int, seed: int, rnd: int, pid: int, epochs: int, steps: int
+) -> Iterator[Batch]:
     """The client's batches for one round (`local_slots` of its partition)."""
     n = len(next(iter(split.values())))
     for idx in local_slots(n, batch_size, seed, rnd, pid, epochs, steps):
@@ -239,6 +243,10 @@ def train_round(world: ClientWorld, pid: int, rnd: int, lr: float, mu: float) ->
         res = client_step(model, batches[0], defenses, None, step=step_key(rnd, pid, 0), clip=cfg.train.clip or None)
         return LocalResult(len(batches[0]["labels"]), 1, res.loss, batch_digest(batches), res.grads)
     opt = make_optimizer(model, lr, cfg.train.weight_decay, defenses)
-    losses = [client_step(model, b, defenses, opt, step=step_key(rnd, pid, i), clip=cfg.train.clip or None, export=False).loss
-              for i, b in enumerate(batches)]
-    return LocalResult(int(sum(len(b["labels"]) for b in batches)), len(batches), float(np.mean(losses)), batch_digest(batches))
+    losses = [
+        client_step(model, b, defenses, opt, step=step_key(rnd, pid, i), clip=cfg.train.clip or None, export=False).loss
+        for i, b in enumerate(batches)
+    ]
+    return LocalResult(
+        int(sum(len(b["labels"]) for b in batches)), len(batches), float(np.mean(losses)), batch_digest(batches)
+    )

@@ -12,6 +12,7 @@ Batches are paired with Hungarian matching (`veil.metrics.matching`) before scor
 `METRIC_KEYS` lists every stable key a metrics record may carry (``seconds`` is the attack's
 wall time, filled in by the caller).
 """
+
 from __future__ import annotations
 
 from veil.metrics.image import (

@@ -42,6 +42,7 @@ What leaks under a patch shuffle (MJP), `patch_report`, given the true (B, N) ma
 These PSNRs floor the MSE at ``PATCH_MSE_FLOOR`` = 1e-16 (160 dB): a set of background patches
 recovered exactly (after clamping) would otherwise score infinity.
 """
+
 from __future__ import annotations
 
 import numpy as np
@@ -90,7 +91,9 @@ def _check_images(x: torch.Tensor, name: str) -> torch.Tensor:
     return x
 
 
-def _check_pair(original: torch.Tensor, reconstruction: torch.Tensor, *, same_batch: bool = True) -> tuple[torch.Tensor, torch.Tensor]:
+def _check_pair(
+    original: torch.Tensor, reconstruction: torch.Tensor, *, same_batch: bool = True
+) -> tuple[torch.Tensor, torch.Tensor]:
     x = _check_images(original, "original")
     y = _check_images(reconstruction, "reconstruction")
     if same_batch and x.shape != y.shape:
@@ -223,7 +226,7 @@ PATCH_MSE_FLOOR = 1e-16
 def _grid_patches(x: torch.Tensor, n: int) -> torch.Tensor:
     """(B, C, H, W) -> (B, n, C*p*p) on a square grid of n patches, row-major."""
     B, C, H, W = x.shape
-    k = int(round(n ** 0.5))
+    k = int(round(n**0.5))
     if k * k != n or H % k or W % k:
         raise MetricInputError(f"patch_report: a mask of {n} slots is not a square grid dividing {H}x{W} images")
     p, q = H // k, W // k
@@ -247,7 +250,9 @@ def patch_report(original: torch.Tensor, reconstruction: torch.Tensor, masked: t
     x, y = _check_pair(original, reconstruction)
     masked = torch.as_tensor(masked, dtype=torch.bool, device=x.device)
     if masked.ndim != 2 or masked.shape[0] != x.shape[0]:
-        raise MetricInputError(f"patch_report: masked must be (B, N) with B = {x.shape[0]}, got shape {tuple(masked.shape)}")
+        raise MetricInputError(
+            f"patch_report: masked must be (B, N) with B = {x.shape[0]}, got shape {tuple(masked.shape)}"
+        )
     px, py = _grid_patches(x.double(), masked.shape[1]), _grid_patches(y.double(), masked.shape[1])
     out: dict[str, float] = {}
     err = (px - py).pow(2).mean(-1)  # (B, N) per-patch MSE
@@ -267,7 +272,7 @@ def patch_report(original: torch.Tensor, reconstruction: torch.Tensor, masked: t
 def _ungrid(patches: torch.Tensor, shape: torch.Size) -> torch.Tensor:
     B, C, H, W = shape
     n = patches.shape[1]
-    k = int(round(n ** 0.5))
+    k = int(round(n**0.5))
     p, q = H // k, W // k
     return patches.reshape(B, k, k, C, p, q).permute(0, 3, 1, 4, 2, 5).reshape(B, C, H, W)
 

@@ -11,6 +11,7 @@ matrix (a reconstruction with more or fewer items than the original) is allowed,
 Also home to `MetricInputError`, the error every metric raises on bad input: it is both a
 `ValueError` and a `veil.errors.VeilError`, so the CLI reports it as one line.
 """
+
 from __future__ import annotations
 
 import numpy as np

@@ -36,12 +36,13 @@ Definitions:
 * bag_recall / bag_precision, unshuffled_recovery, moved_tokens: what a shuffling defense leaves
   (`veil.metrics.text_leak`).
 """
+
 from __future__ import annotations
 
 from collections import Counter
 from collections.abc import Collection, Iterable, Sequence
 from itertools import chain
-from typing import Literal, Union
+from typing import Literal
 
 import numpy as np
 import sacrebleu as _sacrebleu
@@ -66,8 +67,8 @@ __all__ = [
     "text_report",
 ]
 
-Token = Union[str, int]
-Batch = Union[Sequence[Sequence[Token]], torch.Tensor, np.ndarray]
+Token = str | int
+Batch = Sequence[Sequence[Token]] | torch.Tensor | np.ndarray
 
 TEXT_KEYS: tuple[str, ...] = (
     "rouge1",
@@ -91,7 +92,9 @@ def _as_batch(batch: Batch, name: str) -> list[list[Token]]:
     """Normalise a batch to ``list[list[str | int]]`` and reject the common mistakes."""
     if isinstance(batch, (torch.Tensor, np.ndarray)):
         if batch.ndim != 2:
-            raise MetricInputError(f"{name}: a tensor/array of token ids must be 2-D (batch, length), got shape {tuple(batch.shape)}")
+            raise MetricInputError(
+                f"{name}: a tensor/array of token ids must be 2-D (batch, length), got shape {tuple(batch.shape)}"
+            )
         batch = batch.tolist()
     if isinstance(batch, (str, bytes)) or not isinstance(batch, Sequence):
         raise MetricInputError(f"{name} must be a list of token sequences, got {type(batch).__name__}")
@@ -135,8 +138,10 @@ def _check_texts(refs: Batch, hyps: Batch, *, same_len: bool = True) -> tuple[li
         )
     kr, kh = _kind(r, "refs"), _kind(h, "hyps")
     if kr is not None and kh is not None and kr != kh:
-        raise MetricInputError(f"refs hold token {'strings' if kr == 'str' else 'ids'} but hyps hold token "
-                               f"{'strings' if kh == 'str' else 'ids'}; decode or encode one side first")
+        raise MetricInputError(
+            f"refs hold token {'strings' if kr == 'str' else 'ids'} but hyps hold token "
+            f"{'strings' if kh == 'str' else 'ids'}; decode or encode one side first"
+        )
     return r, h
 
 
@@ -374,7 +379,9 @@ def text_report(
     report["token_recovery"] = token_recovery(rr, hh, ignore)
     report["exact_recovery"] = exact_recovery(rr, hh)
     report.update(bag_scores(r, h, ignore))  # every reference and hyp: the bag ignores the pairing
-    report["unshuffled_recovery"] = unshuffled_recovery(rr, hh, [shuffled[i] for i in rows] if shuffled is not None else None, ignore)
+    report["unshuffled_recovery"] = unshuffled_recovery(
+        rr, hh, [shuffled[i] for i in rows] if shuffled is not None else None, ignore
+    )
     report["moved_tokens"] = float(moved_tokens(r, moved, ignore))  # every reference, matched or not
     report["order"] = order_from_match(rows, cols, len(r))
     return report

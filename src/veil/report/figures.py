@@ -1,4 +1,5 @@
 """Figures for reports: reconstruction grids, privacy-utility scatter (matplotlib, Agg)."""
+
 from __future__ import annotations
 
 from pathlib import Path

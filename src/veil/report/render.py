@@ -2,6 +2,7 @@
 
 Both are built from one list of blocks, so they always show the same numbers as summary.json.
 """
+
 from __future__ import annotations
 
 import base64
@@ -15,9 +16,27 @@ from veil.report.worst_case import describe, leak_text
 
 Block = tuple  # ("h2", text) | ("p", text) | ("table", header, rows) | ("img", path, caption) | ("tokens", rows)
 
-SHOWN = ("psnr", "ssim", "psnr_unshuffled", "ssim_unshuffled", "psnr_masked_set", "masked_patches", "moved_patches", "mse", "fft2d",
-         "token_recovery", "rouge1", "rouge2", "exact_recovery", "presence_f1", "unshuffled_recovery", "bag_recall", "moved_tokens",
-         "label_accuracy", "seconds")
+SHOWN = (
+    "psnr",
+    "ssim",
+    "psnr_unshuffled",
+    "ssim_unshuffled",
+    "psnr_masked_set",
+    "masked_patches",
+    "moved_patches",
+    "mse",
+    "fft2d",
+    "token_recovery",
+    "rouge1",
+    "rouge2",
+    "exact_recovery",
+    "presence_f1",
+    "unshuffled_recovery",
+    "bag_recall",
+    "moved_tokens",
+    "label_accuracy",
+    "seconds",
+)
 
 
 def fmt(v: Any) -> str:
@@ -48,49 +67,96 @@ def aligned(ref: list[str], hyp: list[str]) -> list[tuple[str, bool]]:
 
 def task_blocks(name: str, t: dict[str, Any], out: Path) -> list[Block]:
     blocks: list[Block] = [("h2", f"Task `{name}` — {t['model']} on {t['data']} ({t['protocol']})")]
-    blocks.append(("p", f"Client dropout during the attacked step: {t['dropout']}. Attacker knowledge: {json.dumps(t['knowledge'])}; "
-                        f"{t['samples']} attacked client steps per cell."))
+    blocks.append(
+        (
+            "p",
+            f"Client dropout during the attacked step: {t['dropout']}. Attacker knowledge: {json.dumps(t['knowledge'])}; "
+            f"{t['samples']} attacked client steps per cell.",
+        )
+    )
     rows = []
     for d, u in t["utility"].items():
         acc = f"{u['test_accuracy_mean']:.4f} ± {u['test_accuracy_std']:.4f}"
         ppl = f"{u['test_perplexity_mean']:.2f}" if "test_perplexity_mean" in u else "—"
-        rows.append([d, acc, ppl, f"{t['overhead'].get(d, float('nan')):.3f}", f"{t['step_seconds'].get(d, float('nan')):.4f}"])
+        rows.append(
+            [d, acc, ppl, f"{t['overhead'].get(d, float('nan')):.3f}", f"{t['step_seconds'].get(d, float('nan')):.4f}"]
+        )
     blocks += worst_case_blocks(t)
     if t["protocol"] in ("fedavg", "split"):  # per round / per protocol (veil.federated.audit, split_audit)
         import importlib
 
-        blocks += importlib.import_module({"fedavg": "veil.federated.audit", "split": "veil.federated.split_audit"}[t["protocol"]]).report_blocks(t, out)
+        blocks += importlib.import_module(
+            {"fedavg": "veil.federated.audit", "split": "veil.federated.split_audit"}[t["protocol"]]
+        ).report_blocks(t, out)
     blocks.append(("h3", "Utility and cost"))
-    blocks.append(("table", ["defense", "test accuracy (mean ± std over seeds)", "perplexity", "step time vs none", "step s"], rows))
+    blocks.append(
+        (
+            "table",
+            ["defense", "test accuracy (mean ± std over seeds)", "perplexity", "step time vs none", "step s"],
+            rows,
+        )
+    )
     for d, u in t["utility"].items():
         if u.get("privacy"):
             pv = u["privacy"]
-            blocks.append(("p", f"Privacy of `{d}`: epsilon = {pv['epsilon']} at delta = {pv['delta']:.3g} ({pv['accountant']} accountant, "
-                                f"noise multiplier {pv['noise_multiplier']:.3f}, sample rate {pv['sample_rate']:.4g}, {pv['steps']} steps, "
-                                f"per-sample gradients: {pv['mode']})."))
+            blocks.append(
+                (
+                    "p",
+                    f"Privacy of `{d}`: epsilon = {pv['epsilon']} at delta = {pv['delta']:.3g} ({pv['accountant']} accountant, "
+                    f"noise multiplier {pv['noise_multiplier']:.3f}, sample rate {pv['sample_rate']:.4g}, {pv['steps']} steps, "
+                    f"per-sample gradients: {pv['mode']}).",
+                )
+            )
     blocks.append(("h3", "Every attack (defense × attack, naive and adaptive)"))
     metrics = [m for m in SHOWN if any(m in cell for att in t["leakage"].values() for cell in att.values())]
-    rows = [[d, a, *[fmt(cell.get(m, "—")) for m in metrics]] for d, att in t["leakage"].items() for a, cell in att.items()]
+    rows = [
+        [d, a, *[fmt(cell.get(m, "—")) for m in metrics]] for d, att in t["leakage"].items() for a, cell in att.items()
+    ]
     blocks.append(("table", ["defense", "attack", *metrics], rows))
     for d, att in t["blocked"].items():
         for a, why in att.items():
-            still = describe(t["worst_case"][d]) if t.get("worst_case", {}).get(d, {}).get("attack") else "no other attack measured leakage"
-            blocks.append(("p", f"Blocked: `{a}` could not run against `{d}` — {why}. The defense closed the channel this attack reads; "
-                                f"still worked against `{d}`: {still}."))
+            still = (
+                describe(t["worst_case"][d])
+                if t.get("worst_case", {}).get(d, {}).get("attack")
+                else "no other attack measured leakage"
+            )
+            blocks.append(
+                (
+                    "p",
+                    f"Blocked: `{a}` could not run against `{d}` — {why}. The defense closed the channel this attack reads; "
+                    f"still worked against `{d}`: {still}.",
+                )
+            )
     for a, why in t["skipped"].items():
         blocks.append(("p", f"Skipped `{a}`: {why}"))
-    points = [(d, wc["attack"], t["utility"][d]["test_accuracy_mean"], min(float(wc["score"]), 100.0))
-              for d, wc in t.get("worst_case", {}).items() if wc.get("attack") and d in t["utility"]]
+    points = [
+        (d, wc["attack"], t["utility"][d]["test_accuracy_mean"], min(float(wc["score"]), 100.0))
+        for d, wc in t.get("worst_case", {}).items()
+        if wc.get("attack") and d in t["utility"]
+    ]
     if points:
         image = any(t["worst_case"][d]["metric"].startswith("psnr") for d, *_ in points)
         ylabel = "worst-case PSNR, dB (capped at 100: an exact copy)" if image else "worst-case words + in place (0-2)"
-        path = privacy_utility(points, ylabel, out / "figures" / f"{slug(name)}_privacy_utility.png", f"{name}: privacy vs utility")
-        blocks.append(("img", path, "Privacy-utility: each point is a defense at its worst case (the strongest attack, named); "
-                                    "up is more leakage, right is more accuracy."))
+        path = privacy_utility(
+            points, ylabel, out / "figures" / f"{slug(name)}_privacy_utility.png", f"{name}: privacy vs utility"
+        )
+        blocks.append(
+            (
+                "img",
+                path,
+                "Privacy-utility: each point is a defense at its worst case (the strongest attack, named); "
+                "up is more leakage, right is more accuracy.",
+            )
+        )
     blocks.append(("h3", "What the server rebuilt"))
     for (d, a), ex in _examples(out, name).items():
         if "original" in ex:
-            path = image_grid(ex["original"], ex["reconstruction"], out / "figures" / f"{slug(name)}_{slug(d)}_{slug(a)}.png", f"{a} vs {d}")
+            path = image_grid(
+                ex["original"],
+                ex["reconstruction"],
+                out / "figures" / f"{slug(name)}_{slug(d)}_{slug(a)}.png",
+                f"{a} vs {d}",
+            )
             blocks.append(("img", path, f"{a} against defense {d}: originals (top), reconstructions (bottom)."))
         elif "references" in ex:
             rows = [(" ".join(r), aligned(r, h)) for r, h in zip(ex["references"], ex["reconstructions"])]
@@ -109,16 +175,27 @@ def worst_case_blocks(t: dict[str, Any]) -> list[Block]:
         rows.append([d, wc["attack"], leak_text(wc), wc["knows"], blocked])
     if not rows:
         return []
-    return [("h3", "Worst case per defense (the strongest attack that ran)"),
-            ("table", ["defense", "strongest attack", "leakage (region; beside)", "attacker knows", "blocked by the defense"], rows),
-            ("p", "Images: PSNR of the best-rebuilt region (unshuffled patches at their positions, or the whole image). "
-                  "Text: the bag of words (ROUGE-1 / presence F1) plus the share of tokens in place decides; the rows below "
-                  "list every attack, naive ones included.")]
+    return [
+        ("h3", "Worst case per defense (the strongest attack that ran)"),
+        (
+            "table",
+            ["defense", "strongest attack", "leakage (region; beside)", "attacker knows", "blocked by the defense"],
+            rows,
+        ),
+        (
+            "p",
+            "Images: PSNR of the best-rebuilt region (unshuffled patches at their positions, or the whole image). "
+            "Text: the bag of words (ROUGE-1 / presence F1) plus the share of tokens in place decides; the rows below "
+            "list every attack, naive ones included.",
+        ),
+    ]
 
 
 def summary_blocks(summary: dict[str, Any], out: Path) -> list[Block]:
-    blocks: list[Block] = [("h1", f"veil audit: {summary['scenario']}"),
-                           ("p", f"Seeds: {summary['seeds']}. Numbers: summary.json (same keys as below).")]
+    blocks: list[Block] = [
+        ("h1", f"veil audit: {summary['scenario']}"),
+        ("p", f"Seeds: {summary['seeds']}. Numbers: summary.json (same keys as below)."),
+    ]
     for name, t in summary["tasks"].items():
         blocks += task_blocks(name, t, out)
     blocks.append(("h2", "Software"))
@@ -155,12 +232,14 @@ def to_markdown(blocks: list[Block], out: Path) -> str:
 
 def to_html(blocks: list[Block]) -> str:
     e = html.escape
-    parts = ["<!doctype html><html><head><meta charset='utf-8'><title>veil audit</title><style>",
-             "body{font-family:system-ui,sans-serif;max-width:1100px;margin:2em auto;padding:0 1em;color:#222}",
-             "table{border-collapse:collapse;margin:.5em 0 1.2em}td,th{border:1px solid #ccc;padding:3px 8px;font-size:13px;text-align:right}",
-             "th{background:#f3f3f3}td:first-child,td:nth-child(2){text-align:left}.bad{color:#b00;text-decoration:line-through}",
-             "pre{background:#f6f6f6;padding:1em;font-size:12px}figure{margin:1em 0}figcaption{font-size:12px;color:#555}",
-             "</style></head><body>"]
+    parts = [
+        "<!doctype html><html><head><meta charset='utf-8'><title>veil audit</title><style>",
+        "body{font-family:system-ui,sans-serif;max-width:1100px;margin:2em auto;padding:0 1em;color:#222}",
+        "table{border-collapse:collapse;margin:.5em 0 1.2em}td,th{border:1px solid #ccc;padding:3px 8px;font-size:13px;text-align:right}",
+        "th{background:#f3f3f3}td:first-child,td:nth-child(2){text-align:left}.bad{color:#b00;text-decoration:line-through}",
+        "pre{background:#f6f6f6;padding:1em;font-size:12px}figure{margin:1em 0}figcaption{font-size:12px;color:#555}",
+        "</style></head><body>",
+    ]
     for b in blocks:
         kind = b[0]
         if kind in ("h1", "h2", "h3"):
@@ -175,7 +254,9 @@ def to_html(blocks: list[Block]) -> str:
             parts.append(f"<table><tr>{head}</tr>{body}</table>")
         elif kind == "img":
             data = base64.b64encode(Path(b[1]).read_bytes()).decode()
-            parts.append(f"<figure><img src='data:image/png;base64,{data}' alt='{e(b[2])}'><figcaption>{e(b[2])}</figcaption></figure>")
+            parts.append(
+                f"<figure><img src='data:image/png;base64,{data}' alt='{e(b[2])}'><figcaption>{e(b[2])}</figcaption></figure>"
+            )
         elif kind == "tokens":
             parts.append(f"<p><b>{e(b[1])}</b> (wrong tokens in red)</p><ul>")
             for ref, toks in b[2]:

@@ -12,6 +12,7 @@ summary["tasks"][task]:
   worst_case[defense]       the verdict: the attack that rebuilt the most (veil.report.worst_case),
                             keys attack, knows, metric, value, region, score, beside, ranking, blocked
 """
+
 from __future__ import annotations
 
 import json
@@ -21,7 +22,13 @@ from typing import Any
 
 from veil.experiments.scenario import Scenario, label
 
-PRIMARY = ("psnr", "token_recovery", "presence_f1", "rouge1", "label_accuracy")  # the headline leakage metric, by preference
+PRIMARY = (
+    "psnr",
+    "token_recovery",
+    "presence_f1",
+    "rouge1",
+    "label_accuracy",
+)  # the headline leakage metric, by preference
 
 
 def _mean_std(values: list[float]) -> tuple[float, float]:
@@ -32,7 +39,14 @@ def primary_metric(metrics: dict[str, float]) -> str | None:
     return next((m for m in PRIMARY if m in metrics), None)
 
 
-def build_summary(s: Scenario, out: Path, cells: list[Any], utility: dict[str, Any], overhead: dict[str, Any], versions: dict[str, str]) -> dict[str, Any]:
+def build_summary(
+    s: Scenario,
+    out: Path,
+    cells: list[Any],
+    utility: dict[str, Any],
+    overhead: dict[str, Any],
+    versions: dict[str, str],
+) -> dict[str, Any]:
     from veil.experiments.audit import cell_path
     from veil.experiments.cells import make_attack
     from veil.report.worst_case import worst_case
@@ -40,11 +54,20 @@ def build_summary(s: Scenario, out: Path, cells: list[Any], utility: dict[str, A
     tasks: dict[str, Any] = {}
     for task in s.tasks:
         t: dict[str, Any] = {
-            "model": task.run.model["name"], "data": task.run.data["name"], "protocol": task.protocol,
+            "model": task.run.model["name"],
+            "data": task.run.data["name"],
+            "protocol": task.protocol,
             "dropout": float(task.run.model.get("dropout", 0.0) or 0.0),
-            "knowledge": task.knowledge, "samples": task.samples,
-            "utility": {}, "leakage": {}, "skipped": {}, "blocked": {}, "overhead": {}, "step_seconds": {},
-            "attacker_knows": {}, "worst_case": {},
+            "knowledge": task.knowledge,
+            "samples": task.samples,
+            "utility": {},
+            "leakage": {},
+            "skipped": {},
+            "blocked": {},
+            "overhead": {},
+            "step_seconds": {},
+            "attacker_knows": {},
+            "worst_case": {},
         }
         for d, runs in utility[task.name].items():
             u: dict[str, Any] = {}

@@ -20,6 +20,7 @@ scenario (conventionally the naive one: it needed less knowledge).
 An attack the defense blocked (it raised: the defense removed what it reads) is listed beside the
 winner as blocked; a blocked or failed attack is never the verdict while another attack worked.
 """
+
 from __future__ import annotations
 
 import math
@@ -55,26 +56,45 @@ def cell_leakage(metrics: dict[str, Any]) -> dict[str, Any] | None:
         bag, key = max(bags) if bags else (0.0, "token_recovery")
         beside = {k: metrics[k] for k in TEXT_BESIDE if k != key and _num(metrics, k) is not None}
         value = bag if bags else float(in_place or 0.0)
-        return {"tier": 1, "score": bag + (in_place or 0.0), "metric": key, "value": value,
-                "region": "bag of words" if bags else "tokens in place", "beside": beside}
+        return {
+            "tier": 1,
+            "score": bag + (in_place or 0.0),
+            "metric": key,
+            "value": value,
+            "region": "bag of words" if bags else "tokens in place",
+            "beside": beside,
+        }
     acc = _num(metrics, "label_accuracy")
     if acc is not None:
-        return {"tier": 0, "score": acc, "metric": "label_accuracy", "value": acc, "region": "labels only", "beside": {}}
+        return {
+            "tier": 0,
+            "score": acc,
+            "metric": "label_accuracy",
+            "value": acc,
+            "region": "labels only",
+            "beside": {},
+        }
     return None
 
 
-def worst_case(leakage: dict[str, dict[str, Any]], knows: dict[str, str], blocked: dict[str, str] | None = None) -> dict[str, Any]:
+def worst_case(
+    leakage: dict[str, dict[str, Any]], knows: dict[str, str], blocked: dict[str, str] | None = None
+) -> dict[str, Any]:
     """The strongest attack against one defense: leakage[attack] = its metrics (see the module doc).
 
     ``ranking`` lists every attack that measured leakage, strongest first; ``blocked`` the attacks
     the defense stopped, with the reason. ``attack`` is None when no attack measured anything."""
     scored = [(a, c) for a, m in leakage.items() if (c := cell_leakage(m)) is not None]
-    scored.sort(key=lambda ac: (ac[1]["tier"], round(min(ac[1]["score"], EXACT_DB), 3)), reverse=True)  # stable: scenario order breaks ties
+    scored.sort(
+        key=lambda ac: (ac[1]["tier"], round(min(ac[1]["score"], EXACT_DB), 3)), reverse=True
+    )  # stable: scenario order breaks ties
     out: dict[str, Any] = dict.fromkeys(KEYS)
     out.update(ranking=[a for a, _ in scored], blocked=dict(blocked or {}), beside={})
     if scored:
         a, c = scored[0]
-        out.update(attack=a, knows=knows.get(a, ""), **{k: c[k] for k in ("metric", "value", "region", "score", "beside")})
+        out.update(
+            attack=a, knows=knows.get(a, ""), **{k: c[k] for k in ("metric", "value", "region", "score", "beside")}
+        )
     return out
 
 

@@ -5,6 +5,7 @@ half-written checkpoint behind. Each checkpoint (and each cached result written 
 `write_checked_text`) gets a `NAME.sha256` beside it, recorded at write time; a file whose bytes
 no longer match it is never silently reused (`intact`, `verify`).
 """
+
 from __future__ import annotations
 
 import hashlib
@@ -66,7 +67,11 @@ def intact(path: Path) -> bool:
 def verify(path: Path, remedy: str = "") -> None:
     """A one-line `VeilError` unless `path` is intact."""
     if not intact(path):
-        what = "is missing" if not path.is_file() else "fails its integrity check (its SHA-256 differs from the one recorded when it was written)"
+        what = (
+            "is missing"
+            if not path.is_file()
+            else "fails its integrity check (its SHA-256 differs from the one recorded when it was written)"
+        )
         raise VeilError(f"checkpoint '{path}' {what}{'; ' + remedy if remedy else ''}")
 
 
@@ -83,7 +88,9 @@ def load_tensors(path: Path, remedy: str = "") -> dict[str, torch.Tensor]:
     try:
         return load_file(str(path))
     except (SafetensorError, OSError):
-        raise VeilError(f"checkpoint '{path}' is not a readable safetensors file (truncated or damaged){'; ' + remedy if remedy else ''}") from None
+        raise VeilError(
+            f"checkpoint '{path}' is not a readable safetensors file (truncated or damaged){'; ' + remedy if remedy else ''}"
+        ) from None
 
 
 def save_model_weights(model: torch.nn.Module, path: Path) -> None:
@@ -117,15 +124,18 @@ def legacy_keys(model: torch.nn.Module, sd: dict[str, torch.Tensor]) -> dict[str
     adapters once registered ``_emb`` / ``_layers`` / ``_t`` as second paths to their HF modules,
     and safetensors kept those names (issue 17). A key whose new name is also present is dropped
     (the same tensor twice)."""
-    rules = [(f"{where}.{old}" if where else old, f"{where}.{new}" if where else new)
-             for where, mod in model.named_modules() for old, new in getattr(mod, "legacy_prefixes", {}).items()]
+    rules = [
+        (f"{where}.{old}" if where else old, f"{where}.{new}" if where else new)
+        for where, mod in model.named_modules()
+        for old, new in getattr(mod, "legacy_prefixes", {}).items()
+    ]
     if not rules:
         return sd
     out: dict[str, torch.Tensor] = {}
     for key, value in sd.items():
         for old, new in rules:
             if key.startswith(old):
-                key = new + key[len(old):]
+                key = new + key[len(old) :]
                 break
         out.setdefault(key, value)
     return out
@@ -191,5 +201,7 @@ def load_training_state(ckdir: Path, model: torch.nn.Module, opt: torch.optim.Op
     try:
         restore_optimizer(opt, load_tensors(path, remedy), scalars)
     except (ValueError, KeyError, RuntimeError):
-        raise VeilError(f"checkpoint '{path}' is not a readable optimiser state (truncated or damaged); {remedy}") from None
+        raise VeilError(
+            f"checkpoint '{path}' is not a readable optimiser state (truncated or damaged); {remedy}"
+        ) from None
     return loop

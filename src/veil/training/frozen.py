@@ -18,6 +18,7 @@ why) when a parameter outside the classifier trains, when a dropout before the h
 (p > 0), for language-model tasks, and under any defense that changes the forward or the batch
 (every defense but DP-SGD: MJP shuffles tokens, AEGIS noises gradients of frozen layers, ...).
 """
+
 from __future__ import annotations
 
 from collections.abc import Sequence
@@ -30,7 +31,6 @@ from veil.defenses.base import Defense
 from veil.defenses.dpsgd_engines import micro_batches
 from veil.errors import VeilError
 from veil.models.base import FEATURES, VeilModel
-
 
 
 def refusal(model: VeilModel, defenses: Sequence[Defense]) -> str | None:
@@ -54,8 +54,9 @@ def refusal(model: VeilModel, defenses: Sequence[Defense]) -> str | None:
 
 
 @torch.no_grad()
-def encoder_features(model: VeilModel, split: dict[str, Tensor], batch_size: int, device: torch.device,
-                     progress: bool = True) -> Tensor:
+def encoder_features(
+    model: VeilModel, split: dict[str, Tensor], batch_size: int, device: torch.device, progress: bool = True
+) -> Tensor:
     """The classifier's input for every sample of `split` (N, D), in the split's order; text
     batches are grouped by length and cut to their longest sample."""
     captured: list[Tensor] = []
@@ -78,8 +79,14 @@ def encoder_features(model: VeilModel, split: dict[str, Tensor], batch_size: int
     return out
 
 
-def feature_split(model: VeilModel, split: dict[str, Tensor], defenses: Sequence[Defense], batch_size: int,
-                  device: torch.device, progress: bool = True) -> dict[str, Tensor]:
+def feature_split(
+    model: VeilModel,
+    split: dict[str, Tensor],
+    defenses: Sequence[Defense],
+    batch_size: int,
+    device: torch.device,
+    progress: bool = True,
+) -> dict[str, Tensor]:
     """The training split as the head sees it: {FEATURES: (N, D), "labels": (N,)}; a one-line error
     when the cache would change what is trained."""
     why = refusal(model, defenses)

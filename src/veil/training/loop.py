@@ -10,6 +10,7 @@ batch_size / N; ceil(N / batch_size) steps an epoch), the defense learns the sch
 (``prepare``) before the first step, and its accountant's epsilon at delta is logged with every
 epoch's evaluation (metrics.jsonl) and in summary.json (``privacy``).
 """
+
 from __future__ import annotations
 
 import json
@@ -17,8 +18,9 @@ import math
 import sys
 import time
 import warnings
+from collections.abc import Iterator, Sequence
 from pathlib import Path
-from typing import Any, Iterator, Sequence
+from typing import Any
 
 import torch
 from torch import Tensor
@@ -30,7 +32,13 @@ from veil.defenses.base import Defense
 from veil.errors import VeilError
 from veil.models.base import Batch, VeilModel
 from veil.runlock import holds_progress
-from veil.training.checkpoint import atomic_write_text, intact, load_training_state, save_model_weights, save_training_state
+from veil.training.checkpoint import (
+    atomic_write_text,
+    intact,
+    load_training_state,
+    save_model_weights,
+    save_training_state,
+)
 from veil.training.frozen import feature_split
 from veil.training.step import client_step
 
@@ -45,7 +53,9 @@ def pick_device(name: str) -> torch.device:
     return torch.device(name)
 
 
-def make_optimizer(model: VeilModel, lr: float, weight_decay: float, defenses: Sequence[Defense] = ()) -> torch.optim.AdamW:
+def make_optimizer(
+    model: VeilModel, lr: float, weight_decay: float, defenses: Sequence[Defense] = ()
+) -> torch.optim.AdamW:
     """AdamW; no weight decay on biases, norms and embedding tables of rank < 2.
 
     Fused (one kernel for all parameters): the default for-loop AdamW issues ~60 small ops per
@@ -58,8 +68,10 @@ def make_optimizer(model: VeilModel, lr: float, weight_decay: float, defenses: S
     for p in model.parameters():
         if p.requires_grad:
             groups.setdefault((p.ndim >= 2, scale.get(id(p), 1.0)), []).append(p)
-    params = [{"params": ps, "weight_decay": weight_decay if decay else 0.0, "lr": lr * f}
-              for (decay, f), ps in sorted(groups.items(), key=lambda kv: (not kv[0][0], -kv[0][1]))]
+    params = [
+        {"params": ps, "weight_decay": weight_decay if decay else 0.0, "lr": lr * f}
+        for (decay, f), ps in sorted(groups.items(), key=lambda kv: (not kv[0][0], -kv[0][1]))
+    ]
     fused = all(p.is_floating_point() and p.device.type in ("cpu", "cuda") for g in params for p in g["params"])
     return torch.optim.AdamW(params, lr=lr, fused=fused or None)
 
@@ -80,7 +92,9 @@ def to_device(batch: Batch, device: torch.device) -> Batch:
 
 
 @torch.no_grad()
-def evaluate(model: VeilModel, split: dict[str, Tensor], batch_size: int = 256, device: torch.device | str = "cpu") -> dict[str, float]:
+def evaluate(
+    model: VeilModel, split: dict[str, Tensor], batch_size: int = 256, device: torch.device | str = "cpu"
+) -> dict[str, float]:
     """Top-1 accuracy (classification) or next-token accuracy and perplexity (LM)."""
     was = model.training
     model.eval()
@@ -146,13 +160,23 @@ def _truncate_events(path: Path, step: int) -> None:
         atomic_write_text(path, "".join(line + "\n" for line in keep))
 
 
-def train(cfg: RunConfig, out_dir: str | Path, model: VeilModel | None = None, data: DataSplits | None = None,
-          defenses: list[Defense] | None = None, progress: bool = True) -> dict[str, Any]:
+def train(
+    cfg: RunConfig,
+    out_dir: str | Path,
+    model: VeilModel | None = None,
+    data: DataSplits | None = None,
+    defenses: list[Defense] | None = None,
+    progress: bool = True,
+) -> dict[str, Any]:
     """Train `cfg` into `out_dir`; resume from its checkpoint if one is there. Returns the summary."""
     from veil.experiments.build import build_run
 
     out = Path(out_dir)
-    if (out / "config.yaml").is_file() and not same_config((out / "config.yaml").read_text(), cfg) and holds_progress(out):
+    if (
+        (out / "config.yaml").is_file()
+        and not same_config((out / "config.yaml").read_text(), cfg)
+        and holds_progress(out)
+    ):
         raise VeilError(f"run folder '{out}' holds a different config; pick a new --out or remove it")
     # (a folder with a config but nothing trained, from a run that failed before its first step, is taken over)
     done = _finished(out)
@@ -194,13 +218,29 @@ def train(cfg: RunConfig, out_dir: str | Path, model: VeilModel | None = None, d
         for batch in _epoch_batches(samples, cfg, loop["epoch"], poisson=bool(_private(defenses))):
             if loop["step"] >= total:
                 break
-            res = client_step(model, to_device(batch, device), defenses, opt, step=loop["step"], clip=cfg.train.clip or None, export=False)
+            res = client_step(
+                model,
+                to_device(batch, device),
+                defenses,
+                opt,
+                step=loop["step"],
+                clip=cfg.train.clip or None,
+                export=False,
+            )
             sched.step()
             loop["step"] += 1
             bar.update(1)
             bar.set_postfix(loss=f"{res.loss:.3f}")
             if loop["step"] % 10 == 0:
-                events.append({"event": "train", "epoch": loop["epoch"], "step": loop["step"], "loss": res.loss, "lr": sched.get_last_lr()[0]})
+                events.append(
+                    {
+                        "event": "train",
+                        "epoch": loop["epoch"],
+                        "step": loop["step"],
+                        "loss": res.loss,
+                        "lr": sched.get_last_lr()[0],
+                    }
+                )
         loop["epoch"] += 1
         loop["seconds"] += time.perf_counter() - t0
         metrics = evaluate(model, data.test, cfg.train.eval_batch_size, device)
@@ -225,14 +265,26 @@ def _finished(out: Path) -> dict[str, Any] | None:
     if intact(model):
         return json.loads(path.read_text())
     if not (out / "checkpoints" / "state.json").is_file():
-        raise VeilError(f"checkpoint '{model}' is missing or damaged and the run has no checkpoint to rebuild it from; remove '{out}' to retrain")
-    print(f"veil: checkpoint '{model}' fails its integrity check; rebuilding it from the run's last checkpoint", file=sys.stderr)
+        raise VeilError(
+            f"checkpoint '{model}' is missing or damaged and the run has no checkpoint to rebuild it from; remove '{out}' to retrain"
+        )
+    print(
+        f"veil: checkpoint '{model}' fails its integrity check; rebuilding it from the run's last checkpoint",
+        file=sys.stderr,
+    )
     path.unlink()
     return None
 
 
-def _finish(cfg: RunConfig, out: Path, model: VeilModel, data: DataSplits, device: torch.device, loop: dict[str, Any],
-            privacy: dict[str, Any] | None = None) -> dict[str, Any]:
+def _finish(
+    cfg: RunConfig,
+    out: Path,
+    model: VeilModel,
+    data: DataSplits,
+    device: torch.device,
+    loop: dict[str, Any],
+    privacy: dict[str, Any] | None = None,
+) -> dict[str, Any]:
     save_model_weights(model, out / "checkpoints" / "model.safetensors")
     summary = {
         "model": cfg.model["name"],

@@ -10,6 +10,7 @@ gradient's on MiniLM, so a clip to 1.0 after it shrank the clean parameters' gra
 Adam's epsilon and stalled them. A defense that replaces the backward pass (DP-SGD) clips per
 sample itself; the global clip is not applied on top of its noise.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -41,8 +42,9 @@ def compute_loss(model: VeilModel, batch: Batch, defenses: list[Defense]) -> tup
     return loss, logits
 
 
-def defended_backward(model: VeilModel, batch: Batch, defenses: list[Defense], step: int = 0,
-                      clip: float | None = None) -> tuple[Tensor, Tensor]:
+def defended_backward(
+    model: VeilModel, batch: Batch, defenses: list[Defense], step: int = 0, clip: float | None = None
+) -> tuple[Tensor, Tensor]:
     """Forward, backward, clipping (clean gradient) and every defense's gradient transform;
     leaves the result in ``p.grad``."""
     custom = [d for d in defenses if d.backward is not None]
@@ -65,8 +67,15 @@ def exported_grads(model: VeilModel) -> dict[str, Tensor]:
     return {n: p.grad.detach().clone() for n, p in model.named_parameters() if p.requires_grad and p.grad is not None}
 
 
-def client_step(model: VeilModel, batch: Batch, defenses: list[Defense], optimizer: torch.optim.Optimizer | None = None,
-                step: int = 0, clip: float | None = None, export: bool = True) -> StepResult:
+def client_step(
+    model: VeilModel,
+    batch: Batch,
+    defenses: list[Defense],
+    optimizer: torch.optim.Optimizer | None = None,
+    step: int = 0,
+    clip: float | None = None,
+    export: bool = True,
+) -> StepResult:
     """Zero grads, defended backward (clipping the clean gradient), export, optimiser step."""
     model.zero_grad(set_to_none=True)
     loss, logits = defended_backward(model, batch, defenses, step, clip)
