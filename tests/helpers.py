@@ -22,6 +22,9 @@ SMALL = {  # small widths so the whole registry runs in seconds
     "hf-bert": {"dim": 64, "depth": 2},
     "hf-vit": {"dim": 64, "depth": 2, "heads": 2},
     "hf-gpt2": {"dim": 64, "depth": 2},
+    "resnet-tiny": {"image_size": 8, "in_chans": 1, "base_width": 8},
+    "swin-tiny": {"image_size": 8, "in_chans": 1, "dim": 32},
+    "llama-tiny": {"dim": 64, "depth": 2, "mlp_hidden": 96},
 }
 
 

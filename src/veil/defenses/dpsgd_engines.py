@@ -152,7 +152,7 @@ def functorch_chunk(model: VeilModel, batch: Batch, loss_fn: LossFn, clip: float
 # ---- Opacus hooks / ghost clipping -----------------------------------------------------------------
 def raw_read(model: VeilModel) -> set[int]:
     """ids of parameters the model reads as raw slices, outside their module's forward."""
-    out = {id(model.position_table())}
+    out = {id(model.position_table())} if model.absolute_positions else set()
     seg = getattr(model, "segment_row", None)
     if seg is not None:
         ptr = seg().untyped_storage().data_ptr()

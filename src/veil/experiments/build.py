@@ -43,7 +43,7 @@ def build_model(cfg: RunConfig, data: DataSplits) -> VeilModel:
             raise VeilError(
                 f"model {name!r} has a vocabulary of {vocab} but the data's tokenizer has {tok.vocab_size}; use data.tokenizer=wordpiece"
             )
-        if data.train["input_ids"].shape[1] > model.position_table().shape[-2]:
+        if data.train["input_ids"].shape[1] > model.max_positions():
             raise VeilError(
                 f"data sequences ({data.train['input_ids'].shape[1]} tokens) are longer than model {name!r} allows; lower data.max_len"
             )

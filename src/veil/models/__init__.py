@@ -13,8 +13,11 @@ from typing import Any
 
 from veil.errors import VeilError
 from veil.models.base import AttentionHandles, Batch, VeilModel, linear_weight
+from veil.models.cnn import CNN, CNNConfig
 from veil.models.decoder import Decoder, DecoderConfig
+from veil.models.llama import Llama, LlamaConfig
 from veil.models.shapes import check_architecture
+from veil.models.swin import Swin, SwinConfig
 from veil.models.text_encoder import TextEncoder, TextEncoderConfig
 from veil.models.vit import ViT, ViTConfig, patchify, unpatchify
 from veil.registry import Registry
@@ -109,6 +112,43 @@ _preset(
     heads=4,
 )
 
+_preset(
+    "resnet-tiny",
+    CNN,
+    CNNConfig,
+    "ResNet-style CNN (GroupNorm, 2 stages of 1 basic block, width 32-64); MJP on it is the patch shuffle",
+    image_size=32,
+    patch_size=2,
+    in_chans=3,
+    base_width=32,
+    stages=2,
+    blocks=1,
+)
+_preset(
+    "swin-tiny",
+    Swin,
+    SwinConfig,
+    "Swin-style ViT: absolute position embeddings, 2x2-patch windows (shifted every 2nd block), 2 stages of 2",
+    image_size=32,
+    patch_size=2,
+    in_chans=3,
+    dim=64,
+    depth=2,
+    stages=2,
+    heads=4,
+    window=2,
+)
+_preset(
+    "llama-tiny",
+    Llama,
+    LlamaConfig,
+    "LLaMA-style causal LM: RoPE (no position table), RMSNorm, SwiGLU; 4 layers, width 128",
+    dim=128,
+    depth=4,
+    heads=4,
+    mlp_hidden=352,
+)
+
 
 def _register_hf() -> None:
     import transformers
@@ -167,6 +207,12 @@ __all__ = [
     "TextEncoderConfig",
     "Decoder",
     "DecoderConfig",
+    "CNN",
+    "CNNConfig",
+    "Swin",
+    "SwinConfig",
+    "Llama",
+    "LlamaConfig",
     "patchify",
     "unpatchify",
     "MODELS",

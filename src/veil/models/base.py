@@ -63,6 +63,9 @@ class VeilModel(nn.Module):
     task: str = "classification"  # "classification" | "lm"
     causal: bool = False  # attention sees only earlier positions (decoders)
     label_smoothing: float = 0.0  # of the classification loss (train.label_smoothing)
+    #: False for models without an absolute position table (CNN; RoPE decoders): their
+    #: `position_table` raises a one-line VeilError and `position_embeddings` is zero
+    absolute_positions: bool = True
 
     def __init__(self) -> None:
         super().__init__()
@@ -111,6 +114,10 @@ class VeilModel(nn.Module):
     def position_table(self) -> nn.Parameter:
         """The learnable position-embedding table, (num_positions, D)."""
         raise NotImplementedError
+
+    def max_positions(self) -> int:
+        """The longest sequence (or most tokens) the model takes: the position table's rows."""
+        return int(self.position_table().reshape(-1, self.position_table().shape[-1]).shape[0])
 
     def attention_layers(self) -> list[AttentionHandles]:
         raise NotImplementedError
