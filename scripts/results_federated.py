@@ -199,7 +199,7 @@ def chance_levels() -> tuple[float, float, int, int]:
     client 0's training images in the strong run: what a reconstruction that learnt nothing scores."""
     import torch
 
-    from veil.federated.task import client_split, client_world, load_spec
+    from veil.federated.fedavg.task import client_split, client_world, load_spec
     from veil.metrics import image_report
 
     (cfg,) = (OUT / "fedavg_strong" / "runs").glob("*/none/seed0/config.yaml")

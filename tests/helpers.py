@@ -47,7 +47,7 @@ def batch_for(model: VeilModel, batch_size: int = 2, seq_len: int = 7) -> dict[s
 def kill_server_after_round(monkeypatch: pytest.MonkeyPatch, k: int) -> Callable[[], None]:
     """Make the federated server raise KeyboardInterrupt right after saving round `k`'s state (a
     killed server); returns the undo, to call before resuming."""
-    from veil.federated import server_app
+    from veil.federated.fedavg import server_app
 
     original = server_app.ServerState.save
 

@@ -60,7 +60,8 @@ def test_permutation_keys_follow_the_secret() -> None:
 
 
 def test_bad_secret_mode_is_a_one_line_error(tmp_path) -> None:
-    from veil.federated.config import federated_config, split_config
+    from veil.federated.fedavg.config import federated_config
+    from veil.federated.split.spec import split_config
 
     with pytest.raises(VeilError, match="federated.secret must be one of random, seeded"):
         federated_config({"secret": "none"})

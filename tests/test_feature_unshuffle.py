@@ -9,8 +9,8 @@ import pytest
 
 from veil.attacks import Knowledge, create_attack
 from veil.errors import VeilError
-from veil.federated.feature_audit import DEFAULT_ATTACKS, feature_attacks
-from veil.federated.split import load_split_spec
+from veil.federated.split.feature_audit import DEFAULT_ATTACKS, feature_attacks
+from veil.federated.split.spec import load_split_spec
 
 ON = {"permutation": {"name": "permutation", "enabled": True}}
 

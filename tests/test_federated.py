@@ -18,7 +18,7 @@ from safetensors.torch import load_file
 
 from helpers import kill_server_after_round
 from veil.errors import VeilError
-from veil.federated.task import load_spec
+from veil.federated.fedavg.task import load_spec
 
 TINY = [
     "model.dim=16",
@@ -43,7 +43,7 @@ def write_cfg(tmp: Path) -> Path:
 
 
 def fed(tmp: Path, *overrides: str, out: str = "run", resume: bool = False) -> dict:
-    from veil.federated.runner import federate
+    from veil.federated.fedavg.runner import federate
 
     spec = load_spec(write_cfg(tmp), [*TINY, *overrides])
     return federate(spec, tmp / out, resume=resume)
@@ -88,9 +88,9 @@ def _fedsgd_reply(tmp_path: Path, *overrides: str):
     """(spec, world, global arrays, the weights client 1 was sent, its reply's gradient) for round 3."""
     from flwr.app import ConfigRecord, Message, RecordDict
 
-    from veil.federated.client_app import app
+    from veil.federated.fedavg.client_app import app
+    from veil.federated.fedavg.task import client_world, model_arrays, reset_defenses
     from veil.federated.grid import LocalGrid
-    from veil.federated.task import client_world, model_arrays, reset_defenses
 
     spec = load_spec(
         write_cfg(tmp_path), [*TINY, "federated.mode=fedsgd", "defense=gaussian", "defense.sigma=0.5", *overrides]
@@ -109,7 +109,7 @@ def _fedsgd_reply(tmp_path: Path, *overrides: str):
 
 def _recompute(spec, world, arrays, secret: int | None, torch_seed: int):
     """Client 1's round-3 step recomputed with the given defense secret and torch seed: (defended, clean) gradients."""
-    from veil.federated.task import client_split, local_batches, reset_defenses, step_key
+    from veil.federated.fedavg.task import client_split, local_batches, reset_defenses, step_key
     from veil.training.step import client_step
 
     reset_defenses(world)
@@ -125,7 +125,7 @@ def _recompute(spec, world, arrays, secret: int | None, torch_seed: int):
 def test_exported_update_is_what_the_defense_produced(tmp_path: Path) -> None:
     """The fedsgd reply carries exactly client_step's defended gradient (Gaussian noise here)."""
     from veil.federated.client_secret import round_secret
-    from veil.federated.task import round_seed
+    from veil.federated.fedavg.task import round_seed
 
     spec, world, arrays, sent = _fedsgd_reply(tmp_path, "federated.secret=seeded")
     mine, clean = _recompute(spec, world, arrays, round_secret("seeded", 0, 3, 1), round_seed(0, 3, 1))
@@ -140,7 +140,7 @@ def test_server_cannot_regenerate_a_clients_noise_unless_secrets_are_seeded(tmp_
     default client-held secret its best regeneration of the noise misses by the noise's own size;
     with `federated.secret: seeded` it regenerates the noise exactly and strips it."""
     from veil.federated.client_secret import round_secret
-    from veil.federated.task import round_seed
+    from veil.federated.fedavg.task import round_seed
 
     spec, world, arrays, sent = _fedsgd_reply(tmp_path, f"federated.secret={mode}")
     from veil.federated.client_secret import process_secret
@@ -194,7 +194,7 @@ def test_server_killed_after_round_k_resumes_to_identical_weights(
 
 
 def test_fedprox_sends_mu_and_pulls_towards_global(tmp_path: Path) -> None:
-    from veil.federated.task import ProximalTerm, client_world
+    from veil.federated.fedavg.task import ProximalTerm, client_world
 
     world = client_world(load_spec(write_cfg(tmp_path), TINY).text())
     prox = ProximalTerm(0.0, world.model)
@@ -224,9 +224,9 @@ def test_bad_federated_key_is_one_line_error(tmp_path: Path) -> None:
 def test_federated_evaluate_handler(tmp_path: Path) -> None:
     from flwr.app import ConfigRecord, Message, RecordDict
 
-    from veil.federated.client_app import app
+    from veil.federated.fedavg.client_app import app
+    from veil.federated.fedavg.task import client_world, model_arrays
     from veil.federated.grid import LocalGrid
-    from veil.federated.task import client_world, model_arrays
 
     spec = load_spec(write_cfg(tmp_path), TINY)
     arrays = model_arrays(client_world(spec.text()).model)

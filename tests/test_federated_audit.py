@@ -103,7 +103,7 @@ def test_fedavg_audit_reports_per_round_leakage_and_worst_case(tmp_path: Path) -
 
 
 def test_killed_fedavg_audit_resumes_with_identical_numbers(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    from veil.federated import server_app
+    from veil.federated.fedavg import server_app
 
     torch.set_num_threads(1)
     raw = copy.deepcopy(FEDAVG)
@@ -218,9 +218,16 @@ def test_server_knowledge_rebuilds_the_clients_real_round(tmp_path: Path) -> Non
     """What the auditor hands ig-fedavg (Observation.local: AdamW groups, clip, lr, steps, the seeded
     batch schedule, the partition size) reproduces a client's real FedAvg update from its true images."""
     from veil.attacks.inverting_fedavg import LocalSimulator
-    from veil.federated.audit import task_spec
-    from veil.federated.server_app import ServerState, make_auditor
-    from veil.federated.task import client_split, client_world, local_slots, model_arrays, reset_defenses, train_round
+    from veil.federated.fedavg.audit import task_spec
+    from veil.federated.fedavg.server_app import ServerState, make_auditor
+    from veil.federated.fedavg.task import (
+        client_split,
+        client_world,
+        local_slots,
+        model_arrays,
+        reset_defenses,
+        train_round,
+    )
 
     torch.set_num_threads(1)
     task = parse_scenario(copy.deepcopy(MULTI)).tasks[0]

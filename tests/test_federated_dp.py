@@ -16,7 +16,7 @@ from safetensors.torch import load_file
 
 from helpers import kill_server_after_round
 from veil.errors import VeilError
-from veil.federated.task import client_world, load_spec
+from veil.federated.fedavg.task import client_world, load_spec
 
 TINY = [
     "model.dim=16",
@@ -42,7 +42,7 @@ def spec(tmp: Path, *overrides: str):
 
 def run(tmp: Path, name: str, *overrides: str) -> tuple[dict, dict[str, torch.Tensor], list[dict]]:
     """(summary, final global weights, round events) of a federated run."""
-    from veil.federated.runner import federate
+    from veil.federated.fedavg.runner import federate
 
     s = federate(spec(tmp, *overrides), tmp / name)
     events = [json.loads(x) for x in (tmp / name / "metrics.jsonl").read_text().splitlines()]
@@ -188,7 +188,7 @@ def test_killed_dp_run_resumes_to_the_same_weights_clip_and_epsilon(
 ) -> None:
     """Adaptive clipping's C and the server's noise (seeded per round with `secret: seeded`)
     continue where the run stopped."""
-    from veil.federated.runner import federate
+    from veil.federated.fedavg.runner import federate
 
     dp = [
         "federated.rounds=3",
@@ -248,7 +248,7 @@ def test_ray_simulation_runs_client_side_dp_like_the_inline_grid(tmp_path: Path)
 def test_adaptive_epsilon_accounts_the_noisy_count_at_sensitivity_one(tmp_path: Path) -> None:
     """z = 0.5, count std s = 1: update noise z_D = (z^-2 - (2s)^-2)^-1/2 (Flower) and the count
     noise s compose to (z_D^-2 + s^-2)^-1/2 = (4 + 0.75)^-1/2 = 0.4588, below z."""
-    from veil.federated import dp
+    from veil.federated.fedavg import dp
 
     fed = spec(tmp_path, "federated.dp=client-adaptive", "federated.dp_noise=0.5", "federated.dp_count_std=1.0").fed
     z_d = (0.5**-2 - 2.0**-2) ** -0.5
@@ -273,7 +273,7 @@ def test_local_dp_noises_each_update_with_std_2zC(tmp_path: Path) -> None:
     acc.history = [(0.01, 1.0, 1)]
     assert rounds[0]["dp_epsilon"] == pytest.approx(acc.get_epsilon(0.5), rel=1e-12) == s["dp"]["epsilon"]
     half = spec(tmp_path, "federated.dp=local", "federated.dp_noise=2.0", "federated.fraction=0.5").fed
-    from veil.federated import dp as fdp
+    from veil.federated.fedavg import dp as fdp
 
     acc.history = [(2.0, 1.0, 5)]
     assert fdp.sample_rate(half) == 1.0 and fdp.epsilon(half, 5) == pytest.approx(acc.get_epsilon(0.5), rel=1e-12)

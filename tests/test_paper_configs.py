@@ -19,7 +19,7 @@ def test_paper_config_validates(path: Path) -> None:
     header = path.read_text().split("\n", 3)
     assert header[0].startswith("# Mirrors") and "Scaled down" in path.read_text()
     if "split:" in path.read_text():
-        from veil.federated.split import load_split_spec
+        from veil.federated.split.spec import load_split_spec
 
         load_split_spec(path, [])
         return

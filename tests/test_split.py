@@ -10,7 +10,7 @@ import torch
 
 from veil.defenses.permutation import PatchPermutation, fresh_keys, permute, unpermute
 from veil.errors import VeilError
-from veil.federated.split import load_split_spec
+from veil.federated.split.spec import load_split_spec
 
 TINY = [
     "model.dim=16",
@@ -32,7 +32,7 @@ def cfg(tmp: Path) -> Path:
 
 
 def test_permutation_is_inverted_and_body_is_equivariant() -> None:
-    from veil.federated.split_models import Body, Head
+    from veil.federated.split.models import Body, Head
     from veil.models import create_model
 
     x = torch.randn(3, 16, 4)
@@ -55,8 +55,8 @@ def _spy_run(tmp: Path, monkeypatch: pytest.MonkeyPatch, *overrides: str) -> tup
     """Run split learning on the in-process grid, recording every message that reaches the server
     and every object the server holds."""
     from veil.federated import grid as grid_mod
-    from veil.federated import split as split_mod
-    from veil.federated.split_run import run_split
+    from veil.federated.split import server_app as split_mod
+    from veil.federated.split.run import run_split
 
     up: list = []
     real_deliver = grid_mod.LocalGrid._deliver
@@ -111,7 +111,7 @@ def test_no_key_permutation_or_private_batch_reaches_the_server(
     summary, up, (server, contexts) = _spy_run(tmp_path, monkeypatch)
     # the clients' secrets: their permutation keys (only in Context.state) and their raw data
     keys = [c.state["keys"].to_torch_state_dict()["keys"] for c in contexts]
-    from veil.federated.split_client import split_world
+    from veil.federated.split.multitask import split_world
 
     world = split_world(server.spec.text())  # the clients' side (same process in simulation)
     private = [d["pixels"] for _, d in world.clients] + [d["target"] for _, d in world.clients]
@@ -139,7 +139,7 @@ def test_no_key_permutation_or_private_batch_reaches_the_server(
         for p in private:
             assert not (t.shape == p.shape and torch.equal(t, p))
     # 3. what the server cached is permuted: per sample a re-ordering of the head features, not them
-    from veil.federated.split_client import build_parts
+    from veil.federated.split.multitask import build_parts
 
     head, _ = build_parts(world.spec, "classify")
     emb = next(
@@ -180,7 +180,7 @@ def test_server_cannot_rederive_the_permutation_keys_unless_secrets_are_seeded(
 
 def test_permutation_costs_no_utility(tmp_path: Path) -> None:
     """Body equivariance: p-FeSTA with and without the permutation trains to the same metrics."""
-    from veil.federated.split_run import run_split
+    from veil.federated.split.run import run_split
 
     a = run_split(load_split_spec(cfg(tmp_path), [*TINY, "split.permute=true"]), tmp_path / "a")
     b = run_split(load_split_spec(cfg(tmp_path), [*TINY, "split.permute=false"]), tmp_path / "b")
@@ -189,7 +189,7 @@ def test_permutation_costs_no_utility(tmp_path: Path) -> None:
 
 
 def test_bytes_are_counted_per_message_and_pfesta_sends_less_than_sl(tmp_path: Path) -> None:
-    from veil.federated.split_run import run_split
+    from veil.federated.split.run import run_split
 
     pf = run_split(load_split_spec(cfg(tmp_path), TINY), tmp_path / "pf")
     sl = run_split(load_split_spec(cfg(tmp_path), [*TINY, "split.protocol=sl"]), tmp_path / "sl")
@@ -201,7 +201,7 @@ def test_bytes_are_counted_per_message_and_pfesta_sends_less_than_sl(tmp_path: P
 
 
 def test_fl_and_central_references_run(tmp_path: Path) -> None:
-    from veil.federated.split_run import run_split
+    from veil.federated.split.run import run_split
 
     fl = run_split(load_split_spec(cfg(tmp_path), [*TINY, "split.protocol=fl"]), tmp_path / "fl")
     ce = run_split(load_split_spec(cfg(tmp_path), [*TINY, "split.protocol=central"]), tmp_path / "ce")
@@ -219,7 +219,7 @@ def test_bad_split_settings_are_one_line_errors(tmp_path: Path) -> None:
 def test_feature_inversion_loses_the_image_under_permutation(tmp_path: Path) -> None:
     """The server's decoder rebuilds the private batch from in-order head features; with the
     permutation module the same attack's PSNR falls by several dB."""
-    from veil.federated.feature_audit import feature_attacks
+    from veil.federated.split.feature_audit import feature_attacks
 
     spec = load_split_spec(cfg(tmp_path), ["model.dim=16", "model.depth=1", "model.heads=2"])
     res = feature_attacks(spec, victims=32, attacks={"feature_inversion": {"steps": 100, "hidden": 128, "lr": 3e-3}})
@@ -231,7 +231,7 @@ def test_adaptive_unshuffle_undoes_the_permutation_given_head_queries(tmp_path: 
     """Honest limit of the permutation module: an attacker who can query the frozen head puts
     every token back in its slot (affine subspace per slot), exactly."""
     from veil.attacks.features import unshuffle
-    from veil.federated.split_client import build_parts
+    from veil.federated.split.multitask import build_parts
 
     spec = load_split_spec(cfg(tmp_path), [])
     head, _ = build_parts(spec, "classify")

@@ -2,7 +2,7 @@
 together, not on one update.
 
   multi-round         the client's pseudo-gradients averaged over the R rounds the server received
-                   them (Observation built by `veil.federated.auditor`):
+                   them (Observation built by `veil.federated.fedavg.auditor`):
                        ḡ_R = (1/R) sum_r (w_r - w_{k,r}) / (τ_r s_r)
                    A defense that adds fresh zero-mean noise every round (DP-SGD's Gaussian noise,
                    AEGIS's calibrated noise, `gaussian`) leaves ḡ_R with noise variance σ²/R, while

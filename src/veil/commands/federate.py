@@ -2,7 +2,7 @@
 
 Federated training on Flower: FedAvg / FedProx / FedSGD over IID or Dirichlet client partitions,
 defenses on the clients, optional live privacy audit by the server. The config's `federated:`
-section holds the settings (see `veil.federated.config`); override them as `federated.rounds=5`.
+section holds the settings (see `veil.federated.fedavg.config`); override them as `federated.rounds=5`.
 """
 
 from __future__ import annotations
@@ -28,8 +28,8 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from veil.federated.runner import federate
-    from veil.federated.task import load_spec
+    from veil.federated.fedavg.runner import federate
+    from veil.federated.fedavg.task import load_spec
 
     spec = load_spec(args.config, args.overrides)
     summary = federate(spec, args.out, resume=args.resume, progress=not args.quiet, verbose=args.verbose)

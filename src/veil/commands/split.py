@@ -2,7 +2,7 @@
 
 Split learning on Flower messages: SL, FeSTA, p-FeSTA (permutation module) or the FL / central
 references, multi-task (classification, zone regression, segmentation on digits). Settings in the
-config's `split:` section (see `veil.federated.config.SplitConfig`), e.g. split.protocol=sl.
+config's `split:` section (see `veil.federated.split.spec.SplitConfig`), e.g. split.protocol=sl.
 `--compare` runs every protocol plus single-task p-FeSTA and writes RUN_DIR/compare.json.
 """
 
@@ -27,14 +27,14 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from veil.federated.split import load_split_spec
-    from veil.federated.split_run import run_split
+    from veil.federated.split.run import run_split
+    from veil.federated.split.spec import load_split_spec
 
     spec = load_split_spec(args.config, args.overrides)
     if not args.compare:
         print(json.dumps(run_split(spec, args.out), indent=2))
         return 0
-    from veil.federated.split_compare import compare
+    from veil.federated.split.compare import compare
 
     print(json.dumps(compare(spec, args.out), indent=2))
     return 0

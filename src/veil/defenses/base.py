@@ -16,7 +16,7 @@ A defense with zero strength leaves training bit-identical to no defense.
 
 ``secret``: client-held entropy (an integer, or None) that a defense mixes into every random draw
 it makes beside its ``seed`` (noise, permutation keys). The federated client sets it from a secret
-the server never sees (`veil.federated.secrets`); without it the draws follow the seed alone, and
+the server never sees (`veil.federated.client_secret`); without it the draws follow the seed alone, and
 whoever knows the config (the server does) can regenerate them.
 """
 
@@ -92,6 +92,40 @@ class Defense:
     def describe(self) -> dict[str, Any]:
         """The settings an adaptive attacker is granted (`Knowledge.defense`)."""
         return {"name": self.name}
+
+    # ---- exact resume ------------------------------------------------------------------------
+    def state_dict(self) -> dict[str, Tensor]:
+        """The random-stream state a resumed run needs to draw what the uninterrupted run would
+        have drawn (call counters, generator states, pooled draws), as named tensors; the training
+        loop saves it with every checkpoint. Stateless defenses return nothing."""
+        return {}
+
+    def load_state_dict(self, state: dict[str, Tensor]) -> None:
+        """Restore what `state_dict` returned, after `attach` and before the first resumed step."""
+        if state:
+            raise VeilError(f"defense {self.name!r} keeps no resume state, but the checkpoint holds {sorted(state)}")
+
+
+class KeyedNoiseDefense(Defense):
+    """A defense whose noise is keyed on (seed, step, call count): the count is its resume state,
+    so a resumed run draws the noise the uninterrupted run would have drawn, never a replay."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self._calls = 0
+
+    def state_dict(self) -> dict[str, Tensor]:
+        return {"calls": torch.tensor(self._calls, dtype=torch.int64)}
+
+    def load_state_dict(self, state: dict[str, Tensor]) -> None:
+        self._calls = int(state["calls"])
+
+
+def check_seed(seed: Any) -> int:
+    """An integer seed (bool is not one); anything else is a one-line error."""
+    if isinstance(seed, bool) or not isinstance(seed, int):
+        raise VeilError(f"seed must be an integer, got {seed!r}")
+    return seed
 
 
 class NoDefense(Defense):

@@ -164,11 +164,17 @@ class MJP(Defense):
         image = model.modality == "image"
         if self.gamma is None:
             self.gamma = 0.03 if image else 0.5
+        if not model.absolute_positions:  # CNN, RoPE: no E_pos to mask or regress; MJP is the shuffle alone
+            if self.aux not in (None, "none"):
+                raise VeilError(
+                    f"mjp aux {self.aux!r} regresses position embeddings, which this model lacks; use aux=none"
+                )
+            self.variant, self.aux = ("shuffle" if self.variant == "mjp" else self.variant), "none"
         if self.aux is None:
             self.aux = "dal" if image and self.variant != "nope" else "none"
         self.grid = tuple(model.grid_shape) if image else None
         dim = int(model.width)
-        ref = model.position_table()
+        ref = model.position_table() if model.absolute_positions else next(model.parameters())
         model.set_embedding_transform(self._transform)  # refuses a second transform
         start = ref.detach().reshape(-1, dim).mean(0) if self.unk_init == "mean" else None
         model.mjp = MJPModule(dim, 2 if image else 1, unk=self.variant == "mjp", aux=self.aux, unk_start=start).to(

@@ -70,7 +70,7 @@ def protocol_module(task: Task) -> Any:
     import importlib
 
     return importlib.import_module(
-        {"fedavg": "veil.federated.audit", "split": "veil.federated.split_audit"}[task.protocol]
+        {"fedavg": "veil.federated.fedavg.audit", "split": "veil.federated.split.audit"}[task.protocol]
     )
 
 

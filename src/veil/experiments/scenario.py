@@ -122,7 +122,7 @@ def parse_scenario(raw: Any, default_name: str = "scenario") -> Scenario:
     if (
         isinstance(raw, dict) and "split" in raw and "tasks" not in raw
     ):  # a `veil split` run config: its protocols, audited
-        from veil.federated.split_audit import scenario_from_run_config
+        from veil.federated.split.audit import scenario_from_run_config
 
         raw = scenario_from_run_config(raw, default_name)
     if not isinstance(raw, dict):

@@ -1,20 +1,7 @@
-"""Communication accounting: the bytes each Flower message actually occupies on the wire (its
-protobuf serialisation), tallied per protocol and per message type, beside the closed-form costs
-of the p-FeSTA paper (Park et al., "Multi-Task Distributed Learning using Vision Transformer with
-Random Patch Permutation", Table V).
-
-Paper's per-client cost over R rounds, with D local samples, batch B, aggregation every n rounds,
-F / G the bytes of one sample's features / gradients, P_h / P_b / P_t the bytes of the head / body /
-tail parameters (the factor 2 counts both directions):
-
-    FL:       T = 2 (P_h + P_b + P_t) R / n
-    SL:       T = 2 (F + G) D R                       (features up and gradients down, per sample)
-    FeSTA:    T = 2 (F + G) D R + 2 (P_h + P_t) R / n
-    p-FeSTA:  T = (F + G) D R + F D + 2 P_t R / n     (head features sent once; the body's
-                                                       output features down and their gradients up;
-                                                       the cached head features need no gradient)
-
-Here a "round" is one pass over the client's D samples, as in the paper.
+"""Messages on the wire, shared by FedAvg and split learning: the bytes each Flower message
+actually occupies (its protobuf serialisation), tallied per message type (`Ledger`), and the
+one-tensor records split learning exchanges (`array_of` / `tensor_of`). The paper's closed-form
+costs beside them are in `veil.federated.split.comm`.
 """
 
 from __future__ import annotations
@@ -23,8 +10,9 @@ from collections import defaultdict
 from dataclasses import dataclass, field
 from typing import Any
 
-from flwr.app import Message, RecordDict
+from flwr.app import ArrayRecord, Message, RecordDict
 from flwr.common.serde import message_to_proto, recorddict_to_proto
+from torch import Tensor
 
 
 def message_bytes(msg: Message) -> int:
@@ -70,14 +58,11 @@ class Ledger:
         }
 
 
-def paper_cost(protocol: str, D: int, R: int, n: float, F: int, G: int, P_h: int, P_b: int, P_t: int) -> float:
-    """The paper's communication cost of one client (bytes), see the module docstring."""
-    if protocol == "fl":
-        return 2 * (P_h + P_b + P_t) * R / n
-    if protocol == "sl":
-        return 2 * (F + G) * D * R
-    if protocol == "festa":
-        return 2 * (F + G) * D * R + 2 * (P_h + P_t) * R / n
-    if protocol == "pfesta":
-        return (F + G) * D * R + F * D + 2 * P_t * R / n
-    raise ValueError(f"unknown protocol {protocol!r}")
+def array_of(x: Tensor) -> ArrayRecord:
+    """One tensor as a record (detached, contiguous): a message's payload under one key."""
+    return ArrayRecord({"x": x.detach().contiguous()})
+
+
+def tensor_of(msg: Message, key: str) -> Tensor:
+    """The tensor `array_of` packed under `key` of a message's content."""
+    return msg.content[key].to_torch_state_dict()["x"]

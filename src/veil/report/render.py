@@ -82,11 +82,11 @@ def task_blocks(name: str, t: dict[str, Any], out: Path) -> list[Block]:
             [d, acc, ppl, f"{t['overhead'].get(d, float('nan')):.3f}", f"{t['step_seconds'].get(d, float('nan')):.4f}"]
         )
     blocks += worst_case_blocks(t)
-    if t["protocol"] in ("fedavg", "split"):  # per round / per protocol (veil.federated.audit, split_audit)
+    if t["protocol"] in ("fedavg", "split"):  # per round / per protocol (veil.federated.fedavg.audit, split_audit)
         import importlib
 
         blocks += importlib.import_module(
-            {"fedavg": "veil.federated.audit", "split": "veil.federated.split_audit"}[t["protocol"]]
+            {"fedavg": "veil.federated.fedavg.audit", "split": "veil.federated.split.audit"}[t["protocol"]]
         ).report_blocks(t, out)
     blocks.append(("h3", "Utility and cost"))
     blocks.append(

@@ -12,7 +12,7 @@ Handlers (`@app.train()`, `@app.evaluate()`, `@app.query()`):
 The partition comes from the node config (`partition-id`, `num-partitions`), which Flower's
 simulation engine sets and a SuperNode takes from `--node-config`. The defenses run inside
 `client_step`; what leaves the client is exactly what they produced — clipped by Flower's
-clipping mod when ``federated.dp`` is client-fixed / client-adaptive (`veil.federated.dp`).
+clipping mod when ``federated.dp`` is client-fixed / client-adaptive (`veil.federated.fedavg.dp`).
 """
 
 from __future__ import annotations
@@ -24,8 +24,15 @@ import torch
 from flwr.app import ArrayRecord, ConfigRecord, Context, Message, MetricRecord, RecordDict
 from flwr.clientapp import ClientApp
 
-from veil.federated import dp
-from veil.federated.task import client_world, load_arrays, model_arrays, reset_defenses, tensors_arrays, train_round
+from veil.federated.fedavg import dp
+from veil.federated.fedavg.task import (
+    client_world,
+    load_arrays,
+    model_arrays,
+    reset_defenses,
+    tensors_arrays,
+    train_round,
+)
 
 app = ClientApp()
 

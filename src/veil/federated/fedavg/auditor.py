@@ -39,7 +39,7 @@ from flwr.serverapp import Grid
 from flwr.serverapp.strategy import Strategy
 
 from veil.attacks import Attack, Knowledge, LocalTraining, Observation, Reconstruction, create_attack
-from veil.federated.task import ClientWorld, batch_digest, client_split, local_batches, local_slots
+from veil.federated.fedavg.task import ClientWorld, batch_digest, client_split, local_batches, local_slots
 from veil.models.base import VeilModel
 
 Score = Callable[[int, int, str, Reconstruction], dict[str, Any]]

@@ -34,7 +34,8 @@ from veil.defenses.base import Defense
 from veil.defenses.noise import torch_seed
 from veil.errors import VeilError
 from veil.federated.client_secret import round_secret
-from veil.federated.config import FederatedConfig, apply_extra_overrides, federated_config, split_sections
+from veil.federated.fedavg.config import FederatedConfig, federated_config
+from veil.federated.sections import apply_extra_overrides, split_sections
 from veil.models.base import Batch, VeilModel
 from veil.training.step import client_step
 

@@ -44,7 +44,7 @@ SENDS_FEATURES = ("sl", "festa", "pfesta")
 
 def task_spec(task: Task, protocol: dict[str, Any], seed: int) -> Any:
     """The split run of one protocol and seed: the task's run + its `federated` (split) section + the protocol entry."""
-    from veil.federated.split import split_spec_from_raw
+    from veil.federated.split.spec import split_spec_from_raw
 
     if protocol["name"] not in PROTOCOLS:
         raise VeilError(
@@ -97,7 +97,7 @@ def attack_cell(spec: Any, attack: dict[str, Any], permuted: bool, victims: int)
     import torch
 
     from veil.experiments.cells import make_attack
-    from veil.federated.feature_audit import attack_features, victim_view
+    from veil.federated.split.feature_audit import attack_features, victim_view
 
     torch.manual_seed(spec.cfg.train.seed)
     private, aux, head, feats, module = victim_view(spec, victims)
@@ -111,7 +111,7 @@ def run_task(task: Task, s: Scenario, out: Path, progress: bool = False) -> dict
     """Every protocol (defense) and seed: metrics, bytes, and the feature attacks; the task's summary entry."""
     from veil.experiments.audit import run_dir
     from veil.experiments.cells import make_attack
-    from veil.federated.split_compare import cached_run
+    from veil.federated.split.compare import cached_run
     from veil.report.worst_case import worst_case
     from veil.training.checkpoint import atomic_write_text
 
@@ -230,7 +230,7 @@ def report_blocks(t: dict[str, Any], out: Path) -> list[tuple]:
     ]
 
 
-#: the rows of p-FeSTA's Tables IV-V, and the feature attacks of `veil.federated.feature_audit`
+#: the rows of p-FeSTA's Tables IV-V, and the feature attacks of `veil.federated.split.feature_audit`
 TABLE_PROTOCOLS = ["central", "fl", "sl", "festa", "pfesta"]
 TABLE_ATTACKS: list[Any] = ["feature_inversion", {"name": "feature_inversion", "unshuffle": False}, "fsha"]
 

@@ -13,8 +13,13 @@ from typing import Any
 import torch
 from torch import nn
 
-from veil.federated.comm import paper_cost
-from veil.federated.split import SplitServer, SplitSpec, build_body
+from veil.federated.grid import run_local, run_ray
+from veil.federated.split.client_app import app
+from veil.federated.split.comm import paper_cost
+from veil.federated.split.models import build_body
+from veil.federated.split.multitask import TASK_DEFS, build_parts, split_world
+from veil.federated.split.server_app import SplitServer
+from veil.federated.split.spec import SplitSpec
 from veil.training.checkpoint import atomic_write_text
 
 
@@ -24,9 +29,6 @@ def _nbytes(module: nn.Module) -> int:
 
 def paper_table(server: SplitServer) -> dict[str, Any]:
     """The paper's per-client costs for this run's sizes, every protocol (bytes)."""
-    from veil.federated.multitask import TASK_DEFS
-    from veil.federated.split_client import build_parts
-
     head, tail = build_parts(server.spec, server.sc.tasks[0])
     side = head.patch * math.isqrt(head.pos.shape[0])  # image side = patch x grid
     x = torch.zeros(1, head.proj.in_features // head.patch**2, side, side)
@@ -46,9 +48,6 @@ def paper_table(server: SplitServer) -> dict[str, Any]:
 
 def central(spec: SplitSpec) -> dict[str, float]:
     """Each task trained on its pooled client data in one place (same model, epochs, batch, lr)."""
-    from veil.federated.multitask import TASK_DEFS
-    from veil.federated.split_client import build_parts, split_world
-
     world = split_world(spec.text())
     out: dict[str, float] = {}
     for t in spec.split.tasks:
@@ -78,10 +77,6 @@ def central(spec: SplitSpec) -> dict[str, float]:
 
 
 def run_split(spec: SplitSpec, run_dir: str | Path, progress: bool = False) -> dict[str, Any]:
-    from veil.federated.grid import run_local, run_ray
-    from veil.federated.multitask import TASK_DEFS
-    from veil.federated.split_client import app
-
     run_dir = Path(run_dir)
     run_dir.mkdir(parents=True, exist_ok=True)
     atomic_write_text(run_dir / "config.yaml", spec.text())

@@ -7,8 +7,8 @@ import json
 from pathlib import Path
 from typing import Any
 
-from veil.federated.split import SplitSpec, split_spec_from_raw
-from veil.federated.split_run import run_split
+from veil.federated.split.run import run_split
+from veil.federated.split.spec import SplitSpec, split_spec_from_raw
 from veil.training.checkpoint import atomic_write_text
 
 

@@ -8,7 +8,7 @@ from pathlib import Path
 from typing import Any
 
 from veil.errors import VeilError
-from veil.federated.task import Spec
+from veil.federated.fedavg.task import Spec
 from veil.runlock import holds_progress
 
 
@@ -33,9 +33,9 @@ def check_run_dir(spec: Spec, run_dir: Path, resume: bool) -> dict[str, Any] | N
 def federate(
     spec: Spec, run_dir: str | Path, resume: bool = False, progress: bool = False, verbose: bool = False
 ) -> dict[str, Any]:
-    from veil.federated.client_app import app as client_app
+    from veil.federated.fedavg.client_app import app as client_app
+    from veil.federated.fedavg.server_app import server_main
     from veil.federated.grid import run_local, run_ray
-    from veil.federated.server_app import server_main
 
     run_dir = Path(run_dir)
     done = check_run_dir(spec, run_dir, resume)

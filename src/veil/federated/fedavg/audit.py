@@ -1,6 +1,6 @@
 """`protocol: fedavg` in `veil audit` scenarios: the task trains on Flower (veil's ServerApp +
 ClientApp, `veil.federated.runner.federate`) once per defense and seed, the defenses on the
-clients, and the live auditor (`veil.federated.auditor`) — the honest-but-curious server — runs
+clients, and the live auditor (`veil.federated.fedavg.auditor`) — the honest-but-curious server — runs
 the task's attacks on the updates it really receives, at the rounds and clients the task names.
 
     - name: digits-fedavg
@@ -61,7 +61,7 @@ SKIP_KEYS = {"round", "client", "event", "attack", "update", "verified"}
 
 def task_spec(task: Task, defense: dict[str, Any], seed: int, attacks: list[dict[str, Any]]) -> Any:
     """The federated run of one (defense, seed): the task's run + its `federated` section + attacks."""
-    from veil.federated.task import spec_from_raw
+    from veil.federated.fedavg.task import spec_from_raw
 
     raw = task.run_for(defense, seed).to_dict()
     fed = {**DEFAULTS, **task.federated, "audit": attacks}
@@ -75,7 +75,7 @@ def plan(task: Task, s: Scenario) -> tuple[list[dict[str, Any]], dict[str, str]]
     """(the attacks the auditor runs, {attack: why skipped}); a task's own attack that cannot run is an error."""
     from veil.experiments.build import build_data, build_model
     from veil.experiments.cells import make_attack
-    from veil.federated.config import federated_config
+    from veil.federated.fedavg.config import federated_config
 
     if "audit" in task.federated:
         raise VeilError(f"task '{task.name}': federated.audit is set from the task's attacks; remove it")
@@ -197,7 +197,7 @@ def run_task(task: Task, s: Scenario, out: Path, progress: bool = False) -> dict
     """Train and audit every (defense, seed) on Flower; the task's summary entry (see the module doc)."""
     from veil.experiments.audit import run_dir
     from veil.experiments.cells import make_attack
-    from veil.federated.runner import federate
+    from veil.federated.fedavg.runner import federate
     from veil.report.worst_case import worst_case
 
     attacks, skipped = plan(task, s)

@@ -22,7 +22,8 @@ from torch import Tensor
 
 from veil.attacks import Knowledge, Observation, create_attack
 from veil.defenses.permutation import PatchPermutation
-from veil.federated.split import SplitSpec
+from veil.federated.split.multitask import build_parts, split_world
+from veil.federated.split.spec import SplitSpec
 from veil.metrics import image_report
 
 #: the adaptive inversion first (it is the verdict wherever the permutation is on), then the naive rows
@@ -32,8 +33,6 @@ DEFAULT_ATTACKS: dict[str, dict[str, Any]] = {"feature_inversion+unshuffle": {},
 def victim_view(spec: SplitSpec, victims: int) -> tuple[Tensor, Tensor, Any, Tensor, PatchPermutation]:
     """The first client's private images, the server's public images, the frozen head, the clean
     head features the client computes, and the permutation module a p-FeSTA client would apply."""
-    from veil.federated.split_client import build_parts, split_world
-
     world = split_world(spec.text())
     head, _ = build_parts(spec, spec.split.tasks[0])
     head.requires_grad_(False)

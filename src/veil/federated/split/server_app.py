@@ -1,6 +1,6 @@
 """Split learning on Flower (Park et al., p-FeSTA, Fig. 1-2 and Alg. 1): the server's side.
 
-Protocols (`split.protocol`), each over Flower messages (see `split_client` for the types):
+Protocols (`split.protocol`), each over Flower messages (see `client_app` for the types):
   sl      every step: client head features up, body output down, its gradient up, the head
           gradient down; head and tail stay on the client and are never averaged
   festa   SL + FedAvg of head and tail among the clients of a task every `unify_every` steps
@@ -21,67 +21,19 @@ from __future__ import annotations
 import math
 import random
 from collections import defaultdict
-from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 import torch
-import yaml
 from flwr.app import ArrayRecord, ConfigRecord, Message, RecordDict
 from flwr.serverapp import Grid
-from torch import Tensor, nn
+from torch import Tensor
 
-from veil.config import RunConfig, apply_overrides, from_dict, read_yaml
 from veil.errors import VeilError
-from veil.federated.comm import Ledger, message_bytes
-from veil.federated.config import SplitConfig, apply_extra_overrides, split_config, split_sections
+from veil.federated.comm import Ledger, array_of, content_bytes, message_bytes, tensor_of
 from veil.federated.grid import wait_for_nodes
-
-
-@dataclass
-class SplitSpec:
-    cfg: RunConfig
-    split: SplitConfig
-    raw: dict[str, Any]
-
-    def text(self) -> str:
-        return yaml.safe_dump(self.raw, sort_keys=False)
-
-
-def split_spec_from_raw(raw: dict[str, Any]) -> SplitSpec:
-    base, extra = split_sections(raw)
-    cfg = from_dict(base)
-    sc = split_config(extra.get("split"))
-    return SplitSpec(cfg, sc, {**cfg.to_dict(), "split": {**sc.__dict__}})
-
-
-def split_spec_from_text(text: str) -> SplitSpec:
-    return split_spec_from_raw(yaml.safe_load(text))
-
-
-def load_split_spec(path: str | Path | None, overrides: list[str] | None = None) -> SplitSpec:
-    raw = read_yaml(path) if path is not None else {}
-    base, extra = split_sections(raw)
-    extra, rest = apply_extra_overrides(extra, overrides or [])
-    return split_spec_from_raw({**apply_overrides(base, rest), **extra})
-
-
-def build_vit(spec: SplitSpec) -> Any:
-    from veil.models import create_model
-    from veil.models.vit import ViT
-
-    torch.manual_seed(spec.cfg.train.seed)
-    opts = {k: v for k, v in spec.cfg.model.items() if k != "name"}
-    vit = create_model(spec.cfg.model["name"], **{"num_classes": 10, **opts})
-    if not isinstance(vit, ViT):
-        raise VeilError(f"split learning needs a veil ViT (vit-digits, vit-tiny), got {spec.cfg.model['name']!r}")
-    return vit
-
-
-def build_body(spec: SplitSpec) -> nn.Module:
-    from veil.federated.split_models import Body
-
-    return Body(build_vit(spec))
+from veil.federated.split.models import build_body
+from veil.federated.split.multitask import TASK_DEFS, build_parts
+from veil.federated.split.spec import SplitSpec
 
 
 class Exchange:
@@ -108,19 +60,9 @@ class Exchange:
 
 def _spec_bytes(spec: SplitSpec) -> int:
     """The run spec rides along in every message for stateless clients; it is not protocol traffic."""
-    from veil.federated.comm import content_bytes
-
     return content_bytes(RecordDict({"config": ConfigRecord({"spec": spec.text()})})) - content_bytes(
         RecordDict({"config": ConfigRecord({})})
     )
-
-
-def _t(msg: Message, key: str) -> Tensor:
-    return msg.content[key].to_torch_state_dict()["x"]
-
-
-def _arr(x: Tensor) -> ArrayRecord:
-    return ArrayRecord({"x": x.detach().contiguous()})
 
 
 class SplitServer:
@@ -149,16 +91,14 @@ class SplitServer:
         """Body forward, tail round trip, body backward (scaled) and step; returns dL/dh."""
         h = h.requires_grad_(self.sc.protocol != "pfesta")
         b = self.tokens_for(node, self.body(h))
-        rep = self.ex(node, "train.tail", body=_arr(b), config=tail_conf)
+        rep = self.ex(node, "train.tail", body=array_of(b), config=tail_conf)
         self.opt.zero_grad()
-        b.backward(_t(rep, "grad") * self.scale(node))
+        b.backward(tensor_of(rep, "grad") * self.scale(node))
         self.opt.step()
         return h.grad, float(rep.content["metrics"]["loss"])
 
     def tokens_for(self, node: int, b: Tensor) -> Tensor:
         """Only what the task's tail reads goes down: [CLS] alone for classification/regression."""
-        from veil.federated.multitask import TASK_DEFS
-
         return b if TASK_DEFS[self.task[node]].reads_patches else b[:, :1]
 
     def unify_params(self, head: bool) -> None:
@@ -179,7 +119,7 @@ class SplitServer:
 
     def train_split(self) -> None:
         pf = self.sc.protocol == "pfesta"
-        cache = {n: _t(self.ex(n, "train.embed"), "features") for n in self.nodes} if pf else {}
+        cache = {n: tensor_of(self.ex(n, "train.embed"), "features") for n in self.nodes} if pf else {}
         rng = random.Random(self.spec.cfg.train.seed)
         order = {n: [] for n in self.nodes}
         for step in range(self.total):
@@ -194,17 +134,15 @@ class SplitServer:
                     )
                     _, loss = self.body_step(n, cache[n][idx].clone(), idx=idx)
                 else:
-                    h = _t(self.ex(n, "train.fwd", config={"step": step}), "features")
+                    h = tensor_of(self.ex(n, "train.fwd", config={"step": step}), "features")
                     gh, loss = self.body_step(n, h, step=step)
-                    self.ex(n, "train.bwd", grad=_arr(gh), config={"step": step})
+                    self.ex(n, "train.bwd", grad=array_of(gh), config={"step": step})
                 losses.append(loss)
             if (step + 1) % self.unify == 0 and self.sc.protocol in ("festa", "pfesta"):
                 self.unify_params(head=self.sc.protocol == "festa")
             self.log_step(step, losses)
 
     def train_fl(self) -> None:
-        from veil.federated.split_client import build_parts
-
         parts = {t: build_parts(self.spec, t) for t in self.sc.tasks}
         glob = {f"head.{k}": v for k, v in parts[self.sc.tasks[0]][0].state_dict().items()}
         glob.update({f"body.{k}": v for k, v in self.body.state_dict().items()})
@@ -252,12 +190,12 @@ class SplitServer:
         out: dict[str, float] = {}
         for t in self.sc.tasks:
             n = next(n for n in self.nodes if self.task[n] == t)
-            h = _t(self.ex(n, "evaluate.embed", phase="eval", config={"protocol": self.sc.protocol}), "features")
+            h = tensor_of(self.ex(n, "evaluate.embed", phase="eval", config={"protocol": self.sc.protocol}), "features")
             rep = self.ex(
                 n,
                 "evaluate.tail",
                 phase="eval",
-                body=_arr(self.tokens_for(n, self.body.eval()(h))),
+                body=array_of(self.tokens_for(n, self.body.eval()(h))),
                 config={"protocol": self.sc.protocol},
             )
             self.body.train()

@@ -13,7 +13,7 @@ RUN_DIR/
   checkpoints/            last.safetensors (global model), server_optimizer.safetensors (fedsgd),
                           state.json (written last: the completed round)
   summary.json            test_accuracy, rounds, leakage (last audited round, mean per attack), bytes
-                          [, dp: kind, noise, clip, delta, epsilon (`veil.federated.dp`)]
+                          [, dp: kind, noise, clip, delta, epsilon (`veil.federated.fedavg.dp`)]
   leakage.png             leakage per round beside accuracy
 """
 
@@ -33,11 +33,11 @@ from flwr.serverapp.strategy import FedAvg, FedProx, Strategy
 
 from veil.attacks import Knowledge
 from veil.errors import VeilError
-from veil.federated import dp
-from veil.federated.auditor import AuditedStrategy, Auditor, BatchOracle, LocalPlan
 from veil.federated.comm import message_bytes
+from veil.federated.fedavg import dp
+from veil.federated.fedavg.auditor import AuditedStrategy, Auditor, BatchOracle, LocalPlan
+from veil.federated.fedavg.task import Spec, client_world, load_arrays, load_spec, model_arrays, round_lr
 from veil.federated.grid import wait_for_nodes
-from veil.federated.task import Spec, client_world, load_arrays, load_spec, model_arrays, round_lr
 from veil.training.checkpoint import (
     atomic_write_text,
     load_model_weights,
@@ -280,7 +280,7 @@ def leakage(events: list[dict[str, Any]]) -> dict[str, dict[str, float]]:
 
 
 def finish(spec: Spec, state: ServerState, metrics: Path) -> dict[str, Any]:
-    from veil.federated.plots import plot_leakage
+    from veil.federated.fedavg.plots import plot_leakage
 
     events = [json.loads(ln) for ln in metrics.read_text().splitlines() if ln]
     rounds = [e for e in events if e["event"] == "round"]

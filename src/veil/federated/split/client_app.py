@@ -19,8 +19,6 @@ pooled). The permutation keys are written there and nowhere else: no reply carri
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
-from functools import lru_cache
 from typing import Any
 
 import torch
@@ -30,40 +28,12 @@ from torch import Tensor, nn
 
 from veil.defenses.permutation import PatchPermutation, permute, unpermute
 from veil.federated.client_secret import client_secret
-from veil.federated.multitask import TASK_DEFS, Task
+from veil.federated.comm import array_of, tensor_of
+from veil.federated.split.models import build_body
+from veil.federated.split.multitask import TASK_DEFS, SplitWorld, Task, build_parts, split_world
 from veil.training.checkpoint import optimizer_tensors, restore_optimizer
 
 app = ClientApp()
-
-
-@dataclass
-class SplitWorld:
-    spec: Any  # veil.federated.split.SplitSpec
-    clients: list[tuple[str, dict[str, Tensor]]]
-    tests: dict[str, dict[str, Tensor]]
-
-
-@lru_cache(maxsize=4)
-def split_world(spec_text: str) -> SplitWorld:
-    from veil.federated.multitask import multitask_data
-    from veil.federated.split import split_spec_from_text
-
-    spec = split_spec_from_text(spec_text)
-    clients, tests = multitask_data(
-        spec.split.tasks, spec.split.clients_per_task, spec.cfg.train.seed, spec.cfg.data["name"]
-    )
-    return SplitWorld(spec, clients, tests)
-
-
-def build_parts(spec: Any, task: str) -> tuple[nn.Module, nn.Module]:
-    """A fresh head and the task's tail, initialised identically (seeded) on every client of the task."""
-    from veil.federated.split import build_vit
-    from veil.federated.split_models import Head
-
-    vit = build_vit(spec)
-    torch.manual_seed(spec.cfg.train.seed + 17 * (1 + list(TASK_DEFS).index(task)))
-    tail = TASK_DEFS[task].make_tail(vit.width, vit.cfg.patch_size, vit.cfg.image_size)
-    return Head(vit), tail
 
 
 class ClientState:
@@ -114,14 +84,6 @@ def _reply(msg: Message, **records: Any) -> Message:
     return Message(RecordDict(records), reply_to=msg)
 
 
-def _tensor(msg: Message, key: str) -> Tensor:
-    return msg.content[key].to_torch_state_dict()["x"]
-
-
-def _arr(x: Tensor) -> ArrayRecord:
-    return ArrayRecord({"x": x.detach().contiguous()})
-
-
 def _state(msg: Message, ctx: Context) -> ClientState:
     torch.set_num_threads(1)
     return ClientState(split_world(str(msg.content["config"]["spec"])), ctx)
@@ -156,7 +118,7 @@ def _embed(cs: ClientState, pixels: Tensor, key_name: str) -> Tensor:
 @app.train("embed")
 def embed(msg: Message, ctx: Context) -> Message:
     cs = _state(msg, ctx)
-    return _reply(msg, features=_arr(_embed(cs, cs.data["pixels"], "keys")))
+    return _reply(msg, features=array_of(_embed(cs, cs.data["pixels"], "keys")))
 
 
 @app.evaluate("embed")
@@ -164,9 +126,9 @@ def eval_embed(msg: Message, ctx: Context) -> Message:
     cs = _state(msg, ctx)
     pixels = cs.world.tests[cs.task_name]["pixels"]
     if str(msg.content["config"]["protocol"]) == "pfesta":
-        return _reply(msg, features=_arr(_embed(cs, pixels, "test-keys")))
+        return _reply(msg, features=array_of(_embed(cs, pixels, "test-keys")))
     with torch.no_grad():
-        return _reply(msg, features=_arr(cs.head(pixels)))
+        return _reply(msg, features=array_of(cs.head(pixels)))
 
 
 @app.train("fwd")
@@ -174,7 +136,7 @@ def fwd(msg: Message, ctx: Context) -> Message:
     cs = _state(msg, ctx)
     with torch.no_grad():
         h = cs.head(cs.batch(int(msg.content["config"]["step"]))["pixels"])
-    return _reply(msg, features=_arr(h))
+    return _reply(msg, features=array_of(h))
 
 
 def _unperm(b: Tensor, keys: Tensor | None, fn: Any) -> Tensor:
@@ -192,14 +154,14 @@ def tail(msg: Message, ctx: Context) -> Message:
         keys = cs.keys("keys")[idx] if cs.world.spec.split.permute else None
     else:
         batch, keys = cs.batch(int(conf["step"])), None
-    b = _unperm(_tensor(msg, "body"), keys, unpermute).requires_grad_(True)
+    b = _unperm(tensor_of(msg, "body"), keys, unpermute).requires_grad_(True)
     loss = cs.task.loss(cs.tail(b), batch["target"])
     cs.opt_tail.zero_grad()
     loss.backward()
     cs.opt_tail.step()
     cs.save()
     grad = _unperm(b.grad, keys, permute)
-    return _reply(msg, grad=_arr(grad), metrics=MetricRecord({"loss": float(loss.detach())}))
+    return _reply(msg, grad=array_of(grad), metrics=MetricRecord({"loss": float(loss.detach())}))
 
 
 @app.train("bwd")
@@ -207,7 +169,7 @@ def bwd(msg: Message, ctx: Context) -> Message:
     cs = _state(msg, ctx)
     h = cs.head(cs.batch(int(msg.content["config"]["step"]))["pixels"])
     cs.opt_head.zero_grad()
-    h.backward(_tensor(msg, "grad"))
+    h.backward(tensor_of(msg, "grad"))
     cs.opt_head.step()
     cs.save()
     return _reply(msg, metrics=MetricRecord({"ok": 1}))
@@ -247,15 +209,13 @@ def eval_tail(msg: Message, ctx: Context) -> Message:
         else None
     )
     with torch.no_grad():
-        out = cs.tail(_unperm(_tensor(msg, "body"), keys, unpermute))
+        out = cs.tail(_unperm(tensor_of(msg, "body"), keys, unpermute))
     return _reply(msg, metrics=MetricRecord({cs.task.metric_name: cs.task.metric(out, test["target"])}))
 
 
 @app.train("local")
 def local(msg: Message, ctx: Context) -> Message:
     """FL baseline: the whole model (head, body, tail) trained locally for `steps` steps."""
-    from veil.federated.split import build_body
-
     cs = _state(msg, ctx)
     conf = msg.content["config"]
     body = build_body(cs.world.spec)

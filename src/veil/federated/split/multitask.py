@@ -20,6 +20,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
+from functools import lru_cache
 
 import numpy as np
 import torch
@@ -27,9 +28,8 @@ from torch import Tensor, nn
 from torch.nn import functional as F
 
 from veil.data import load_data, subset
-from veil.federated.split_models import CLSTail, SegTail
-
-TASKS = ("classify", "zones", "segment")
+from veil.federated.split.models import CLSTail, Head, SegTail, build_vit
+from veil.federated.split.spec import TASKS, SplitSpec, split_spec_from_text
 
 
 @dataclass
@@ -118,3 +118,27 @@ def multitask_data(
             for j in range(clients_per_task)
         ]
     return clients, {t: task_split(data.test, t, seed + 999) for t in tasks}
+
+
+@dataclass
+class SplitWorld:
+    spec: SplitSpec
+    clients: list[tuple[str, dict[str, Tensor]]]
+    tests: dict[str, dict[str, Tensor]]
+
+
+@lru_cache(maxsize=4)
+def split_world(spec_text: str) -> SplitWorld:
+    spec = split_spec_from_text(spec_text)
+    clients, tests = multitask_data(
+        spec.split.tasks, spec.split.clients_per_task, spec.cfg.train.seed, spec.cfg.data["name"]
+    )
+    return SplitWorld(spec, clients, tests)
+
+
+def build_parts(spec: SplitSpec, task: str) -> tuple[nn.Module, nn.Module]:
+    """A fresh head and the task's tail, initialised identically (seeded) on every client of the task."""
+    vit = build_vit(spec)
+    torch.manual_seed(spec.cfg.train.seed + 17 * (1 + list(TASK_DEFS).index(task)))
+    tail = TASK_DEFS[task].make_tail(vit.width, vit.cfg.patch_size, vit.cfg.image_size)
+    return Head(vit), tail

@@ -171,7 +171,7 @@ def wrap_strategy(inner: Strategy, fed: Any) -> Strategy:
 def clipping_mod(msg: Message, ctx: Context, call_next: ClientAppCallable) -> Message:
     """The client's train mod: Flower's fixed / adaptive clipping mod when the run's spec asks for
     client-side clipping, a pass-through otherwise."""
-    from veil.federated.task import spec_from_text
+    from veil.federated.fedavg.task import spec_from_text
 
     spec = spec_from_text(str(msg.content["config"]["spec"]))
     kind = spec.fed.dp

@@ -11,6 +11,9 @@ from __future__ import annotations
 import torch
 from torch import Tensor, nn
 
+from veil.errors import VeilError
+from veil.federated.split.spec import SplitSpec
+from veil.models import create_model
 from veil.models.vit import ViT, patchify, unpatchify
 
 
@@ -65,3 +68,18 @@ class SegTail(nn.Module):
 
     def forward(self, h: Tensor) -> Tensor:
         return unpatchify(self.mlp(h[:, 1:]), self.patch, 1, self.size)
+
+
+def build_vit(spec: SplitSpec) -> ViT:
+    """The spec's ViT, seeded: every party that builds it (server, clients) gets the same weights."""
+    torch.manual_seed(spec.cfg.train.seed)
+    opts = {k: v for k, v in spec.cfg.model.items() if k != "name"}
+    vit = create_model(spec.cfg.model["name"], **{"num_classes": 10, **opts})
+    if not isinstance(vit, ViT):
+        raise VeilError(f"split learning needs a veil ViT (vit-digits, vit-tiny), got {spec.cfg.model['name']!r}")
+    return vit
+
+
+def build_body(spec: SplitSpec) -> Body:
+    """The server's part of the spec's ViT."""
+    return Body(build_vit(spec))

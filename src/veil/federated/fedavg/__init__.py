@@ -1,0 +1,1 @@
+"""FedAvg / FedProx / FedSGD on Flower: ClientApp, ServerApp, the live privacy auditor."""

@@ -1,0 +1,96 @@
+"""The split-learning run spec (the bottom of `veil.federated.split`): the `split:` section, the
+task names, and `SplitSpec` (the resolved config every message carries, so a stateless client
+can rebuild its head and tail). Nothing here builds a model or touches data."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from veil.config import RunConfig, apply_overrides, from_dict, read_yaml
+from veil.errors import VeilError
+from veil.federated.client_secret import MODES as SECRET_MODES
+from veil.federated.sections import apply_extra_overrides, check_choices, coerce, split_sections
+
+#: the multi-task setting's tasks (`veil.federated.split.multitask` defines each)
+TASKS = ("classify", "zones", "segment")
+
+
+@dataclass
+class SplitConfig:
+    """The `split:` section (veil split):
+
+    protocol: pfesta        # sl | festa | pfesta | fl | central
+    tasks: [classify, zones, segment]
+    clients_per_task: 2
+    epochs: 20              # passes over each client's shard
+    unify_every: 0          # global steps between FedAvg of heads/tails within a task (0: once per epoch)
+    task_scale: {}          # per-task gradient scaling at the body, e.g. {classify: 1, zones: 2, segment: 10}
+    permute: true           # pfesta: the permutation module (false: same protocol, patches in order)
+    backend: inline         # inline | ray
+    eval_every: 0           # epochs between evaluations (0: only at the end)
+    freeze_head: false      # central only: keep the patch-embedding head at its initialisation, as p-FeSTA does
+    secret: random          # random: permutation keys also seeded from a client-held secret; seeded: from the run seed
+    """
+
+    protocol: str = "pfesta"
+    tasks: list[Any] = field(default_factory=lambda: ["classify", "zones", "segment"])
+    clients_per_task: int = 2
+    epochs: int = 20
+    unify_every: int = 0
+    task_scale: dict[str, Any] = field(default_factory=dict)
+    permute: bool = True
+    backend: str = "inline"
+    eval_every: int = 0
+    num_cpus: float = 1.0
+    freeze_head: bool = False
+    secret: str = "random"
+
+
+_SPLIT_CHOICES = {
+    "protocol": ("sl", "festa", "pfesta", "fl", "central"),
+    "backend": ("inline", "ray"),
+    "secret": SECRET_MODES,
+}
+
+
+def split_config(raw: Any) -> SplitConfig:
+    sc = coerce(SplitConfig, raw, "split")
+    check_choices(sc, "split", _SPLIT_CHOICES)
+    bad = [t for t in sc.tasks if t not in TASKS]
+    if bad or not sc.tasks:
+        raise VeilError(f"split.tasks must be a non-empty list from {', '.join(TASKS)}, got {sc.tasks!r}")
+    if sc.clients_per_task < 1 or sc.epochs < 1:
+        raise VeilError("split.clients_per_task and split.epochs must be at least 1")
+    return sc
+
+
+@dataclass
+class SplitSpec:
+    cfg: RunConfig
+    split: SplitConfig
+    raw: dict[str, Any]
+
+    def text(self) -> str:
+        return yaml.safe_dump(self.raw, sort_keys=False)
+
+
+def split_spec_from_raw(raw: dict[str, Any]) -> SplitSpec:
+    base, extra = split_sections(raw)
+    cfg = from_dict(base)
+    sc = split_config(extra.get("split"))
+    return SplitSpec(cfg, sc, {**cfg.to_dict(), "split": {**sc.__dict__}})
+
+
+def split_spec_from_text(text: str) -> SplitSpec:
+    return split_spec_from_raw(yaml.safe_load(text))
+
+
+def load_split_spec(path: str | Path | None, overrides: list[str] | None = None) -> SplitSpec:
+    raw = read_yaml(path) if path is not None else {}
+    base, extra = split_sections(raw)
+    extra, rest = apply_extra_overrides(extra, overrides or [])
+    return split_spec_from_raw({**apply_overrides(base, rest), **extra})
