@@ -113,7 +113,7 @@ import numpy as np
 from torch import Tensor, nn
 
 from veil.defenses import DEFENSES
-from veil.defenses.base import Defense
+from veil.defenses.base import KeyedNoiseDefense, check_seed
 from veil.defenses.noise import Statistic, noise_tables_
 from veil.errors import VeilError
 from veil.models.base import VeilModel
@@ -173,7 +173,7 @@ def untied_lm_head(model: VeilModel) -> nn.Parameter | None:
 NoiseTarget = tuple[str, nn.Parameter, Statistic, float]
 
 
-class Aegis(Defense):
+class Aegis(KeyedNoiseDefense):
     """AEGIS: freeze attention projections, calibrated noise on the embedding and MLP-up gradients."""
 
     name = "aegis"
@@ -196,8 +196,6 @@ class Aegis(Defense):
             raise VeilError(f"freeze_attention must be true or false, got {freeze_attention!r}")
         if not isinstance(freeze_attention_bias, bool):
             raise VeilError(f"freeze_attention_bias must be true or false, got {freeze_attention_bias!r}")
-        if isinstance(seed, bool) or not isinstance(seed, int):
-            raise VeilError(f"seed must be an integer, got {seed!r}")
         self.freeze_attention = freeze_attention
         self.freeze_attention_bias = freeze_attention_bias
         self.embed_noise = check_scale("embed_noise", embed_noise)
@@ -208,9 +206,8 @@ class Aegis(Defense):
         self.mlp_down_noise = self.mlp_down_setting or 0.0
         self.noised_lr = check_scale("noised_lr", noised_lr)
         self.lr_scale = check_scale("lr_scale", lr_scale)
-        self.seed = seed
+        self.seed = check_seed(seed)
         self._frozen: list[tuple[nn.Parameter, bool]] = []
-        self._calls = 0
         self._work: dict[str, Tensor] = {}  # the numpy draw's work space, reused across steps
         #: the noise std used at the last call, by channel (for the analysis and adaptive attackers)
         self.last_std: dict[str, Any] = {}

@@ -16,9 +16,8 @@ import torch
 
 from veil.defenses import DEFENSES
 from veil.defenses.aegis import check_scale
-from veil.defenses.base import Defense, check_unit_interval
+from veil.defenses.base import Defense, KeyedNoiseDefense, check_seed, check_unit_interval
 from veil.defenses.noise import keyed_generator
-from veil.errors import VeilError
 from veil.models.base import VeilModel
 
 
@@ -66,18 +65,15 @@ class Prune(Defense):
         return {"name": self.name, "ratio": self.ratio}
 
 
-class GaussianNoise(Defense):
+class GaussianNoise(KeyedNoiseDefense):
     """N(0, sigma^2) on every gradient entry, seeded, fresh each call."""
 
     name = "gaussian"
 
     def __init__(self, sigma: float = 0.01, seed: int = 0) -> None:
         super().__init__()
-        if isinstance(seed, bool) or not isinstance(seed, int):
-            raise VeilError(f"seed must be an integer, got {seed!r}")
         self.sigma = check_scale("sigma", sigma)
-        self.seed = seed
-        self._calls = 0
+        self.seed = check_seed(seed)
 
     def _attach(self, model: VeilModel) -> None:
         self._calls = 0

@@ -226,6 +226,14 @@ class DPSGD(Defense):
         """Continue after `step` finished steps (a resumed run): the accountant's count and the noise sequence."""
         self.steps = self._calls = step
 
+    def state_dict(self) -> dict[str, Tensor]:
+        """The noise seed (an OS-entropy one by default): the run's own checkpoint keeps it, so a
+        resumed run continues the same noise stream. The checkpoint is as secret as the data."""
+        return {"seed": torch.tensor(self.seed, dtype=torch.int64)}
+
+    def load_state_dict(self, state: dict[str, Tensor]) -> None:
+        self.seed = int(state["seed"])
+
     def privacy(self, steps: int | None = None) -> dict[str, Any]:
         """epsilon spent after `steps` (default: the steps taken) at delta, with what it rests on."""
         steps = self.steps if steps is None else steps

@@ -109,8 +109,8 @@ class MJP(Defense):
     pretrained LayerNorm and attention saw; ``mean`` starts it at "some position".
     seed: None (default) draws shuffles from torch's global RNG, which the training loop reseeds
     per epoch from ``train.seed`` (reproducible); an int gives MJP its own generator. Image masks
-    are drawn 2048 at a time (`_from_pool`), so a run resumed from a checkpoint draws different
-    image masks than the uninterrupted run would have (text masks follow the loop's reseeding).
+    are drawn 2048 at a time (`_from_pool`); the pool's unused rest and the generator are the
+    resume state (`state_dict`), so a resumed run draws what the uninterrupted run would have.
     """
 
     name = "mjp"
@@ -210,6 +210,32 @@ class MJP(Defense):
             "seed": self.seed,
             "unk_init": self.unk_init,
         }
+
+    # ---- exact resume --------------------------------------------------------------------------
+    def state_dict(self) -> dict[str, Tensor]:
+        """Its generator's state (with a seed) and the unused rest of the pooled image masks: a run
+        resumed from a checkpoint draws the masks the uninterrupted run would have drawn."""
+        state: dict[str, Tensor] = {}
+        if self._gen is not None:
+            state["generator"] = self._gen.get_state()
+        if self._pool is not None:
+            (gamma, _, _), mask, perm, used = self._pool
+            state.update(
+                {
+                    "pool.gamma": torch.tensor(gamma, dtype=torch.float64),
+                    "pool.mask": mask[used:].cpu(),
+                    "pool.perm": perm[used:].cpu(),
+                }
+            )
+        return state
+
+    def load_state_dict(self, state: dict[str, Tensor]) -> None:
+        device = next(self.model.parameters()).device if self.model is not None else torch.device("cpu")
+        if "generator" in state:
+            self._generator(device).set_state(state["generator"])
+        if "pool.mask" in state:
+            key = (float(state["pool.gamma"]), self.selection, str(device))
+            self._pool = [key, state["pool.mask"].to(device), state["pool.perm"].to(device), 0]
 
     # ---- the embedding transform (Alg. 1 + Eq. 2-3) ------------------------------------------
     def _generator(self, device: torch.device) -> torch.Generator | None:
