@@ -184,7 +184,7 @@ def test_ig_recovers_digit_at_init(digits, i):
 def test_ig_layer_choice_is_checked(digits):
     model = create_model("vit-digits", depth=1, dim=32, heads=2)
     obs = observe(model, one(digits.test))
-    with pytest.raises(VeilError, match="layers must be"):
+    with pytest.raises(VeilError, match="ig: option 'layers' must be one of 'input', 'all', got 'first'"):
         create_attack("ig", iterations=1, layers="first").reconstruct(obs, Knowledge(batch_size=1))
 
 

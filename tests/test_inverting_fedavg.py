@@ -84,11 +84,11 @@ def test_ig_fedavg_refuses_what_it_cannot_simulate() -> None:
     model, _, _, _, grads, _, local = client_update(n=2, batch=1, epochs=1, lr=0.003, weight_decay=0.0, clip=None)
     with pytest.raises(VeilError, match="on a single gradient use ig"):
         create_attack("ig-fedavg").reconstruct(Observation(model, grads, kind="delta"), Knowledge())
-    with pytest.raises(VeilError, match="label must be 'infer' or 'soft'"):
+    with pytest.raises(VeilError, match="option 'label' must be one of 'infer', 'soft', got 'guess'"):
         create_attack("ig-fedavg", label="guess").reconstruct(
             Observation(model, grads, kind="delta", local=local), Knowledge()
         )
-    with pytest.raises(VeilError, match="layers must be 'all' or 'input'"):
+    with pytest.raises(VeilError, match="option 'layers' must be one of 'input', 'all', got 'first'"):
         create_attack("ig-fedavg", layers="first").reconstruct(
             Observation(model, grads, kind="delta", local=local), Knowledge()
         )

@@ -1,14 +1,26 @@
-"""Attack registry: `create_attack(name, **settings)` / `list_attacks()`; one family per file."""
+"""Attack registry: `create_attack(name, **settings)` / `list_attacks()`; one family per file.
+
+The threat-model types (`Attack`, `Observation`, `Knowledge`, ...) are loaded on first use (PEP
+562 `__getattr__`): they import torch, and `veil attack` checks its options
+(`veil.attacks.options`, this package's torch-free part) before torch loads.
+"""
 
 from __future__ import annotations
 
+import dataclasses
 import importlib
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from veil.attacks.base import Attack, Knowledge, LocalTraining, Observation, Reconstruction, observe
+from veil.attacks.options import Options, describe, specs
+from veil.errors import VeilError
 from veil.registry import Registry
+from veil.schema import Option
+
+if TYPE_CHECKING:
+    from veil.attacks.base import Attack
 
 ATTACKS: Registry[Attack] = Registry("attack")
+_BASE = ("Attack", "Knowledge", "LocalTraining", "Observation", "Reconstruction", "observe")
 
 _FAMILIES = (
     "analytic_vit",
@@ -42,9 +54,48 @@ def create_attack(name: str, **settings: Any) -> Attack:
     return ATTACKS.create(name, **settings)
 
 
+def attack_options(name: str) -> dict[str, Option]:
+    """The options attack `name` declares (type, default, help), for `veil list --details NAME`."""
+    return describe(options_type(name))
+
+
+def options_type(name: str) -> type[Options]:
+    """The options dataclass attack `name` declares."""
+    _load_builtin()
+    if name not in ATTACKS:
+        ATTACKS.create(name)  # the registry's one-line error naming the attacks
+    return getattr(ATTACKS._factories[name], "options_type", Options)
+
+
+def attack_checks(name: str) -> dict[str, Any]:
+    """What the catalog keeps so that `veil attack` checks options without importing the attacks
+    (`veil.attacks.options.check_listed`): each option's type spec, and the inner-attack option."""
+    cls = options_type(name)
+    defaults = {f.name: f.default for f in dataclasses.fields(cls)}
+    return {"spec": specs(cls), "inner": None if cls.inner is None else [cls.inner, defaults[cls.inner]]}
+
+
+def check_attack(entry: dict[str, Any], where: str = "") -> None:
+    """Build the attack of a `{name: ..., <options>}` entry (cheap: no model is touched) so that an
+    unknown name, an unknown option or a wrong type fails here, in one line prefixed by `where`,
+    before any training."""
+    try:
+        create_attack(entry["name"], **{k: v for k, v in entry.items() if k != "name"})
+    except VeilError as e:
+        raise VeilError(f"{where}: {e}" if where else str(e)) from None
+
+
 def list_attacks() -> list[str]:
     _load_builtin()
     return ATTACKS.names()
+
+
+def __getattr__(name: str) -> Any:
+    if name in _BASE:
+        from veil.attacks import base  # torch: see the module docstring
+
+        return getattr(base, name)
+    raise AttributeError(f"module 'veil.attacks' has no attribute {name!r}")
 
 
 __all__ = [
@@ -54,6 +105,10 @@ __all__ = [
     "LocalTraining",
     "Observation",
     "Reconstruction",
+    "attack_checks",
+    "attack_options",
+    "check_attack",
+    "options_type",
     "create_attack",
     "list_attacks",
     "observe",

@@ -7,13 +7,15 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, ClassVar
 
 import torch
 from torch import Tensor, nn
 
+from veil.attacks.options import Options, describe, parse_options
 from veil.errors import VeilError
 from veil.models.base import VeilModel
+from veil.schema import Option
 
 
 @dataclass(frozen=True)
@@ -98,7 +100,12 @@ class Reconstruction:
 
 
 class Attack:
-    """Base class: `reconstruct(observation, knowledge) -> Reconstruction`."""
+    """Base class: `reconstruct(observation, knowledge) -> Reconstruction`.
+
+    An attack declares its settings in `options_type` (a frozen dataclass, `veil.attacks.options`);
+    `Attack(**settings)` checks them (unknown key or wrong type: one `VeilError` line) and keeps the
+    resolved values in `self.options` and the keys as given in `self.settings`.
+    """
 
     name: str = "attack"
     modality: str = "image"  # "image" | "text" | "any"
@@ -106,9 +113,20 @@ class Attack:
     #: what the attacker uses, in one line (the audit's worst case names it); an adaptive attacker
     #: says which part of the defense's mechanism it knows (Knowledge.defense)
     knows: str = "the exported update and the weights; not the defense (naive)"
+    #: the declared options (field, type, default, help); the base declares none
+    options_type: ClassVar[type[Options]] = Options
 
     def __init__(self, **settings: Any) -> None:
-        self.settings = settings
+        if self.options_type is Options and settings:  # not declared yet (being migrated): unchecked
+            self.options = Options()
+        else:
+            self.options = parse_options(self.name, self.options_type, settings)
+        self.settings = settings  # as given (checked): labels and reports show them
+
+    @classmethod
+    def schema(cls) -> dict[str, Option]:
+        """The declared options (name, type, default, help): what `veil list --details` shows."""
+        return describe(cls.options_type)
 
     def applies_to(self, model: VeilModel) -> str | None:
         """None if the attack applies to `model`, else the reason it is skipped."""

@@ -24,6 +24,8 @@ from __future__ import annotations
 import contextlib
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Literal
 
 import torch
 from torch import Tensor
@@ -31,6 +33,7 @@ from torch import Tensor
 from veil.attacks import ATTACKS
 from veil.attacks.base import Attack, Knowledge, Observation, Reconstruction
 from veil.attacks.labels import recover_labels
+from veil.attacks.options import Options, option
 from veil.errors import VeilError
 from veil.models.base import VeilModel
 
@@ -101,19 +104,42 @@ def soft_cross_entropy(logits: Tensor, label_logits: Tensor) -> Tensor:
     return -(label_logits.softmax(-1) * logits.log_softmax(-1)).sum(-1).mean()
 
 
+@dataclass(frozen=True)
+class DLGOptions(Options):
+    iterations: int = option(300, "optimiser iterations per restart (L-BFGS: one call running them all)")
+    restarts: int = option(1, "random restarts; the one with the lowest gradient distance is kept")
+    optimizer: Literal["lbfgs", "adam"] = option("lbfgs", "optimiser of the dummy image (and soft label)")
+    lr: float = option(1.0, "optimiser learning rate")
+    label: Literal["soft", "infer"] = option(
+        "soft", "without granted labels: optimise a soft label, or infer it from the last layer's gradient"
+    )
+    seed: int | None = option(None, "seed of the dummy's start; unset: the knowledge's seed")
+
+
+@dataclass(frozen=True)
+class IGOptions(Options):
+    iterations: int = option(800, "Adam steps per restart")
+    restarts: int = option(2, "random restarts; the one with the lowest gradient distance is kept")
+    lr: float = option(0.1, "Adam learning rate (annealed by the schedule)")
+    tv: float = option(1e-4, "weight of the total-variation prior (keep it small next to the cosine)")
+    label: Literal["infer"] = option("infer", "without granted labels, read them off the last layer's gradient")
+    signed: bool = option(True, "step on the sign of the image gradient (the paper)")
+    seed: int | None = option(None, "seed of the dummy's start; unset: the knowledge's seed")
+    distance: Literal["cosine", "layer_cosine", "l2"] = option("cosine", "gradient distance matched")
+    layers: Literal["input", "all"] = option("input", "gradients compared: the input layers or every exported one")
+    schedule: Literal["cosine", "step"] = option("cosine", "lr schedule: cosine to lr/1000, or x0.1 at 3/8, 5/8, 7/8")
+
+
 class _Inversion(Attack):
     """Shared loop: restarts, timing, label handling; subclasses define one restart."""
 
     modality = "image"
-    defaults: dict = {}
-
-    def opt(self, key: str):  # noqa: ANN201 - setting of any type
-        return self.settings.get(key, self.defaults[key])
+    options: DLGOptions | IGOptions
 
     def labels_for(self, obs: Observation, know: Knowledge, B: int) -> Tensor | None:
         if know.labels is not None:
             return know.labels.long().reshape(-1)[:B]
-        if self.opt("label") == "infer":
+        if self.options.label == "infer":
             return recover_labels(obs, B)
         return None  # optimise a soft label (DLG)
 
@@ -123,13 +149,14 @@ class _Inversion(Attack):
         shape = (B, *image_shape(model, know))
         target = self.target_for(model, obs)
         labels = self.labels_for(obs, know, B)
-        gen = torch.Generator().manual_seed(int(self.opt("seed") if "seed" in self.settings else know.seed))
+        seed = self.options.seed
+        gen = torch.Generator().manual_seed(int(know.seed if seed is None else seed))
         was_training = model.training
         model.eval()
         best: tuple[float, Tensor, Tensor | None] | None = None
         steps, t0 = 0, time.perf_counter()
         try:
-            for restart in range(int(self.opt("restarts"))):
+            for restart in range(self.options.restarts):
                 loss, x, y, n = self.run_once(model, target, shape, labels, gen, restart)
                 steps += n
                 if best is None or loss < best[0]:
@@ -144,7 +171,7 @@ class _Inversion(Attack):
             stats={
                 "loss": best[0],
                 "iterations": steps,
-                "restarts": int(self.opt("restarts")),
+                "restarts": self.options.restarts,
                 "iterations_per_second": steps / max(elapsed, 1e-9),
                 "matched": len(target.names),
             },
@@ -182,7 +209,8 @@ class DLG(_Inversion):
 
     name = "dlg"
     knows = "the update, the weights, batch size and input shape (labels if granted); not the defense (naive)"
-    defaults = {"iterations": 300, "restarts": 1, "optimizer": "lbfgs", "lr": 1.0, "label": "soft", "seed": 0}
+    options_type = DLGOptions
+    options: DLGOptions
 
     def run_once(self, model, target, shape, labels, gen, restart):  # noqa: ANN001, ANN201 - see base
         x = torch.rand(shape, generator=gen).requires_grad_(True)
@@ -195,7 +223,8 @@ class DLG(_Inversion):
         def objective() -> Tensor:
             return target.l2(target.dummy_grads(_forward_loss(model, x, labels, y)))
 
-        n = _optimise(params, objective, self.opt("optimizer"), float(self.opt("lr")), int(self.opt("iterations")))
+        o = self.options
+        n = _optimise(params, objective, o.optimizer, o.lr, o.iterations)
         with torch.enable_grad():
             final = float(objective().detach())
         rec_labels = labels if y is None else y.detach().argmax(-1)
@@ -269,49 +298,34 @@ class InvertingGradients(_Inversion):
 
     name = "ig"
     knows = "the update, the weights, batch size and input shape (labels if granted); not the defense (naive)"
-    defaults = {
-        "iterations": 800,
-        "restarts": 2,
-        "lr": 0.1,
-        "tv": 1e-4,
-        "label": "infer",
-        "signed": True,
-        "seed": 0,
-        "distance": "cosine",
-        "layers": "input",
-        "schedule": "cosine",
-    }
+    options_type = IGOptions
+    options: IGOptions
 
     def target_for(self, model: VeilModel, obs: Observation) -> GradientTarget:
-        layers = str(self.opt("layers"))
-        if layers == "all":
+        if self.options.layers == "all":
             return GradientTarget(model, obs.grads)
-        if layers != "input":
-            raise VeilError(f"ig: layers must be 'all' or 'input', got {layers!r}")
         return GradientTarget(model, obs.grads, only=input_layer_names(model, obs.grads) or None)
 
     def run_once(self, model, target, shape, labels, gen, restart):  # noqa: ANN001, ANN201 - see base
         if labels is None:
             raise VeilError("ig needs labels: pass them in the knowledge or keep label=infer")
-        its, tv, dist = int(self.opt("iterations")), float(self.opt("tv")), str(self.opt("distance"))
+        o = self.options
+        its, tv, dist = o.iterations, o.tv, o.distance
         x = torch.rand(shape, generator=gen).requires_grad_(True)
-        opt = torch.optim.Adam([x], lr=float(self.opt("lr")))
-        schedule = str(self.opt("schedule"))
-        if schedule == "cosine":
-            sched = torch.optim.lr_scheduler.CosineAnnealingLR(opt, max(its, 1), eta_min=float(self.opt("lr")) * 1e-3)
-        elif schedule == "step":
+        opt = torch.optim.Adam([x], lr=o.lr)
+        if o.schedule == "cosine":
+            sched = torch.optim.lr_scheduler.CosineAnnealingLR(opt, max(its, 1), eta_min=o.lr * 1e-3)
+        else:
             sched = torch.optim.lr_scheduler.MultiStepLR(
                 opt, milestones=[its * 3 // 8, its * 5 // 8, its * 7 // 8], gamma=0.1
             )
-        else:
-            raise VeilError(f"ig: schedule must be 'cosine' or 'step', got {schedule!r}")
         for _ in range(its):
             opt.zero_grad()
             loss = target.distance(
                 dist, target.dummy_grads(_forward_loss(model, x, labels, None))
             ) + tv * total_variation(x)
             loss.backward()
-            if self.opt("signed"):
+            if o.signed:
                 x.grad.sign_()
             opt.step()
             sched.step()
@@ -326,4 +340,4 @@ ATTACKS.register("ig", "Inverting Gradients: cosine gradient matching + TV, Adam
     InvertingGradients
 )
 
-__all__ = ["DLG", "InvertingGradients", "GradientTarget", "total_variation"]
+__all__ = ["DLG", "DLGOptions", "GradientTarget", "IGOptions", "InvertingGradients", "total_variation"]

@@ -51,6 +51,8 @@ from __future__ import annotations
 
 import time
 from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Literal
 
 import torch
 from torch import Tensor
@@ -60,6 +62,7 @@ from veil.attacks import ATTACKS
 from veil.attacks.base import Attack, Knowledge, LocalTraining, Observation, Reconstruction
 from veil.attacks.inverting import image_shape, input_layer_names, total_variation
 from veil.attacks.labels import labels_from_bias
+from veil.attacks.options import Options, option
 from veil.defenses.base import Defense
 from veil.errors import VeilError
 from veil.models.base import VeilModel
@@ -150,6 +153,19 @@ def cosine_distance(a: Tensor, b: Tensor) -> Tensor:
     return 1.0 - (a * b).sum() / (a.norm() * b.norm() + 1e-12)
 
 
+@dataclass(frozen=True)
+class IGFedAvgOptions(Options):
+    iterations: int = option(100, "Adam steps per restart (each one unrolls the client's local training)")
+    restarts: int = option(1, "random restarts; the one with the lowest matching loss is kept")
+    lr: float = option(0.1, "Adam learning rate on the dummy inputs (cosine-annealed to lr/1000)")
+    tv: float = option(1e-4, "weight of the total-variation prior")
+    label: Literal["infer", "soft"] = option(
+        "infer", "without granted labels: the bias-inferred multiset dealt in order, or soft labels optimised"
+    )
+    layers: Literal["input", "all"] = option("input", "part of the weight change compared: input layers or all")
+    seed: int | None = option(None, "seed of the dummies' start; unset: the knowledge's seed")
+
+
 class MultiStepInvertingGradients(Attack):
     """Inverting Gradients that simulates the client's s local steps (Geiping et al. 2020, sec. 5).
 
@@ -165,36 +181,21 @@ class MultiStepInvertingGradients(Attack):
         "the FedAvg update, the weights, and the local training the server configured (optimizer, lr, steps, batch size, "
         "epochs, sample count, public batch schedule); not the defense (naive)"
     )
-    defaults = {"iterations": 100, "restarts": 1, "lr": 0.1, "tv": 1e-4, "label": "infer", "layers": "input", "seed": 0}
+    options_type = IGFedAvgOptions
+    options: IGFedAvgOptions
     #: label "soft": per-slot label logits optimised with x' (plain Adam, this lr), started at the inferred labels
     label_lr = 0.1
 
-    def __init__(self, **settings: object) -> None:
-        super().__init__(**settings)
-        unknown = sorted(set(settings) - set(self.defaults))
-        if unknown:
-            raise VeilError(f"ig-fedavg: unknown option {unknown[0]!r}; options: {', '.join(self.defaults)}")
-
-    def opt(self, key: str):  # noqa: ANN201 - setting of any type
-        return self.settings.get(key, self.defaults[key])
-
     def names(self, obs: Observation) -> list[str]:
         exported = [n for n, p in obs.model.named_parameters() if n in obs.grads]
-        layers = str(self.opt("layers"))
-        if layers == "input":
+        if self.options.layers == "input":
             only = input_layer_names(obs.model, obs.grads)
             return [n for n in exported if n in only] or exported
-        if layers != "all":
-            raise VeilError(f"ig-fedavg: layers must be 'all' or 'input', got {layers!r}")
         return exported
 
     def labels(self, obs: Observation, know: Knowledge, n: int) -> Tensor:
         if know.labels is not None:
             return know.labels.long().reshape(-1)[:n]
-        if self.opt("label") not in ("infer", "soft"):
-            raise VeilError(
-                f"ig-fedavg: label must be 'infer' or 'soft' (or grant the labels in the knowledge), got {self.opt('label')!r}"
-            )
         head = obs.model.classifier()
         if getattr(head, "bias", None) is None or not obs.has_grad(head, "bias"):
             raise VeilError("ig-fedavg: inferring labels needs the classifier bias in the update")
@@ -214,21 +215,22 @@ class MultiStepInvertingGradients(Attack):
         target = torch.cat([obs.grads[n].detach().float().flatten() for n in names])
         labels = self.labels(obs, know, local.samples)
         shape = (local.samples, *image_shape(model, know))
-        gen = torch.Generator().manual_seed(int(self.settings.get("seed", know.seed)))
+        seed = self.options.seed
+        gen = torch.Generator().manual_seed(int(know.seed if seed is None else seed))
         was_training = model.training
         model.eval()
         best: tuple[float, Tensor, Tensor] | None = None
-        soft = know.labels is None and self.opt("label") == "soft"
+        soft = know.labels is None and self.options.label == "soft"
         t0 = time.perf_counter()
         try:
-            for _ in range(int(self.opt("restarts"))):
+            for _ in range(self.options.restarts):
                 loss, x, y = self.run_once(sim, compared, target, shape, labels, gen, soft)
                 if best is None or loss < best[0]:
                     best = (loss, x, y)
         finally:
             model.train(was_training)
         assert best is not None
-        its = int(self.opt("iterations")) * int(self.opt("restarts"))
+        its = self.options.iterations * self.options.restarts
         return Reconstruction(
             images=best[1].clamp(0, 1),
             labels=best[2],
@@ -254,16 +256,16 @@ class MultiStepInvertingGradients(Attack):
     ) -> tuple[float, Tensor, Tensor]:
         """One restart; with `soft`, the slots' labels are probabilities softmax(L) optimised beside x'
         (the client's cross-entropy takes them as targets), L started at 2 x one-hot of the inferred ones."""
-        its, tv = int(self.opt("iterations")), float(self.opt("tv"))
+        its, tv, lr = self.options.iterations, self.options.tv, self.options.lr
         x = torch.rand(shape, generator=gen).requires_grad_(True)
-        groups: list[dict] = [{"params": [x], "lr": float(self.opt("lr"))}]
+        groups: list[dict] = [{"params": [x], "lr": lr}]
         logits = None
         if soft:
             classes = int(sim.model.classifier().weight.shape[0])
             logits = (2.0 * torch.nn.functional.one_hot(labels, classes).float()).requires_grad_(True)
             groups.append({"params": [logits], "lr": self.label_lr})
         opt = torch.optim.Adam(groups)
-        sched = torch.optim.lr_scheduler.CosineAnnealingLR(opt, max(its, 1), eta_min=float(self.opt("lr")) * 1e-3)
+        sched = torch.optim.lr_scheduler.CosineAnnealingLR(opt, max(its, 1), eta_min=lr * 1e-3)
 
         def slot_labels() -> Tensor:
             return labels if logits is None else logits.softmax(-1)
@@ -288,4 +290,4 @@ ATTACKS.register(
     "(its optimizer, lr, batches) on dummy inputs (Geiping et al. 2020, sec. 5)",
 )(MultiStepInvertingGradients)
 
-__all__ = ["MultiStepInvertingGradients", "LocalSimulator", "optimizer_groups", "step_slots"]
+__all__ = ["IGFedAvgOptions", "MultiStepInvertingGradients", "LocalSimulator", "optimizer_groups", "step_slots"]

@@ -20,6 +20,8 @@ import json
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from veil.attacks.options import check_listed
+from veil.commands.catalog import load as load_catalog
 from veil.config import RunConfig, load_config, parse_value
 from veil.errors import VeilError
 
@@ -67,6 +69,8 @@ class _KeyValueParser(argparse.ArgumentParser):
 
 def run(args: argparse.Namespace) -> int:
     cfg_over, attack_over = split_overrides(args.overrides)
+    # the attack's name and options, checked against the catalog before torch loads: a typo fails at once
+    check_listed(args.attack, attack_over, load_catalog()["kinds"]["attacks"])
     model, data, defenses, cfg = load_target(args.source, cfg_over)
     if cfg.train.threads > 0:  # as `veil train`: 0 keeps torch's default (one per core)
         import torch

@@ -69,7 +69,7 @@ def write(cat: dict[str, Any], path: Path) -> None:
 
 def build(fp: str | None = None) -> dict[str, Any]:
     """Import every registry and read each component's help and options."""
-    from veil.attacks import ATTACKS
+    from veil.attacks import ATTACKS, attack_checks
     from veil.attacks import _load_builtin as load_attacks
     from veil.config import data_schema, defense_schema
     from veil.data import DATASETS
@@ -87,6 +87,8 @@ def build(fp: str | None = None) -> dict[str, Any]:
         ("attacks", ATTACKS, _attack_options),
     ):
         kinds[kind] = {name: {"help": help, "options": _rows(schema(name))} for name, help in reg.describe().items()}
+    for name, entry in kinds["attacks"].items():  # what `veil attack` checks options against, torch-free
+        entry.update(attack_checks(name))
     return {"fingerprint": fp or fingerprint(), "kinds": kinds}
 
 
@@ -102,14 +104,10 @@ def _rows(options: Any) -> list[list[str]] | None:
 
 
 def _attack_options(name: str) -> Any:
-    """An attack's declared `defaults` (name -> value), as options; None when it declares none."""
-    from veil.attacks import ATTACKS
-    from veil.schema import Option
+    """An attack's declared options (`veil.attacks.attack_options`): name, type, default, help."""
+    from veil.attacks import attack_options
 
-    defaults = getattr(ATTACKS._factories[name], "defaults", None)
-    if not defaults:
-        return None
-    return {k: Option(k, type(v) if v is not None else None, v) for k, v in defaults.items()}
+    return attack_options(name)
 
 
 if __name__ == "__main__":

@@ -22,6 +22,7 @@ from typing import Any
 
 import yaml
 
+from veil.attacks import check_attack
 from veil.config import RunConfig, from_dict, read_yaml
 from veil.errors import VeilError
 
@@ -77,6 +78,8 @@ def _entries(value: Any, what: str, where: str) -> list[dict[str, Any]]:
             out.append(dict(v))
         else:
             raise VeilError(f"{where}.{what} entries must be names or mappings with a 'name' key, got {v!r}")
+        if what == "attacks":  # its name and options, as the attack declares them (one line if bad)
+            check_attack(out[-1], f"{where}.attacks")
     return out
 
 
