@@ -26,7 +26,8 @@ TINY = [
 def cfg(tmp: Path) -> Path:
     p = tmp / "split.yaml"
     p.write_text(
-        "model: {name: vit-digits}\ndata: {name: digits}\ntrain: {lr: 0.002, seed: 0}\nsplit: {protocol: pfesta}\n"
+        "model: {name: vit-digits}\ndata: {name: digits}\ndefense: permutation\ntrain: {lr: 0.002, seed: 0}\n"
+        "split: {protocol: pfesta}\n"
     )
     return p
 
@@ -182,8 +183,8 @@ def test_permutation_costs_no_utility(tmp_path: Path) -> None:
     """Body equivariance: p-FeSTA with and without the permutation trains to the same metrics."""
     from veil.federated.split.run import run_split
 
-    a = run_split(load_split_spec(cfg(tmp_path), [*TINY, "split.permute=true"]), tmp_path / "a")
-    b = run_split(load_split_spec(cfg(tmp_path), [*TINY, "split.permute=false"]), tmp_path / "b")
+    a = run_split(load_split_spec(cfg(tmp_path), TINY), tmp_path / "a")
+    b = run_split(load_split_spec(cfg(tmp_path), [*TINY, "defense=none"]), tmp_path / "b")
     for t in a["metrics"]:
         assert a["metrics"][t] == pytest.approx(b["metrics"][t], abs=0.02)
 
@@ -192,7 +193,7 @@ def test_bytes_are_counted_per_message_and_pfesta_sends_less_than_sl(tmp_path: P
     from veil.federated.split.run import run_split
 
     pf = run_split(load_split_spec(cfg(tmp_path), TINY), tmp_path / "pf")
-    sl = run_split(load_split_spec(cfg(tmp_path), [*TINY, "split.protocol=sl"]), tmp_path / "sl")
+    sl = run_split(load_split_spec(cfg(tmp_path), [*TINY, "split.protocol=sl", "defense=none"]), tmp_path / "sl")
     assert pf["bytes"]["by_type"]["train.embed"]["messages"] == 2  # head features sent once per client
     assert "train.fwd" not in pf["bytes"]["by_type"] and sl["bytes"]["by_type"]["train.fwd"]["messages"] > 0
     assert pf["bytes_per_client"] < sl["bytes_per_client"]
@@ -203,8 +204,8 @@ def test_bytes_are_counted_per_message_and_pfesta_sends_less_than_sl(tmp_path: P
 def test_fl_and_central_references_run(tmp_path: Path) -> None:
     from veil.federated.split.run import run_split
 
-    fl = run_split(load_split_spec(cfg(tmp_path), [*TINY, "split.protocol=fl"]), tmp_path / "fl")
-    ce = run_split(load_split_spec(cfg(tmp_path), [*TINY, "split.protocol=central"]), tmp_path / "ce")
+    fl = run_split(load_split_spec(cfg(tmp_path), [*TINY, "split.protocol=fl", "defense=none"]), tmp_path / "fl")
+    ce = run_split(load_split_spec(cfg(tmp_path), [*TINY, "split.protocol=central", "defense=none"]), tmp_path / "ce")
     assert "train.local" in fl["bytes"]["by_type"] and set(ce["metrics"]) == {"classify", "segment"}
     assert 0 <= ce["metrics"]["segment"] <= 1
 
@@ -214,6 +215,42 @@ def test_bad_split_settings_are_one_line_errors(tmp_path: Path) -> None:
         load_split_spec(cfg(tmp_path), ["split.protocol=xyz"])
     with pytest.raises(VeilError, match="split.tasks must be"):
         load_split_spec(cfg(tmp_path), ["split.tasks=[depth]"])
+    with pytest.raises(VeilError, match="unknown config key 'split.permute'"):  # the permutation is a defense now
+        load_split_spec(cfg(tmp_path), ["split.permute=false"])
+
+
+def test_the_permutation_is_a_feature_defense_of_pfesta_only(tmp_path: Path) -> None:
+    """Split learning drives the permutation through the defense protocol: only under p-FeSTA, and
+    no gradient defense (which would act on nothing here); on a model (`veil train`) it is refused."""
+    with pytest.raises(VeilError, match="'permutation' is p-FeSTA's module: it needs split.protocol=pfesta, got sl"):
+        load_split_spec(cfg(tmp_path), ["split.protocol=sl"])
+    with pytest.raises(
+        VeilError, match="defense 'mjp' does not act on split learning's features; allowed: permutation"
+    ):
+        load_split_spec(cfg(tmp_path), ["defense=mjp"])
+    from veil.config import from_dict
+    from veil.experiments.build import build_run
+
+    run = from_dict({"model": {"name": "vit-digits"}, "data": {"name": "digits"}, "defense": "permutation"})
+    with pytest.raises(VeilError, match="acts on split learning's features .* run it with veil split"):
+        build_run(run)
+
+
+def test_veil_train_refuses_the_permutation_with_one_line(tmp_path: Path) -> None:
+    import subprocess
+    import sys
+
+    cfg_path = tmp_path / "t.yaml"
+    cfg_path.write_text("model: {name: vit-digits}\ndata: {name: digits}\ndefense: permutation\ntrain: {epochs: 1}\n")
+    r = subprocess.run(
+        [sys.executable, "-m", "veil.cli", "train", str(cfg_path), "--out", str(tmp_path / "run")],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert r.returncode == 2 and "Traceback" not in r.stderr, r.stderr
+    assert "defense 'permutation' acts on split learning's features" in r.stderr
+    assert len(r.stderr.strip().splitlines()) == 1
 
 
 def test_feature_inversion_loses_the_image_under_permutation(tmp_path: Path) -> None:

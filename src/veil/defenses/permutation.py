@@ -24,6 +24,8 @@ from torch import Tensor
 from veil.defenses import DEFENSES
 from veil.defenses.base import Defense
 from veil.defenses.noise import torch_seed
+from veil.errors import VeilError
+from veil.models.base import VeilModel
 
 
 def fresh_keys(batch: int, tokens: int, generator: torch.Generator) -> Tensor:
@@ -46,9 +48,14 @@ class PatchPermutation(Defense):
 
     `before_send(features, state)` draws fresh keys (seeded by `seed` and a counter kept in
     `state`, and by the client-held `secret` when one is set), stores them in `state["keys"]` and returns the permuted features;
-    `after_receive(features, state)` un-permutes with the stored keys. With `enabled=False` both
-    are the identity (the zero-strength setting). Features may carry `skip` leading slots (e.g. a
-    [CLS] token) that are never moved.
+    `after_receive(features, state)` un-permutes with the stored keys; features that come back with
+    more slots than the keys (the body's output: [CLS] first) keep the extra leading slots in place.
+    It is a gather / scatter, so autograd through it re-permutes the gradient going back up. With
+    `enabled=False` both are the identity (the zero-strength setting). Features sent may carry
+    `skip` leading slots (e.g. a [CLS] token) that are never moved.
+
+    A feature defense: split learning drives it (`veil.federated.split`); attaching it to a model
+    (`veil train`, FedAvg) is refused, since there it would do nothing.
     """
 
     name = "permutation"
@@ -72,12 +79,23 @@ class PatchPermutation(Defense):
     def after_receive(self, features: Tensor, state: dict[str, Any]) -> Tensor:
         if not self.enabled:
             return features
-        return self._apply(features, state["keys"], unpermute)
+        keys = state["keys"]
+        lead = features.shape[1] - keys.shape[1]
+        if lead < 0:
+            raise VeilError(f"permutation: {features.shape[1]} slots came back for keys of {keys.shape[1]} tokens")
+        return self._apply(features, keys, unpermute, lead)
 
-    def _apply(self, x: Tensor, keys: Tensor, fn: Any) -> Tensor:
-        if self.skip == 0:
+    def _apply(self, x: Tensor, keys: Tensor, fn: Any, lead: int | None = None) -> Tensor:
+        lead = self.skip if lead is None else lead
+        if lead == 0:
             return fn(x, keys)
-        return torch.cat([x[:, : self.skip], fn(x[:, self.skip :], keys)], dim=1)
+        return torch.cat([x[:, :lead], fn(x[:, lead:], keys)], dim=1)
+
+    def _attach(self, model: VeilModel) -> None:
+        raise VeilError(
+            "defense 'permutation' acts on split learning's features (p-FeSTA), not on a model; "
+            "run it with veil split and split.protocol=pfesta"
+        )
 
     def describe(self) -> dict[str, Any]:
         return {"name": self.name, "enabled": self.enabled, "keys": "fresh per sample, kept on the client"}

@@ -6,17 +6,18 @@ attacks a curious server runs on the smashed data it receives (`veil.attacks.fea
     - name: digits-split
       protocol: split
       run: {model: vit-digits, data: digits, train: {batch_size: 16, lr: 0.001}}
-      defenses: [sl, festa, pfesta, {name: pfesta, permute: false}]   # the split protocols (+ split overrides)
+      defenses: [sl, festa, pfesta, {name: pfesta, defense: none}]   # the split protocols (+ split overrides)
       attacks: [{name: feature_inversion, unshuffle: false}, feature_inversion, fsha]
       federated: {tasks: [classify, zones, segment], clients_per_task: 2, epochs: 10, victims: 64}
 
 `defenses` name the protocols (sl | festa | pfesta | fl | central), each a mapping of `split`
-keys beside its name; `federated` holds the shared `split` section (every key but `protocol`)
+keys beside its name, and `defense`: the feature defense its clients apply (pfesta: the
+permutation module unless `defense: none`, the ablation in patch order; the others: none); `federated` holds the shared `split` section (every key but `protocol`)
 and `victims`, the private images attacked (default 64).
 
 Threat model of the feature attacks (the server): it receives a client's head features (patch
 embeddings) — under SL / FeSTA in patch order, under p-FeSTA permuted per sample with a
-client-only key when `permute` is on; it holds auxiliary public images (the digits test split,
+client-only key when the permutation defense is on; it holds auxiliary public images (the digits test split,
 disjoint from every client's training data) and query access to the head at its initialisation
 (p-FeSTA's frozen, shared head; under SL / FeSTA the features of the first step come from that
 head); it knows its own protocol (`Knowledge.defense` names the permutation when it is on), so
@@ -25,7 +26,7 @@ head); it knows its own protocol (`Knowledge.defense` names the permutation when
 Scores: PSNR / SSIM / MSE of the rebuilt batch against the private one (Hungarian-matched).
 
 Resume: each protocol run is a folder reused when its resolved config matches
-(`split_compare.cached_run`); each feature-attack cell is a JSON file under cells/.
+(`veil.federated.split.compare.cached_run`); each feature-attack cell is a JSON file under cells/.
 """
 
 from __future__ import annotations
@@ -56,7 +57,13 @@ def task_spec(task: Task, protocol: dict[str, Any], seed: int) -> Any:
             f"task '{task.name}': federated.protocol is set by each defenses entry (sl, festa, pfesta, ...); remove it"
         )
     raw = task.run_for({"name": "none"}, seed).to_dict()
-    split = {**shared, **{k: v for k, v in protocol.items() if k != "name"}, "protocol": protocol["name"]}
+    # p-FeSTA is defined with its permutation module (Alg. 1); `defense: none` is the ablation
+    raw["defense"] = protocol.get("defense", "permutation" if protocol["name"] == "pfesta" else [])
+    split = {
+        **shared,
+        **{k: v for k, v in protocol.items() if k not in ("name", "defense")},
+        "protocol": protocol["name"],
+    }
     try:
         return split_spec_from_raw({**raw, "split": split})
     except VeilError as e:
@@ -112,6 +119,7 @@ def run_task(task: Task, s: Scenario, out: Path, progress: bool = False) -> dict
     from veil.experiments.audit import run_dir
     from veil.experiments.cells import make_attack
     from veil.federated.split.compare import cached_run
+    from veil.federated.split.spec import permutes
     from veil.report.worst_case import worst_case
     from veil.training.checkpoint import atomic_write_text
 
@@ -142,7 +150,7 @@ def run_task(task: Task, s: Scenario, out: Path, progress: bool = False) -> dict
             runs.append(cached_run(spec, run_dir(out, task, d, seed)))
             if d["name"] not in SENDS_FEATURES:
                 continue
-            permuted = d["name"] == "pfesta" and spec.split.permute
+            permuted = permutes(spec)
             row = {}
             for a in attacks:
                 path = out / "cells" / task.name / dn / label(a) / f"seed{seed}.json"
@@ -224,7 +232,7 @@ def report_blocks(t: dict[str, Any], out: Path) -> list[tuple]:
             "p",
             "Each protocol trained over Flower messages (bytes measured from the serialised messages, beside the paper's formula); "
             "the feature attacks rebuild a client's private images from the head features the server receives "
-            "(permuted under p-FeSTA when permute is on). PSNR in dB; FL and central send no features.",
+            "(permuted under p-FeSTA when the permutation defense is on). PSNR in dB; FL and central send no features.",
         ),
         ("table", head, rows),
     ]

@@ -26,11 +26,12 @@ from flwr.app import ArrayRecord, ConfigRecord, Context, Message, MetricRecord, 
 from flwr.clientapp import ClientApp
 from torch import Tensor, nn
 
-from veil.defenses.permutation import PatchPermutation, permute, unpermute
+from veil.defenses import Defense, create_defense
 from veil.federated.client_secret import client_secret
 from veil.federated.comm import array_of, tensor_of
 from veil.federated.split.models import build_body
 from veil.federated.split.multitask import TASK_DEFS, SplitWorld, Task, build_parts, split_world
+from veil.federated.split.spec import SplitSpec
 from veil.training.checkpoint import optimizer_tensors, restore_optimizer
 
 app = ClientApp()
@@ -48,6 +49,7 @@ class ClientState:
         lr = world.spec.cfg.train.lr
         self.opt_head = torch.optim.Adam(self.head.parameters(), lr=lr)
         self.opt_tail = torch.optim.Adam(self.tail.parameters(), lr=lr)
+        self.defenses = client_defenses(world.spec, self.pid)
         st = ctx.state
         for key, mod, opt in (("head", self.head, self.opt_head), ("tail", self.tail, self.opt_tail)):
             if key in st.array_records:
@@ -79,6 +81,47 @@ class ClientState:
     def keys(self, name: str) -> Tensor:
         return self.ctx.state[name].to_torch_state_dict()["keys"]
 
+    def send(self, h: Tensor, key_name: str) -> Tensor:
+        """Features leaving the client, through its feature defenses (`Defense.before_send`; p-FeSTA:
+        permuted per sample with fresh keys). The defense's state (keys, draw counter) goes to
+        `Context.state` under `key_name` and nowhere else."""
+        if not self.defenses:
+            return h
+        st = self.ctx.state
+        state: dict[str, Any] = {"calls": int(st["perm-calls"]["n"]) if "perm-calls" in st.config_records else 0}
+        for d in self.defenses:
+            h = d.before_send(h, state)
+        if "keys" in state:
+            st[key_name] = ArrayRecord({"keys": state["keys"]})
+        st["perm-calls"] = ConfigRecord({"n": int(state["calls"])})
+        return h
+
+    def receive(self, b: Tensor, key_name: str, idx: Tensor | None = None) -> Tensor:
+        """The body's output back on the client, through `Defense.after_receive` with the keys of the
+        samples it holds (`idx`: the cached ones the server picked). A tail that reads only [CLS]
+        gets nothing to un-shuffle. Autograd through it re-shuffles the gradient going up."""
+        if not self.defenses or not self.task.reads_patches or key_name not in self.ctx.state.array_records:
+            return b
+        keys = self.keys(key_name)
+        state: dict[str, Any] = {"keys": keys if idx is None else keys[idx]}
+        for d in reversed(self.defenses):
+            b = d.after_receive(b, state)
+        return b
+
+
+def client_defenses(spec: SplitSpec, pid: int) -> list[Defense]:
+    """The spec's feature defenses for client `pid` (`veil.federated.split.spec.FEATURE_DEFENSES`):
+    seeded per client, and with `split.secret: random` mixed with a secret only this process
+    holds (`client_secret`), so the server cannot re-derive the keys from the seed."""
+    out = []
+    for entry in spec.cfg.defense:
+        d = create_defense(entry["name"], **{k: v for k, v in entry.items() if k != "name"})
+        d.seed = (spec.cfg.train.seed + d.seed) * 1009 + pid
+        if spec.split.secret == "random":
+            d.secret = client_secret(pid)
+        out.append(d)
+    return out
+
 
 def _reply(msg: Message, **records: Any) -> Message:
     return Message(RecordDict(records), reply_to=msg)
@@ -97,38 +140,22 @@ def info(msg: Message, ctx: Context) -> Message:
     )
 
 
-def _embed(cs: ClientState, pixels: Tensor, key_name: str) -> Tensor:
-    """Frozen head features, permuted per sample with fresh keys kept in Context.state."""
-    with torch.no_grad():
-        h = cs.head(pixels)
-    if not cs.world.spec.split.permute:
-        return h
-    state: dict[str, Any] = {
-        "calls": int(cs.ctx.state["perm-calls"]["n"]) if "perm-calls" in cs.ctx.state.config_records else 0
-    }
-    perm = PatchPermutation(True, seed=cs.world.spec.cfg.train.seed * 1009 + cs.pid)
-    if cs.world.spec.split.secret == "random":  # keys the server cannot re-derive from the seed
-        perm.secret = client_secret(cs.pid)
-    out = perm.before_send(h, state)
-    cs.ctx.state[key_name] = ArrayRecord({"keys": state["keys"]})
-    cs.ctx.state["perm-calls"] = ConfigRecord({"n": state["calls"]})
-    return out
-
-
 @app.train("embed")
 def embed(msg: Message, ctx: Context) -> Message:
     cs = _state(msg, ctx)
-    return _reply(msg, features=array_of(_embed(cs, cs.data["pixels"], "keys")))
+    with torch.no_grad():
+        h = cs.head(cs.data["pixels"])
+    return _reply(msg, features=array_of(cs.send(h, "keys")))
 
 
 @app.evaluate("embed")
 def eval_embed(msg: Message, ctx: Context) -> Message:
     cs = _state(msg, ctx)
     pixels = cs.world.tests[cs.task_name]["pixels"]
-    if str(msg.content["config"]["protocol"]) == "pfesta":
-        return _reply(msg, features=array_of(_embed(cs, pixels, "test-keys")))
     with torch.no_grad():
-        return _reply(msg, features=array_of(cs.head(pixels)))
+        h = cs.head(pixels)
+    pfesta = str(msg.content["config"]["protocol"]) == "pfesta"
+    return _reply(msg, features=array_of(cs.send(h, "test-keys") if pfesta else h))
 
 
 @app.train("fwd")
@@ -139,29 +166,23 @@ def fwd(msg: Message, ctx: Context) -> Message:
     return _reply(msg, features=array_of(h))
 
 
-def _unperm(b: Tensor, keys: Tensor | None, fn: Any) -> Tensor:
-    return b if keys is None or b.shape[1] == 1 else torch.cat([b[:, :1], fn(b[:, 1:], keys)], dim=1)
-
-
 @app.train("tail")
 def tail(msg: Message, ctx: Context) -> Message:
     """Un-permute the body output, tail forward + loss + backward, Adam step, gradient back (re-permuted)."""
     cs = _state(msg, ctx)
     conf = msg.content["config"]
+    body = tensor_of(msg, "body").requires_grad_(True)
     if "idx" in conf:  # p-FeSTA: the server picked cached samples by position
         idx = torch.tensor(list(conf["idx"]), dtype=torch.long)
-        batch = {k: v[idx] for k, v in cs.data.items()}
-        keys = cs.keys("keys")[idx] if cs.world.spec.split.permute else None
+        batch, b = {k: v[idx] for k, v in cs.data.items()}, cs.receive(body, "keys", idx)
     else:
-        batch, keys = cs.batch(int(conf["step"])), None
-    b = _unperm(tensor_of(msg, "body"), keys, unpermute).requires_grad_(True)
+        batch, b = cs.batch(int(conf["step"])), body
     loss = cs.task.loss(cs.tail(b), batch["target"])
     cs.opt_tail.zero_grad()
     loss.backward()
     cs.opt_tail.step()
     cs.save()
-    grad = _unperm(b.grad, keys, permute)
-    return _reply(msg, grad=array_of(grad), metrics=MetricRecord({"loss": float(loss.detach())}))
+    return _reply(msg, grad=array_of(body.grad), metrics=MetricRecord({"loss": float(loss.detach())}))
 
 
 @app.train("bwd")
@@ -203,13 +224,10 @@ def set_params(msg: Message, ctx: Context) -> Message:
 def eval_tail(msg: Message, ctx: Context) -> Message:
     cs = _state(msg, ctx)
     test = cs.world.tests[cs.task_name]
-    keys = (
-        cs.keys("test-keys")
-        if str(msg.content["config"]["protocol"]) == "pfesta" and cs.world.spec.split.permute
-        else None
-    )
+    body = tensor_of(msg, "body")
+    pfesta = str(msg.content["config"]["protocol"]) == "pfesta"
     with torch.no_grad():
-        out = cs.tail(_unperm(tensor_of(msg, "body"), keys, unpermute))
+        out = cs.tail(cs.receive(body, "test-keys") if pfesta else body)
     return _reply(msg, metrics=MetricRecord({cs.task.metric_name: cs.task.metric(out, test["target"])}))
 
 

@@ -13,7 +13,11 @@ from veil.training.checkpoint import atomic_write_text
 
 
 def variant(spec: SplitSpec, **changes: Any) -> SplitSpec:
+    """`spec` with `split` keys changed; a protocol other than p-FeSTA runs without the permutation
+    defense (it is p-FeSTA's module: `veil.federated.split.spec.check_defenses`)."""
     raw = {**spec.raw, "split": {**spec.raw["split"], **changes}}
+    if raw["split"]["protocol"] != "pfesta":
+        raw["defense"] = []
     return split_spec_from_raw(raw)
 
 

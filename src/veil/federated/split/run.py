@@ -19,7 +19,7 @@ from veil.federated.split.comm import paper_cost
 from veil.federated.split.models import build_body
 from veil.federated.split.multitask import TASK_DEFS, build_parts, split_world
 from veil.federated.split.server_app import SplitServer
-from veil.federated.split.spec import SplitSpec
+from veil.federated.split.spec import SplitSpec, permutes
 from veil.training.checkpoint import atomic_write_text
 
 
@@ -86,7 +86,7 @@ def run_split(spec: SplitSpec, run_dir: str | Path, progress: bool = False) -> d
         "protocol": spec.split.protocol,
         "freeze_head": spec.split.freeze_head,
         "tasks": list(spec.split.tasks),
-        "permute": spec.split.permute,
+        "permute": permutes(spec),
         "clients_per_task": spec.split.clients_per_task,
         "epochs": spec.split.epochs,
         "metric_names": {t: TASK_DEFS[t].metric_name for t in spec.split.tasks},

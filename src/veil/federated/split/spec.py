@@ -29,7 +29,6 @@ class SplitConfig:
     epochs: 20              # passes over each client's shard
     unify_every: 0          # global steps between FedAvg of heads/tails within a task (0: once per epoch)
     task_scale: {}          # per-task gradient scaling at the body, e.g. {classify: 1, zones: 2, segment: 10}
-    permute: true           # pfesta: the permutation module (false: same protocol, patches in order)
     backend: inline         # inline | ray
     eval_every: 0           # epochs between evaluations (0: only at the end)
     freeze_head: false      # central only: keep the patch-embedding head at its initialisation, as p-FeSTA does
@@ -42,7 +41,6 @@ class SplitConfig:
     epochs: int = 20
     unify_every: int = 0
     task_scale: dict[str, Any] = field(default_factory=dict)
-    permute: bool = True
     backend: str = "inline"
     eval_every: int = 0
     num_cpus: float = 1.0
@@ -78,11 +76,38 @@ class SplitSpec:
         return yaml.safe_dump(self.raw, sort_keys=False)
 
 
+#: the defenses split learning drives (through `Defense.before_send` / `after_receive`, on the
+#: features a client sends): p-FeSTA's permutation module. Gradient defenses act on FedAvg updates.
+FEATURE_DEFENSES = ("permutation",)
+
+
+def check_defenses(cfg: RunConfig, protocol: str) -> None:
+    """Split learning takes feature defenses only, and the permutation only under p-FeSTA (Alg. 1:
+    cached head features, the body's output un-shuffled by the client that holds the key)."""
+    for d in cfg.defense:
+        if d["name"] not in FEATURE_DEFENSES:
+            raise VeilError(
+                f"defense {d['name']!r} does not act on split learning's features; allowed: {', '.join(FEATURE_DEFENSES)}"
+            )
+        if d["name"] == "permutation" and protocol != "pfesta":
+            raise VeilError(
+                f"defense 'permutation' is p-FeSTA's module: it needs split.protocol=pfesta, got {protocol}"
+            )
+    if len(cfg.defense) > 1:
+        raise VeilError(f"split learning takes one feature defense, got {len(cfg.defense)}")
+
+
 def split_spec_from_raw(raw: dict[str, Any]) -> SplitSpec:
     base, extra = split_sections(raw)
     cfg = from_dict(base)
     sc = split_config(extra.get("split"))
+    check_defenses(cfg, sc.protocol)
     return SplitSpec(cfg, sc, {**cfg.to_dict(), "split": {**sc.__dict__}})
+
+
+def permutes(spec: SplitSpec) -> bool:
+    """Whether the clients shuffle their features (the permutation defense is on and enabled)."""
+    return any(d["name"] == "permutation" and d.get("enabled", True) for d in spec.cfg.defense)
 
 
 def split_spec_from_text(text: str) -> SplitSpec:
