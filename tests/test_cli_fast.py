@@ -59,11 +59,10 @@ def test_list_imports_no_torch_when_its_catalog_is_current(cache: Path) -> None:
 
 
 def test_catalog_options_are_the_builders(cache: Path) -> None:
-    from veil.config import data_keys, defense_keys
-    from veil.models import model_options
+    from veil.registry import DATASETS, DEFENSES, MODELS
 
     kinds = json.loads((cache / "veil" / "catalog.json").read_text())["kinds"]
-    for kind, keys in (("models", model_options), ("data sets", data_keys), ("defenses", defense_keys)):
+    for kind, keys in (("models", MODELS.keys), ("data sets", DATASETS.keys), ("defenses", DEFENSES.keys)):
         for name, entry in kinds[kind].items():
             assert {row[0] for row in entry["options"]} == set(keys(name)), (kind, name)
 

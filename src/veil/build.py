@@ -1,22 +1,32 @@
-"""Turn a validated `RunConfig` into live objects: data, model (sized by the data), defenses."""
+"""The composition root: a validated `RunConfig` becomes live objects — data, a model sized by
+the data, the attached defenses — and a run folder becomes that run with its trained weights.
+
+It sits in veil's core and reaches every component by name through `veil.registry`, so the
+layers above (training, the audit engine, federated and split learning, the commands) all build
+a run the same way without any of them importing another to do it (docs/architecture.md).
+"""
 
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
 from veil.config import RunConfig, load_config
-from veil.data import DataSplits, load_data
-from veil.defenses import Defense, create_defense
 from veil.errors import VeilError
-from veil.models import VeilModel, create_model, model_options
+from veil.io import load_model_weights
+from veil.registry import DATASETS, DEFENSES, MODELS
+
+if TYPE_CHECKING:  # types only: the objects come from the registries
+    from veil.data import DataSplits
+    from veil.defenses import Defense
+    from veil.models import VeilModel
 
 
 def data_derived(model_name: str, data: DataSplits) -> dict[str, Any]:
     """Model options the data decides (unless the config sets them)."""
-    opts = model_options(model_name)
+    opts = MODELS.keys(model_name)
     out: dict[str, Any] = {}
     if data.modality == "image":
         px = data.train["pixels"]
@@ -31,9 +41,10 @@ def data_derived(model_name: str, data: DataSplits) -> dict[str, Any]:
 
 
 def build_model(cfg: RunConfig, data: DataSplits) -> VeilModel:
+    """The config's model, sized by the data; a model that cannot take the data is one line."""
     name = cfg.model["name"]
     overrides = {k: v for k, v in cfg.model.items() if k != "name"}
-    model = create_model(name, **{**data_derived(name, data), **overrides})
+    model = MODELS.create(name, **{**data_derived(name, data), **overrides})
     if model.modality != data.modality:
         raise VeilError(f"model {name!r} takes {model.modality} input but data {cfg.data['name']!r} is {data.modality}")
     if model.modality == "text":
@@ -51,15 +62,17 @@ def build_model(cfg: RunConfig, data: DataSplits) -> VeilModel:
 
 
 def build_data(cfg: RunConfig) -> DataSplits:
+    """The config's data set; an empty train or test split is one line."""
     args = {k: v for k, v in cfg.data.items() if k != "name"}
-    data = load_data(cfg.data["name"], **args)
+    data = DATASETS.create(cfg.data["name"], **args)
     if len(data.train["labels"]) == 0 or len(data.test["labels"]) == 0:
         raise VeilError(f"data set {cfg.data['name']!r} has an empty train or test split")
     return data
 
 
 def build_defenses(cfg: RunConfig) -> list[Defense]:
-    return [create_defense(d["name"], **{k: v for k, v in d.items() if k != "name"}) for d in cfg.defense]
+    """The config's defenses, built but not attached."""
+    return [DEFENSES.create(d["name"], **{k: v for k, v in d.items() if k != "name"}) for d in cfg.defense]
 
 
 def build_run(cfg: RunConfig, data: DataSplits | None = None) -> tuple[VeilModel, DataSplits, list[Defense]]:
@@ -78,8 +91,6 @@ def load_run(
     run_dir: str | Path, overrides: list[str] | None = None
 ) -> tuple[RunConfig, VeilModel, DataSplits, list[Defense]]:
     """Rebuild a finished (or checkpointed) run with its trained weights."""
-    from veil.training.checkpoint import load_model_weights
-
     run_dir = Path(run_dir)
     cfg = load_config(run_dir, overrides)
     model, data, defenses = build_run(cfg)

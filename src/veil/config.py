@@ -16,7 +16,6 @@ Overrides: `model=minilm`, `train.epochs=3`, `defense=mjp`, `defense.gamma=0.1`,
 from __future__ import annotations
 
 import dataclasses
-import inspect
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -25,7 +24,8 @@ from typing import Any
 import yaml
 
 from veil.errors import VeilError
-from veil.schema import Option, check_value, options_of
+from veil.registry import DATASETS, DEFENSES, MODELS, Registry
+from veil.schema import check_value
 
 
 @dataclass
@@ -66,58 +66,10 @@ class RunConfig:
 SECTIONS = ("model", "data", "defense", "train")
 
 
-# ---- option discovery: what each named object accepts ------------------------------------------
-def _params(fn: Callable[..., Any]) -> set[str]:
-    return {
-        n for n, p in inspect.signature(fn).parameters.items() if p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)
-    } - {"self"}
+# ---- option discovery: what each named object accepts (through the registries, by name) ------
+_REGISTRIES: dict[str, Registry[Any]] = {"model": MODELS, "data": DATASETS, "defense": DEFENSES}
 
 
-def model_keys(name: str) -> set[str]:
-    from veil.models import model_options
-
-    return set(model_options(name))
-
-
-def data_keys(name: str) -> set[str]:
-    from veil.data import DATASETS
-
-    if name not in DATASETS:
-        DATASETS.create(name)  # raises the one-line error
-    return _params(DATASETS._factories[name])
-
-
-def defense_keys(name: str) -> set[str]:
-    from veil.defenses import DEFENSES, _load_builtin
-
-    _load_builtin()
-    if name not in DEFENSES:
-        DEFENSES.create(name)
-    return _params(DEFENSES._factories[name])
-
-
-def model_schema(name: str) -> dict[str, Option]:
-    from veil.models import model_schema as schema
-
-    return schema(name)
-
-
-def data_schema(name: str) -> dict[str, Option]:
-    from veil.data import DATASETS
-
-    data_keys(name)
-    return options_of(DATASETS._factories[name])
-
-
-def defense_schema(name: str) -> dict[str, Option]:
-    from veil.defenses import DEFENSES
-
-    defense_keys(name)
-    return options_of(DEFENSES._factories[name])
-
-
-_KEYS = {"model": model_keys, "data": data_keys, "defense": defense_keys}
-_SCHEMAS = {"model": model_schema, "data": data_schema, "defense": defense_schema}
 _TRAIN_FIELDS = {f.name: f for f in dataclasses.fields(TrainConfig)}
 
 
@@ -182,13 +134,13 @@ def _coerce_train(raw: dict[str, Any]) -> TrainConfig:
 
 def _check_options(section: str, entry: dict[str, Any]) -> None:
     """The section's schema: the named object's keys, and each value's type (its builder's signature)."""
-    allowed = _KEYS[section](entry["name"])
+    allowed = _REGISTRIES[section].keys(entry["name"])
     for key in entry:
         if key != "name" and key not in allowed:
             raise VeilError(
                 f"unknown config key '{section}.{key}' for {section} {entry['name']!r}; allowed: {', '.join(sorted(allowed)) or '(none)'}"
             )
-    schema = _SCHEMAS[section](entry["name"])
+    schema = _REGISTRIES[section].options(entry["name"])
     for key, value in entry.items():
         if key in schema:
             check_value(f"{section}.{key}", schema[key], value)
@@ -281,10 +233,10 @@ def _resolve_bare(raw: dict[str, Any], key: str) -> str:
     for section in ("model", "data"):
         entry = raw.get(section, RunConfig().__getattribute__(section))
         name = entry if isinstance(entry, str) else (entry or {}).get("name")
-        if name and key in _KEYS[section](name):
+        if name and key in _REGISTRIES[section].keys(name):
             owners.append(section)
     ds = _defenses(raw.get("defense"))
-    if len(ds) == 1 and key in defense_keys(ds[0]["name"]):
+    if len(ds) == 1 and key in DEFENSES.keys(ds[0]["name"]):
         owners.append("defense")
     if len(owners) > 1:
         raise VeilError(
@@ -297,28 +249,13 @@ def _resolve_bare(raw: dict[str, Any], key: str) -> str:
 
 def _who_takes(key: str) -> str:
     """Where a bare key would fit: the registered defenses (or models, data sets) that take it."""
-    from veil.defenses import list_defenses
-
-    defenses = [n for n in list_defenses() if key in defense_keys(n)]
-    if defenses:
-        return f"; defense {' / '.join(defenses)} takes it: defense={defenses[0]} defense.{key}=VALUE"
-    for section, names in (("model", _model_names), ("data", _data_names)):
-        owners = [n for n in names() if key in _KEYS[section](n)]
+    for section in ("defense", "model", "data"):
+        reg = _REGISTRIES[section]
+        owners = [n for n in reg.names() if key in reg.keys(n)]
         if owners:
-            return f"; {section} {' / '.join(owners[:4])} takes it: {section}={owners[0]} {section}.{key}=VALUE"
+            shown = owners if section == "defense" else owners[:4]
+            return f"; {section} {' / '.join(shown)} takes it: {section}={owners[0]} {section}.{key}=VALUE"
     return "; see `veil list --details NAME` for a component's options"
-
-
-def _model_names() -> list[str]:
-    from veil.models import list_models
-
-    return list_models()
-
-
-def _data_names() -> list[str]:
-    from veil.data import DATASETS
-
-    return DATASETS.names()
 
 
 def load_config(path: str | Path | None = None, overrides: list[str] | None = None) -> RunConfig:

@@ -1,27 +1,45 @@
-"""A small generic registry: `register`, `create`, `names` — one instance per kind.
+"""veil's registries (models, data sets, defenses) and the one rule that fills them.
 
-Models, defenses and attacks each own one `Registry`; `veil list` shows all of them.
+The rule: a registry names the modules that register into it, and imports them on its first
+lookup (`names`, `create`, `factory`, `options`, `in`). Importing `veil.registry` therefore
+costs nothing, a component is registered by the module that defines it (``@DEFENSES.register``),
+and no package has to import its members for their side effects. The composition root
+(`veil.build`) and the config checks (`veil.config`) sit in veil's core yet reach every
+component through these four objects, by name, without importing the packages above them
+(docs/architecture.md).
+
+A module listed here that fails to import is an error, never a silently shorter list. A new
+component goes into a module already listed, or its module is added to the list below.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import importlib
+from collections.abc import Callable, Sequence
 from typing import Any, Generic, TypeVar
 
 from veil.errors import VeilError
+from veil.schema import Option, options_of
 
 T = TypeVar("T")
 
 
 class Registry(Generic[T]):
-    """Maps names to factories of one kind of object."""
+    """Maps names to factories of one kind of object, filled lazily from a list of modules."""
 
-    def __init__(self, kind: str) -> None:
+    def __init__(self, kind: str, modules: Sequence[str] = ()) -> None:
         self.kind = kind
+        self.modules = tuple(modules)
         self._factories: dict[str, Callable[..., T]] = {}
         self._help: dict[str, str] = {}
+        self._loaded = False
 
     def register(self, name: str, help: str = "") -> Callable[[Callable[..., T]], Callable[..., T]]:
+        """Decorator: register `factory` under `name`; `help` defaults to its docstring's first line.
+
+        A factory may carry ``options`` (a set of accepted keys) and ``schema()`` (their
+        `Option`s) when its signature does not tell them (a model preset's config dataclass)."""
+
         def wrap(factory: Callable[..., T]) -> Callable[..., T]:
             if name in self._factories:
                 raise ValueError(f"{self.kind} {name!r} is registered twice")
@@ -32,16 +50,61 @@ class Registry(Generic[T]):
 
         return wrap
 
-    def create(self, name: str, **kwargs: Any) -> T:
+    def load(self) -> None:
+        """Import the listed modules once (each registers its components)."""
+        if self._loaded:
+            return
+        self._loaded = True  # set first: a listed module may look names up while it registers
+        for module in self.modules:
+            importlib.import_module(module)
+
+    def factory(self, name: str) -> Callable[..., T]:
+        """The factory registered as `name`; an unknown name is one line listing the known ones."""
+        self.load()
         if name not in self._factories:
             raise VeilError(f"unknown {self.kind} {name!r}; choose one of: {', '.join(self.names())}")
-        return self._factories[name](**kwargs)
+        return self._factories[name]
+
+    def create(self, name: str, **kwargs: Any) -> T:
+        return self.factory(name)(**kwargs)
+
+    def options(self, name: str) -> dict[str, Option]:
+        """The keyword options `name` takes (type, default, help): its factory's ``schema()`` when
+        it has one, else read from the factory's signature."""
+        factory = self.factory(name)
+        schema = getattr(factory, "schema", None)
+        return schema() if callable(schema) else options_of(factory)
+
+    def keys(self, name: str) -> set[str]:
+        """The option names `name` accepts (a factory's ``options`` when it declares them)."""
+        declared = getattr(self.factory(name), "options", None)
+        return set(declared) if isinstance(declared, (set, frozenset)) else set(self.options(name))
 
     def names(self) -> list[str]:
+        self.load()
         return sorted(self._factories)
 
     def describe(self) -> dict[str, str]:
+        """Every name with its one-line help."""
         return {n: self._help[n] for n in self.names()}
 
     def __contains__(self, name: object) -> bool:
+        self.load()
         return name in self._factories
+
+
+#: the registries and the modules that fill them (the attack registry joins them next, see
+#: veil.attacks; until then it keeps its own module list there)
+MODELS: Registry[Any] = Registry("model", modules=("veil.models", "veil.models.hf"))
+DATASETS: Registry[Any] = Registry("dataset", modules=("veil.data.images", "veil.data.text"))
+DEFENSES: Registry[Any] = Registry(
+    "defense",
+    modules=(
+        "veil.defenses",
+        "veil.defenses.mjp",
+        "veil.defenses.aegis",
+        "veil.defenses.baselines",
+        "veil.defenses.dpsgd",
+        "veil.defenses.permutation",
+    ),
+)

@@ -12,6 +12,9 @@ import argparse
 import json
 from pathlib import Path
 
+from veil.config import load_config
+from veil.errors import VeilError
+
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
     """Register `channels` under the `veil analyze` subcommands."""
@@ -31,12 +34,11 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    # torch and the packages load when the command runs, not when `veil --help` builds the parser
     import torch
 
     from veil.analysis.channels import analyze_channels, markdown_table
-    from veil.config import load_config
-    from veil.errors import VeilError
-    from veil.experiments.build import build_run, load_run
+    from veil.build import build_run, load_run
 
     if args.batch_size < 1:
         raise VeilError(f"--batch-size must be >= 1, got {args.batch_size}")

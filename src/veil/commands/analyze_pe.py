@@ -11,6 +11,8 @@ import argparse
 import json
 from pathlib import Path
 
+from veil.errors import VeilError
+
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
     """Register `pe` under the `veil analyze` subcommands."""
@@ -28,9 +30,9 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    # torch and the packages load when the command runs, not when `veil --help` builds the parser
     from veil.analysis.pe import analyze_model_pe
-    from veil.errors import VeilError
-    from veil.experiments.build import load_run
+    from veil.build import load_run
 
     if args.dims < 1:
         raise VeilError(f"--dims must be >= 1, got {args.dims}")

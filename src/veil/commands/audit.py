@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import argparse
 
+from veil.errors import VeilError
+
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser(
@@ -26,15 +28,15 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from veil.errors import VeilError
+    # torch and the packages load when the command runs, not when `veil --help` builds the parser
     from veil.experiments.audit import run_audit
     from veil.experiments.scenario import load_scenario
+    from veil.report.worst_case import describe
 
     if args.jobs < 1:
         raise VeilError(f"--jobs must be an integer >= 1, got {args.jobs}")
     scenario = load_scenario(args.scenario)
     summary = run_audit(scenario, args.out, progress=not args.quiet, jobs=args.jobs)
-    from veil.report.worst_case import describe
 
     for name, t in summary["tasks"].items():
         print(f"{name}:")

@@ -71,19 +71,14 @@ def build(fp: str | None = None) -> dict[str, Any]:
     """Import every registry and read each component's help and options."""
     from veil.attacks import ATTACKS, attack_checks
     from veil.attacks import _load_builtin as load_attacks
-    from veil.config import data_schema, defense_schema
-    from veil.data import DATASETS
-    from veil.defenses import DEFENSES
-    from veil.defenses import _load_builtin as load_defenses
-    from veil.models import MODELS, model_schema
+    from veil.registry import DATASETS, DEFENSES, MODELS
 
     load_attacks()
-    load_defenses()
     kinds: dict[str, dict[str, Any]] = {}
     for kind, reg, schema in (
-        ("models", MODELS, model_schema),
-        ("data sets", DATASETS, data_schema),
-        ("defenses", DEFENSES, defense_schema),
+        ("models", MODELS, MODELS.options),
+        ("data sets", DATASETS, DATASETS.options),
+        ("defenses", DEFENSES, DEFENSES.options),
         ("attacks", ATTACKS, _attack_options),
     ):
         kinds[kind] = {name: {"help": help, "options": _rows(schema(name))} for name, help in reg.describe().items()}

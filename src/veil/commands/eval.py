@@ -16,6 +16,8 @@ import json
 from pathlib import Path
 from typing import Any
 
+from veil.errors import VeilError
+
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser(
@@ -50,11 +52,12 @@ def evaluate_shuffled(
     seed: int = 0,
 ) -> dict[str, Any]:
     """Load the run and measure clean and shuffled test accuracy."""
+    # torch and the packages load when the command runs, not when `veil --help` builds the parser
     import torch
 
+    from veil.build import load_run
     from veil.defenses.base import check_unit_interval
     from veil.defenses.mjp import MJP
-    from veil.experiments.build import load_run
     from veil.training.loop import evaluate, pick_device
 
     gamma = check_unit_interval("--shuffle-gamma", gamma)
@@ -63,8 +66,6 @@ def evaluate_shuffled(
     mjp = next((d for d in defenses if isinstance(d, MJP)), None)
     if mjp is None:  # an undefended (or otherwise defended) run: plain shuffle, PEs kept
         if model._embedding_transform is not None:
-            from veil.errors import VeilError
-
             raise VeilError(
                 f"run '{run_dir}' uses another embedding transform; test-time shuffling needs no other or MJP"
             )

@@ -10,6 +10,9 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
+from veil.commands.catalog import KINDS, load
+from veil.errors import VeilError
+
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser(
@@ -22,8 +25,6 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from veil.commands.catalog import KINDS, load
-
     kinds = load()["kinds"]
     if args.details:
         print(details(kinds, args.details))
@@ -37,8 +38,6 @@ def run(args: argparse.Namespace) -> int:
 
 def details(kinds: dict[str, Any], name: str) -> str:
     """Every component called `name` (a name may be, say, both a data set and a model) with its options."""
-    from veil.errors import VeilError
-
     found = [
         (kind[:-1] if kind != "data sets" else "data set", kinds[kind][name]) for kind in kinds if name in kinds[kind]
     ]

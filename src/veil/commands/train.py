@@ -18,6 +18,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    # torch and the packages load when the command runs, not when `veil --help` builds the parser
     from veil.training.loop import train
 
     cfg = load_config(args.config, args.overrides)

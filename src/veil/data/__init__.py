@@ -11,11 +11,10 @@ from __future__ import annotations
 
 from typing import Any
 
-from veil.data import images, text  # noqa: F401  (registers the loaders)
-from veil.data.catalog import DATASETS
 from veil.data.partition import dirichlet, iid, label_skew
 from veil.data.splits import DataSplits, Split, iterate_batches, split_size, stratified_split, subset
 from veil.data.tokenizers import Tokenizer, WordPieceTokenizer, WordTokenizer, make_tokenizer, minilm_dir
+from veil.registry import DATASETS
 
 __all__ = [
     "DATASETS",

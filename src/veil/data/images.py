@@ -13,9 +13,9 @@ import torch
 from torch import Tensor
 from torch.nn import functional as F
 
-from veil.data.catalog import DATASETS
 from veil.data.splits import DataSplits, limit, stratified_split, subset
 from veil.errors import VeilError
+from veil.registry import DATASETS
 
 IMAGE_SUFFIXES = (".png", ".jpg", ".jpeg", ".bmp", ".gif")
 

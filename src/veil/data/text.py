@@ -15,11 +15,11 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from veil.data.catalog import DATASETS
 from veil.data.files import column, read_delimited, read_table
 from veil.data.splits import DataSplits, stratified_split
 from veil.data.tokenizers import Tokenizer, make_tokenizer
 from veil.errors import VeilError
+from veil.registry import DATASETS
 
 ASSETS = Path(__file__).resolve().parent.parent / "assets"
 SST2_CLASSES = ["negative", "positive"]

@@ -97,5 +97,3 @@ DEFENSES.register("prune", "top-k magnitude gradient pruning (DLG): zero the `ra
     Prune
 )
 DEFENSES.register("gaussian", "plain Gaussian noise N(0, sigma^2) on every exported gradient")(GaussianNoise)
-
-from veil.defenses import dpsgd  # noqa: E402,F401  (registers `dpsgd`)

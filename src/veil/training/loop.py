@@ -26,19 +26,15 @@ import torch
 from torch import Tensor
 from tqdm.auto import tqdm
 
+from veil.build import build_run
 from veil.config import RunConfig, dump_config, same_config
 from veil.data import DataSplits, iterate_batches
 from veil.defenses.base import Defense
 from veil.errors import VeilError
+from veil.io import append_events, atomic_write_text, intact, save_model_weights, truncate_events
 from veil.models.base import Batch, VeilModel
 from veil.runlock import holds_progress
-from veil.training.checkpoint import (
-    atomic_write_text,
-    intact,
-    load_training_state,
-    save_model_weights,
-    save_training_state,
-)
+from veil.training.checkpoint import load_training_state, save_training_state
 from veil.training.frozen import feature_split
 from veil.training.step import client_step
 
@@ -147,19 +143,6 @@ def _privacy(defenses: Sequence[Defense], steps: int) -> dict[str, Any]:
     return dp[0].privacy(steps) if dp else {}
 
 
-def _append_events(path: Path, events: list[dict[str, Any]]) -> None:
-    with path.open("a") as f:
-        for e in events:
-            f.write(json.dumps(e) + "\n")
-
-
-def _truncate_events(path: Path, step: int) -> None:
-    """On resume, drop events logged after the checkpoint we continue from."""
-    if path.is_file():
-        keep = [line for line in path.read_text().splitlines() if line and json.loads(line).get("step", 0) <= step]
-        atomic_write_text(path, "".join(line + "\n" for line in keep))
-
-
 def train(
     cfg: RunConfig,
     out_dir: str | Path,
@@ -169,8 +152,6 @@ def train(
     progress: bool = True,
 ) -> dict[str, Any]:
     """Train `cfg` into `out_dir`; resume from its checkpoint if one is there. Returns the summary."""
-    from veil.experiments.build import build_run
-
     out = Path(out_dir)
     if (
         (out / "config.yaml").is_file()
@@ -204,7 +185,7 @@ def train(
         warnings.simplefilter("ignore", UserWarning)
         for _ in range(loop["step"]):
             sched.step()
-    _truncate_events(out / "metrics.jsonl", loop["step"])
+    truncate_events(out / "metrics.jsonl", "step", loop["step"])  # drop events past the checkpoint
     for d in _private(defenses):
         d.resume(loop["step"])
 
@@ -248,7 +229,7 @@ def train(
         if privacy:
             metrics.update(epsilon=privacy["epsilon"], delta=privacy["delta"])
         events.append({"event": "eval", "epoch": loop["epoch"], "step": loop["step"], **metrics})
-        _append_events(out / "metrics.jsonl", events)
+        append_events(out / "metrics.jsonl", events)
         save_training_state(out / "checkpoints", model, opt, loop)
     bar.close()
     return _finish(cfg, out, model, data, device, loop, _privacy(defenses, loop["step"]))

@@ -1,0 +1,175 @@
+"""Files a run folder holds, written so an interruption never leaves half a file behind.
+
+Every writer goes through a temporary name and `os.replace`, which is atomic on POSIX: a reader
+sees the old file or the new one, never a mix. A cached result (and each checkpoint) also gets a
+`NAME.sha256` beside it, recorded at write time; a file whose bytes no longer match it is never
+silently reused (`intact`, `verify`). The event log (`metrics.jsonl`) is one JSON object a line,
+appended per epoch or round and cut back to the checkpoint on resume (`truncate_events`).
+Tensors and model weights are safetensors files (never pickle), published with their hash.
+
+This module sits in veil's core: training, the audit engine, federated runs and the report all
+write through it, and it imports nothing of theirs.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+from collections.abc import Iterable
+from pathlib import Path
+from typing import Any
+
+import torch
+from safetensors import SafetensorError
+from safetensors.torch import load_file, save_file, save_model
+
+from veil.errors import VeilError
+
+
+def atomic_write_text(path: Path, text: str) -> None:
+    """Write `text` to `path` through a temporary file and a rename."""
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(text)
+    os.replace(tmp, path)
+
+
+# ---- integrity: a SHA-256 recorded at write time, checked on reuse ----------------------------
+def sha256_file(path: Path) -> str:
+    """The hex SHA-256 of a file's bytes, read in 1 MiB chunks."""
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for chunk in iter(lambda: f.read(1 << 20), b""):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+def hash_path(path: Path) -> Path:
+    """Where the recorded hash of `path` lives: `NAME.sha256` beside it."""
+    return path.with_name(path.name + ".sha256")
+
+
+def publish(tmp: Path, path: Path) -> None:
+    """Rename the finished temporary file `tmp` to `path` with its hash beside it (the two renames
+    back to back)."""
+    side = hash_path(path).with_name(hash_path(path).name + ".tmp")
+    side.write_text(sha256_file(tmp) + "\n")
+    os.replace(tmp, path)
+    os.replace(side, hash_path(path))
+
+
+def write_checked_text(path: Path, text: str) -> None:
+    """`atomic_write_text` plus the SHA-256 that `intact` checks."""
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(text)
+    publish(tmp, path)
+
+
+def intact(path: Path) -> bool:
+    """False when `path` is missing or its bytes differ from the hash recorded when it was
+    written; True otherwise (a file written before hashes were recorded cannot be checked)."""
+    if not path.is_file():
+        return False
+    side = hash_path(path)
+    return not side.is_file() or side.read_text().strip() == sha256_file(path)
+
+
+def verify(path: Path, remedy: str = "") -> None:
+    """A one-line `VeilError` unless `path` is intact."""
+    if not intact(path):
+        what = (
+            "is missing"
+            if not path.is_file()
+            else "fails its integrity check (its SHA-256 differs from the one recorded when it was written)"
+        )
+        raise VeilError(f"checkpoint '{path}' {what}{'; ' + remedy if remedy else ''}")
+
+
+# ---- the event log: metrics.jsonl ---------------------------------------------------------------
+def append_events(path: Path, events: Iterable[dict[str, Any]]) -> None:
+    """Append each event as one JSON line."""
+    with path.open("a") as f:
+        for e in events:
+            f.write(json.dumps(e) + "\n")
+
+
+def truncate_events(path: Path, key: str, upto: int) -> None:
+    """On resume, drop the events logged after the checkpoint the run continues from: those whose
+    `key` (``step`` in training, ``round`` in FedAvg) is past `upto`; an event without it stays."""
+    if path.is_file():
+        keep = [line for line in path.read_text().splitlines() if line and json.loads(line).get(key, 0) <= upto]
+        atomic_write_text(path, "".join(line + "\n" for line in keep))
+
+
+# ---- tensors and model weights as safetensors (never pickle) ----------------------------------
+def save_tensors(tensors: dict[str, torch.Tensor], path: Path) -> None:
+    """A safetensors file of named tensors (an optimiser state), renamed into place with its hash."""
+    tmp = path.with_name(path.name + ".tmp")
+    save_file(tensors, str(tmp))
+    publish(tmp, path)
+
+
+def load_tensors(path: Path, remedy: str = "") -> dict[str, torch.Tensor]:
+    """The tensors of a file `save_tensors` wrote; a damaged file is a one-line `VeilError`."""
+    verify(path, remedy)
+    try:
+        return load_file(str(path))
+    except (SafetensorError, OSError):
+        raise VeilError(
+            f"checkpoint '{path}' is not a readable safetensors file (truncated or damaged){'; ' + remedy if remedy else ''}"
+        ) from None
+
+
+def save_model_weights(model: torch.nn.Module, path: Path) -> None:
+    tmp = path.with_name(path.name + ".tmp")
+    save_model(model, str(tmp))  # handles tied weights
+    publish(tmp, path)
+
+
+def load_model_weights(model: torch.nn.Module, path: Path) -> None:
+    """Load a safetensors checkpoint into `model`; keys of older layouts are renamed first
+    (`legacy_keys`), and a parameter tied to one the file holds needs no key of its own."""
+    verify(path)
+    try:
+        sd = load_file(str(path))
+    except (SafetensorError, OSError):
+        raise VeilError(f"checkpoint '{path}' is not a readable safetensors file") from None
+    sd = legacy_keys(model, sd)
+    try:
+        missing, unexpected = model.load_state_dict(sd, strict=False)
+    except RuntimeError:  # a key that fits with the wrong shape
+        raise VeilError(f"checkpoint '{path}' does not fit the model (a tensor of the wrong shape)") from None
+    bad = list(unexpected) + [k for k in missing if not _tied_to_loaded(model, k, sd)]
+    if bad:
+        raise VeilError(f"checkpoint '{path}' does not fit the model (e.g. key '{bad[0]}')")
+
+
+def legacy_keys(model: torch.nn.Module, sd: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """Rename keys saved under a submodule's old module paths to its current ones.
+
+    A submodule lists ``legacy_prefixes`` {old prefix: new prefix} (relative to itself): the HF
+    adapters once registered ``_emb`` / ``_layers`` / ``_t`` as second paths to their HF modules,
+    and safetensors kept those names (issue 17). A key whose new name is also present is dropped
+    (the same tensor twice)."""
+    rules = [
+        (f"{where}.{old}" if where else old, f"{where}.{new}" if where else new)
+        for where, mod in model.named_modules()
+        for old, new in getattr(mod, "legacy_prefixes", {}).items()
+    ]
+    if not rules:
+        return sd
+    out: dict[str, torch.Tensor] = {}
+    for key, value in sd.items():
+        for old, new in rules:
+            if key.startswith(old):
+                key = new + key[len(old) :]
+                break
+        out.setdefault(key, value)
+    return out
+
+
+def _tied_to_loaded(model: torch.nn.Module, key: str, sd: dict[str, torch.Tensor]) -> bool:
+    """True when parameter `key` is the same tensor as a parameter the checkpoint loaded."""
+    params = dict(model.named_parameters(remove_duplicate=False))
+    p = params.get(key)
+    return p is not None and any(q is p for name, q in params.items() if name in sd)
