@@ -51,13 +51,30 @@ def restore_optimizer(opt: torch.optim.Optimizer, tensors: dict[str, torch.Tenso
     opt.load_state_dict({"state": state, "param_groups": scalars["param_groups"]})
 
 
-def save_training_state(ckdir: Path, model: torch.nn.Module, opt: torch.optim.Optimizer, loop: dict[str, Any]) -> None:
-    """Weights, optimiser and loop counters; `state.json` is renamed last, so it marks completeness."""
+def save_training_state(
+    ckdir: Path,
+    model: torch.nn.Module,
+    opt: torch.optim.Optimizer,
+    loop: dict[str, Any],
+    streams: dict[str, torch.Tensor] | None = None,
+) -> None:
+    """Weights, optimiser, the defenses' random streams (`streams`) and loop counters; `state.json`
+    is renamed last, so it marks completeness."""
     ckdir.mkdir(parents=True, exist_ok=True)
     save_model_weights(model, ckdir / "last.safetensors")
     tensors, scalars = optimizer_tensors(opt)
     save_tensors(tensors, ckdir / "optimizer.safetensors")
+    save_tensors({k: v.contiguous() for k, v in (streams or {}).items()}, ckdir / "streams.safetensors")
     atomic_write_text(ckdir / "state.json", json.dumps({"loop": loop, "optimizer": scalars}))
+
+
+def load_streams(ckdir: Path) -> dict[str, torch.Tensor]:
+    """The random streams `save_training_state` saved with the checkpoint ({} for a checkpoint
+    written before streams were saved); a damaged file is a one-line `VeilError`."""
+    path = ckdir / "streams.safetensors"
+    if not path.is_file():
+        return {}
+    return load_tensors(path, f"remove '{ckdir}' to restart the run from its first step")
 
 
 def load_training_state(ckdir: Path, model: torch.nn.Module, opt: torch.optim.Optimizer) -> dict[str, Any] | None:

@@ -34,7 +34,7 @@ from veil.errors import VeilError
 from veil.io import append_events, atomic_write_text, intact, save_model_weights, truncate_events
 from veil.models.base import Batch, VeilModel
 from veil.runlock import holds_progress
-from veil.training.checkpoint import load_training_state, save_training_state
+from veil.training.checkpoint import load_streams, load_training_state, save_training_state
 from veil.training.frozen import feature_split
 from veil.training.step import client_step
 
@@ -188,6 +188,8 @@ def train(
     truncate_events(out / "metrics.jsonl", "step", loop["step"])  # drop events past the checkpoint
     for d in _private(defenses):
         d.resume(loop["step"])
+    if loop["step"]:
+        restore_streams(defenses, load_streams(out / "checkpoints"))
 
     samples = data.train
     if cfg.train.frozen_features:  # the same samples, as the head sees them (one forward of the frozen encoder)
@@ -230,9 +232,21 @@ def train(
             metrics.update(epsilon=privacy["epsilon"], delta=privacy["delta"])
         events.append({"event": "eval", "epoch": loop["epoch"], "step": loop["step"], **metrics})
         append_events(out / "metrics.jsonl", events)
-        save_training_state(out / "checkpoints", model, opt, loop)
+        save_training_state(out / "checkpoints", model, opt, loop, defense_streams(defenses))
     bar.close()
     return _finish(cfg, out, model, data, device, loop, _privacy(defenses, loop["step"]))
+
+
+def defense_streams(defenses: Sequence[Defense]) -> dict[str, Tensor]:
+    """Every defense's resume state, keyed `position.name.key` (two defenses of one kind stay apart)."""
+    return {f"{i}.{d.name}.{k}": v for i, d in enumerate(defenses) for k, v in d.state_dict().items()}
+
+
+def restore_streams(defenses: Sequence[Defense], streams: dict[str, Tensor]) -> None:
+    """Hand each defense the state `defense_streams` saved for it."""
+    for i, d in enumerate(defenses):
+        prefix = f"{i}.{d.name}."
+        d.load_state_dict({k[len(prefix) :]: v for k, v in streams.items() if k.startswith(prefix)})
 
 
 def _finished(out: Path) -> dict[str, Any] | None:
