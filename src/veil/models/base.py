@@ -29,6 +29,19 @@ from veil.errors import VeilError
 Batch = dict[str, Tensor]
 
 
+class NoPositionTable(VeilError, NotImplementedError):
+    """Raised by `position_table` of a model without absolute position embeddings (CNN, RoPE).
+
+    A `VeilError` (one line on the CLI) that is also a `NotImplementedError`, so code that
+    already treats a missing handle as optional (e.g. the layers an inversion attack weighs)
+    goes on without it."""
+
+    def __init__(self, model: str, why: str) -> None:
+        super().__init__(
+            f"model {model} has no position table ({why}); attacks and defenses that read E_pos do not apply to it"
+        )
+
+
 class EmbeddingTransform(Protocol):
     def __call__(self, tok: Tensor, pos: Tensor, movable: Tensor) -> tuple[Tensor, Tensor]: ...
 

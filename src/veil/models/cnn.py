@@ -22,7 +22,7 @@ import torch
 from torch import Tensor, nn
 
 from veil.errors import VeilError
-from veil.models.base import AttentionHandles, Batch, VeilModel
+from veil.models.base import AttentionHandles, Batch, NoPositionTable, VeilModel
 from veil.models.vit import patchify, unpatchify
 
 
@@ -109,10 +109,7 @@ class CNN(VeilModel):
         return self.stem
 
     def position_table(self) -> nn.Parameter:
-        raise VeilError(
-            "model cnn has no position table (a CNN has no position embeddings); "
-            "attacks and defenses that read E_pos do not apply to it"
-        )
+        raise NoPositionTable("cnn", "a CNN has no position embeddings")
 
     def attention_layers(self) -> list[AttentionHandles]:
         return []

@@ -22,7 +22,7 @@ import torch
 from torch import Tensor, nn
 
 from veil.errors import VeilError
-from veil.models.base import AttentionHandles, Batch, VeilModel, padding_bias
+from veil.models.base import AttentionHandles, Batch, NoPositionTable, VeilModel, padding_bias
 
 
 @dataclass
@@ -157,10 +157,7 @@ class Llama(VeilModel):
         return self.tok
 
     def position_table(self) -> nn.Parameter:
-        raise VeilError(
-            "model llama has no position table (RoPE rotates queries and keys instead); "
-            "attacks and defenses that read E_pos do not apply to it"
-        )
+        raise NoPositionTable("llama", "RoPE rotates queries and keys instead")
 
     def max_positions(self) -> int:
         return self.cfg.max_len
