@@ -148,3 +148,79 @@ def test_veil_train_killed_by_a_signal_mid_epoch_resumes_bit_identical(tmp_path:
         json.loads((tmp_path / "cut" / "summary.json").read_text())["test_accuracy"]
         == json.loads((tmp_path / "full" / "summary.json").read_text())["test_accuracy"]
     )
+
+
+AUDIT = {
+    "name": "resume",
+    "seeds": [0],
+    "attacks": ["labels"],
+    "tasks": [
+        {
+            "name": "digits",
+            "run": {
+                "model": {"name": "vit-digits", "depth": 1, "dim": 32, "heads": 2},
+                "data": {"name": "digits", "train_size": 96, "test_size": 32},
+                "train": {"epochs": 3, "batch_size": 16, "lr": 0.003},
+            },
+            "defenses": ["none", {"name": "mjp", "gamma": 0.3}],
+            "attacks": ["april"],
+            "knowledge": {"batch_size": 1},
+            "samples": 1,
+        },
+        {
+            "name": "text",
+            "run": {
+                "model": {"name": "transformer4", "depth": 1, "dim": 32, "heads": 2},
+                "data": {"name": "sst2", "tokenizer": "word", "max_len": 12, "train_size": 96, "test_size": 16},
+                "train": {"epochs": 3, "batch_size": 16},
+            },
+            "defenses": ["aegis"],
+            "attacks": ["presence"],
+            "knowledge": {"labels": True, "batch_size": 1},
+            "samples": 1,
+        },
+    ],
+}
+
+
+@pytest.mark.parametrize("kill_at", [7 + 18 + 4, 18 * 2 + 13])  # mid-epoch in the MJP run; in the AEGIS run
+def test_audit_killed_mid_training_resumes_to_the_same_summary(
+    kill_at: int, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from veil.experiments.audit import run_audit
+    from veil.experiments.scenario import parse_scenario
+
+    full = run_audit(parse_scenario(AUDIT), tmp_path / "full", progress=False)
+    calls = {"n": 0}
+    real = loop.client_step
+
+    def dying(*args, **kwargs):
+        calls["n"] += 1
+        if calls["n"] == kill_at:
+            raise KeyboardInterrupt
+        return real(*args, **kwargs)
+
+    with monkeypatch.context() as m:
+        m.setattr(loop, "client_step", dying)
+        with pytest.raises(KeyboardInterrupt):
+            run_audit(parse_scenario(AUDIT), tmp_path / "cut", progress=False)
+    resumed = run_audit(parse_scenario(AUDIT), tmp_path / "cut", progress=False)
+    for run in (tmp_path / "full" / "runs").rglob("model.safetensors"):
+        twin = tmp_path / "cut" / run.relative_to(tmp_path / "full")
+        a, b = load_file(str(run)), load_file(str(twin))
+        assert all(torch.equal(a[k], b[k]) for k in a), f"weights differ after resume: {twin}"
+
+    def numbers(s: dict) -> dict:  # every leakage and utility number but wall-clock timings
+        return {
+            t: (task["utility"], task["leakage"]) for t, task in json.loads(json.dumps(s, default=str))["tasks"].items()
+        }
+
+    assert _drop_timing(numbers(resumed)) == _drop_timing(numbers(full))
+
+
+def _drop_timing(x):
+    if isinstance(x, dict):
+        return {k: _drop_timing(v) for k, v in x.items() if "second" not in k and k not in ("train_seconds",)}
+    if isinstance(x, (list, tuple)):
+        return [_drop_timing(v) for v in x]
+    return x
