@@ -34,6 +34,7 @@ from veil.errors import VeilError
 from veil.io import append_events, atomic_write_text, intact, save_model_weights, truncate_events
 from veil.models.base import Batch, VeilModel
 from veil.runlock import holds_progress
+from veil.runtime import use_threads
 from veil.training.checkpoint import load_streams, load_training_state, save_training_state
 from veil.training.frozen import feature_split
 from veil.training.step import client_step
@@ -168,8 +169,6 @@ def train(
     assert data is not None
     defenses = defenses or []
     device = pick_device(cfg.train.device)
-    if cfg.train.threads > 0:
-        torch.set_num_threads(cfg.train.threads)
     model.to(device)
     out.mkdir(parents=True, exist_ok=True)
     atomic_write_text(out / "config.yaml", dump_config(cfg))
@@ -181,6 +180,8 @@ def train(
     opt = make_optimizer(model, cfg.train.lr, cfg.train.weight_decay, defenses)
     sched = torch.optim.lr_scheduler.LambdaLR(opt, warmup_cosine(total, cfg.train.warmup))
     loop = load_training_state(out / "checkpoints", model, opt) or {"epoch": 0, "step": 0, "seconds": 0.0}
+    # threads round sums differently: a resumed run keeps the count its first part chose
+    loop["threads"] = use_threads(loop.get("threads", cfg.train.threads))
     with warnings.catch_warnings():  # fast-forward the schedule to where the checkpoint left it
         warnings.simplefilter("ignore", UserWarning)
         for _ in range(loop["step"]):
