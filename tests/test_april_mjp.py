@@ -52,7 +52,7 @@ def test_april_mjp_recovers_unshuffled_patches_and_masked_set(digits, gamma, see
 def test_april_mjp_options_are_checked(digits):
     model, d = _mjp_digits(0.27, 0)
     batch = {"pixels": digits.test["pixels"][:1].double(), "labels": digits.test["labels"][:1]}
-    with pytest.raises(VeilError, match="place must be"):
+    with pytest.raises(VeilError, match="april-mjp: option 'place' must be one of 'solver', 'slots', got 'nowhere'"):
         attack_once(create_attack("april-mjp", place="nowhere", iterations=0), model, batch, [d], digits, "original", 0)
 
 

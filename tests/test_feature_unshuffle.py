@@ -22,7 +22,9 @@ def test_unshuffle_is_on_exactly_when_the_permutation_is_known_to_be_on() -> Non
     assert not fi.unshuffles(Knowledge(defense={"permutation": {"enabled": False}}))
     assert not create_attack("feature_inversion", unshuffle=False).unshuffles(Knowledge(defense=ON))
     assert create_attack("feature_inversion", unshuffle=True).unshuffles(Knowledge())
-    with pytest.raises(VeilError, match="unshuffle must be 'auto', true or false"):
+    with pytest.raises(
+        VeilError, match="feature_inversion: option 'unshuffle' must be bool or one of 'auto', got 'yes'"
+    ):
         create_attack("feature_inversion", unshuffle="yes").unshuffles(Knowledge())
 
 

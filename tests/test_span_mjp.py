@@ -94,7 +94,9 @@ def test_span_mjp_without_mjp_is_the_span_attack(sst2):
 
 def test_span_mjp_bad_corpus_says_so(sst2):
     model, defense = _mjp_model()
-    with pytest.raises(VeilError, match="corpus 'wiki' is not known; choose one of"):
+    with pytest.raises(
+        VeilError, match="span-mjp: option 'corpus' must be one of 'sst2-train', 'agnews-train', 'none', got 'wiki'"
+    ):
         attack_once(create_attack("span-mjp", corpus="wiki"), model, _one(sst2, 3), [defense], sst2, "original", seed=0)
 
 
@@ -172,7 +174,7 @@ def test_public_corpus_shares_no_sentence_with_the_attacked_split():
     other. (GLUE's train rows include phrases: 5 of them, 5-7 words, stock phrases such as "one of
     the year 's best films", occur inside test sentences; 2 test rows, "bad ." and "very bad .",
     occur inside train sentences: word-order knowledge, not the client's sentences.)"""
-    from veil.attacks.span_mjp import public_text
+    from veil.attacks.span.mjp import public_text
     from veil.data.text import ASSETS, find_file, read_sst2
 
     def norm(s: str) -> str:

@@ -7,7 +7,7 @@ import torch
 
 from veil.attacks import Knowledge, create_attack, list_attacks
 from veil.attacks.base import observe
-from veil.attacks.span_robust import max_dropped, robust_residuals
+from veil.attacks.span.robust import max_dropped, robust_residuals
 from veil.data import load_data
 from veil.errors import VeilError
 from veil.metrics import text_report

@@ -28,12 +28,10 @@ _FAMILIES = (
     "inverting",
     "labels",
     "presence",
-    "span",
+    "span",  # the package registers span, span-mjp and span-robust
     "text_opt",
     "adaptive",
     "features",
-    "span_mjp",
-    "span_robust",
     "inverting_fedavg",
     "head_embedding",
     "multiround",

@@ -28,6 +28,8 @@ span-unfrozen       DAGER's span check (eq. 2-3) on every 2-D gradient that is s
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
+from typing import Literal
 
 import torch
 from scipy.stats import chi2
@@ -35,6 +37,7 @@ from torch import Tensor, nn
 
 from veil.attacks import ATTACKS
 from veil.attacks.base import Attack, Knowledge, Observation, Reconstruction, observe
+from veil.attacks.options import Options, option
 from veil.attacks.presence import special_ids
 from veil.errors import VeilError
 from veil.models.base import VeilModel, linear_weight
@@ -98,18 +101,27 @@ def random_guess_f1(n_true: int, n_guess: int, n_rows: int) -> float:
     return 2 * n_true * n_guess / (n_rows * (n_true + n_guess))
 
 
+@dataclass(frozen=True)
+class PresenceTestOptions(Options):
+    alpha: float | None = option(None, "false-positive rate per row of the chi-square test; unset: 1 / vocabulary")
+    source: Literal["embedding", "head"] = option("embedding", "rows tested: the token embedding's or the LM head's")
+    keep_special: bool = option(False, "keep the special tokens in the bag")
+
+
 class _PresenceTest(Attack):
     modality = "text"
+    options_type = PresenceTestOptions
+    options: PresenceTestOptions
 
     def _test(self, rows: Tensor, obs: Observation, know: Knowledge, rounds: int) -> Reconstruction:
-        alpha = float(self.settings.get("alpha", 1.0 / rows.shape[0]))
-        if self.settings.get("source", "embedding") == "head" and not know.defense.get("head_noise"):
+        alpha = 1.0 / rows.shape[0] if self.options.alpha is None else self.options.alpha
+        if self.options.source == "head" and not know.defense.get("head_noise"):
             z, s2 = log_norm_scores(rows), 0.0  # clean head: softmax mass on every row, targets stand out
             found = set(torch.nonzero(z > largest_gap_cut(z)).flatten().tolist())
         else:
             z, s2 = chi2_scores(rows)
             found = set(guess_present(z, rows.shape[1], alpha).tolist())
-        if not self.settings.get("keep_special", False):
+        if not self.options.keep_special:
             found -= set(special_ids(obs.model, know.tokenizer))
         return Reconstruction(
             token_set=found,
@@ -129,26 +141,26 @@ class _PresenceTest(Attack):
     help="token bag by a chi-square test of embedding row norms, knowing the noise law (adaptive vs AEGIS)",
 )
 class PresenceAdaptive(_PresenceTest):
-    """Settings: ``alpha`` (1/V, false-positive rate per row), ``source`` (embedding | head), ``keep_special``."""
+    """Chi-square presence test on the noised rows (options: `PresenceTestOptions`)."""
 
     name = "presence-adaptive"
     knows = "the defense's mechanism (noised tables, noise law: Knowledge.defense) and the token-embedding gradient"
 
     def _reconstruct(self, obs: Observation, know: Knowledge) -> Reconstruction:
-        return self._test(presence_rows(obs, str(self.settings.get("source", "embedding"))), obs, know, 1)
+        return self._test(presence_rows(obs, self.options.source), obs, know, 1)
 
 
 @ATTACKS.register(
     "presence-average", help="presence test on the mean of R rounds of one client's updates (needs aux_data rounds)"
 )
 class PresenceAverage(_PresenceTest):
-    """Settings as presence-adaptive; the other rounds in ``Knowledge.aux_data["rounds"]``."""
+    """Options as presence-adaptive; the other rounds in ``Knowledge.aux_data["rounds"]``."""
 
     name = "presence-average"
     knows = "the defense's mechanism and R updates of the same client on the same batch"
 
     def _reconstruct(self, obs: Observation, know: Knowledge) -> Reconstruction:
-        source = str(self.settings.get("source", "embedding"))
+        source = self.options.source
         others = (know.aux_data or {}).get("rounds") if isinstance(know.aux_data, dict) else None
         if not others:
             raise VeilError(
@@ -210,14 +222,25 @@ def noisy_span(g: Tensor, noise_aware: bool, rank_tol: float = 1e-6) -> Tensor:
     return vh[keep].T
 
 
+@dataclass(frozen=True)
+class SpanUnfrozenOptions(Options):
+    tol: float = option(0.01, "a token passes when its input's relative distance to the gradient's span is below tol")
+    blocks: int = option(1, "first blocks whose MLP layers are checked")
+    noise_aware: bool | None = option(
+        None, "keep only singular values above the noise bulk; unset: when the knowledge names a defense"
+    )
+
+
 @ATTACKS.register(
     "span-unfrozen",
     help="DAGER span check on every still-exported first-block layer (MLP up/down, head), noise-aware rank",
 )
 class SpanUnfrozen(Attack):
-    """Settings: ``tol`` (0.01) span distance, ``blocks`` (1), ``noise_aware`` (True when a defense is known)."""
+    """DAGER's span check on the first blocks' still-exported layers (options: `SpanUnfrozenOptions`)."""
 
     name = "span-unfrozen"
+    options_type = SpanUnfrozenOptions
+    options: SpanUnfrozenOptions
     knows = "the defense's frozen set and noised channels (Knowledge.defense); the gradients still exported in the first blocks"
     modality = "text"
 
@@ -231,13 +254,10 @@ class SpanUnfrozen(Attack):
 
     def _reconstruct(self, obs: Observation, know: Knowledge) -> Reconstruction:
         model = obs.model
-        tol = float(self.settings.get("tol", 0.01))
-        noise_aware = bool(
-            self.settings.get("noise_aware", bool(know.defense) and know.defense.get("name") not in (None, "none"))
-        )
-        targets = {
-            k: m for k, m in self._targets(model, int(self.settings.get("blocks", 1))).items() if obs.has_grad(m)
-        }
+        tol, noise_aware = self.options.tol, self.options.noise_aware
+        if noise_aware is None:
+            noise_aware = bool(know.defense) and know.defense.get("name") not in (None, "none")
+        targets = {k: m for k, m in self._targets(model, self.options.blocks).items() if obs.has_grad(m)}
         vocab = torch.arange(model.token_embedding().weight.shape[0])
         was = model.training
         model.eval()

@@ -32,11 +32,14 @@ knows the mechanism and recovers the unmasked patches exactly and the masked one
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
 from torch import Tensor
 
 from veil.attacks import ATTACKS
 from veil.attacks.base import Attack, Knowledge, Observation, Reconstruction
+from veil.attacks.options import Options, option
 from veil.errors import VeilError
 from veil.models.base import VeilModel
 from veil.models.vit import unpatchify
@@ -70,10 +73,18 @@ def solve_patches(G: Tensor, dW: Tensor, rcond: float = 1e-7) -> Tensor:
     return X.to(dW.dtype)
 
 
+@dataclass(frozen=True)
+class AprilOptions(Options):
+    rcond: float = option(1e-7, "relative cut-off of the pseudo-inverse of the position gradient")
+    clamp: bool = option(True, "clamp the rebuilt image to [0, 1]")
+
+
 class April(Attack):
     """APRIL closed form from the position- and patch-embedding gradients (batch 1)."""
 
     name = "april"
+    options_type = AprilOptions
+    options: AprilOptions
     knows = "the update of one image (batch 1) and the weights; not the defense (naive)"
     modality = "image"
 
@@ -94,9 +105,9 @@ class April(Attack):
             raise VeilError(
                 f"april: position gradient has {G.shape[0]} patch rows, the model has {model.grid**2} patches"
             )
-        X = solve_patches(G, dW, float(self.settings.get("rcond", 1e-7)))
+        X = solve_patches(G, dW, self.options.rcond)
         img = unpatchify(X.unsqueeze(0), p, chans, size)
-        if self.settings.get("clamp", True):
+        if self.options.clamp:
             img = img.clamp(0.0, 1.0)
         rank = int(torch.linalg.matrix_rank(G.double()))
         batch = know.batch_size or 1

@@ -55,31 +55,22 @@ from __future__ import annotations
 import copy
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Literal
 
 import torch
 from torch import Tensor
 
 from veil.attacks import ATTACKS
-from veil.attacks.analytic_vit import April, patch_geometry, position_rows, weight_as_matrix
+from veil.attacks.analytic_vit import April, AprilOptions, patch_geometry, position_rows, weight_as_matrix
 from veil.attacks.base import Knowledge, Observation, Reconstruction
 from veil.attacks.jigsaw_solver import place
 from veil.attacks.labels import recover_labels
+from veil.attacks.options import option
 from veil.errors import VeilError
 from veil.models.base import VeilModel
 from veil.models.vit import unpatchify
 
 LM_FLOOR = 1e-8  # residual cost below which the match is at the float32 update's rounding (1e-13 to 4e-9 measured)
-DEFAULTS: dict[str, Any] = {
-    "iterations": 200,
-    "restarts": 6,
-    "solver": "auto",
-    "lm_max": 1024,
-    "place": "solver",
-    "rcond": 1e-7,
-    "clamp": True,
-    "seed": 0,
-}
 
 
 class Twin:
@@ -162,6 +153,16 @@ class Problem:
         return torch.cat(parts, 1)
 
 
+@dataclass(frozen=True)
+class AprilMJPOptions(AprilOptions):
+    iterations: int = option(200, "iterations of the residual solve per restart (0: the linear solve alone)")
+    restarts: int = option(6, "restarts of the residual solve from seeded starts")
+    solver: Literal["auto", "lm", "lbfgs"] = option("auto", "residual solver: Levenberg-Marquardt, L-BFGS, or by size")
+    lm_max: int = option(1024, "auto: Levenberg-Marquardt up to this many unknowns, L-BFGS above")
+    place: Literal["solver", "slots"] = option("solver", "where rebuilt patches go: the jigsaw solver or their slots")
+    seed: int = option(0, "seed of the restarts' starts")
+
+
 class AprilMJP(April):
     """APRIL with MJP's mechanism known: masked slots found, DAL removed, masked set matched, placed."""
 
@@ -171,8 +172,8 @@ class AprilMJP(April):
         "slots, DAL's loss and weight); not the masks, the shuffle or the label"
     )
 
-    def opt(self, key: str) -> Any:
-        return self.settings.get(key, DEFAULTS[key])
+    options_type = AprilMJPOptions
+    options: AprilMJPOptions
 
     def _reconstruct(self, obs: Observation, know: Knowledge) -> Reconstruction:
         model = obs.model
@@ -184,11 +185,7 @@ class AprilMJP(April):
             raise VeilError(
                 f"april-mjp: position gradient has {rows.shape[0]} patch rows, the model has {model.grid**2} patches"
             )
-        solver, place_how = str(self.opt("solver")), str(self.opt("place"))
-        if solver not in ("auto", "lm", "lbfgs") or place_how not in ("solver", "slots"):
-            raise VeilError(
-                f"april-mjp: solver must be 'auto', 'lm' or 'lbfgs' and place must be 'solver' or 'slots', got {solver!r}, {place_how!r}"
-            )
+        solver, place_how = self.options.solver, self.options.place
         twin = Twin(model)
         masked = rows.abs().amax(-1) == 0  # step 1
         target, scale, dal = self._target(twin, obs, masked, mech)  # step 2
@@ -196,7 +193,7 @@ class AprilMJP(April):
         G = pos.reshape(-1, pos.shape[-1])[1:]
         dW = weight_as_matrix(target[twin.name(twin.model.token_embedding().weight)])
         S = target.get("mjp.unk", torch.zeros(1, G.shape[1], dtype=G.dtype)).reshape(-1)
-        X = structured_solve(G, masked, S, dW, float(self.opt("rcond")))  # step 3
+        X = structured_solve(G, masked, S, dW, self.options.rcond)  # step 3
         stats: dict[str, Any] = {
             "masked_found": int(masked.sum()),
             "dal_removed": bool(dal),
@@ -204,11 +201,11 @@ class AprilMJP(April):
             "iterations": 0,
         }
         batch = int(know.batch_size or 1)
-        if int(self.opt("iterations")) > 0 and batch == 1:
+        if self.options.iterations > 0 and batch == 1:
             prob = Problem(twin, G, dW, S, masked, recover_labels(obs, 1), (p, chans, size), mech.get("aux") != "drl")
             twin.masked = masked
             if solver == "auto":
-                solver = "lm" if X.numel() <= int(self.opt("lm_max")) else "lbfgs"
+                solver = "lm" if X.numel() <= self.options.lm_max else "lbfgs"
             stats["solver"] = solver
             if solver == "lbfgs":
                 X, stats["match_loss"], stats["iterations"] = self._lbfgs(prob, self._start(X, masked, 0))
@@ -217,7 +214,7 @@ class AprilMJP(April):
         if place_how == "solver":
             X = X[place(X.view(-1, chans, p, p), masked, tuple(model.grid_shape))]
         img = unpatchify(X.unsqueeze(0), p, chans, size).float()
-        if self.opt("clamp"):
+        if self.options.clamp:
             img = img.clamp(0.0, 1.0)
         stats["exact_possible"] = batch == 1
         return Reconstruction(images=img.detach(), stats=stats)
@@ -239,7 +236,7 @@ class AprilMJP(April):
 
     def _start(self, X: Tensor, masked: Tensor, restart: int) -> Tensor:
         """The closed form with seeded noise on the masked rows: they come out equal, a saddle of the match."""
-        gen = torch.Generator().manual_seed(int(self.opt("seed")) + restart)
+        gen = torch.Generator().manual_seed(self.options.seed + restart)
         x = X.clone()
         x[masked] += 0.05 * torch.randn(int(masked.sum()), x.shape[1], generator=gen, dtype=x.dtype)
         return x
@@ -249,10 +246,10 @@ class AprilMJP(April):
         noise) while the cost stays above the rounding floor: a trained model has local minima."""
         best: tuple[Tensor, float] | None = None
         evals = 0
-        for r in range(max(1, int(self.opt("restarts")))):
+        for r in range(max(1, self.options.restarts)):
             x0 = self._start(X, prob.masked, r)
             x, cost, n = levenberg_marquardt(
-                lambda flat: prob.residual(flat.view(-1, *X.shape)), x0.flatten(), int(self.opt("iterations"))
+                lambda flat: prob.residual(flat.view(-1, *X.shape)), x0.flatten(), self.options.iterations
             )
             evals += n
             if best is None or cost < best[1]:
@@ -281,7 +278,7 @@ class AprilMJP(April):
                 .index_put((masked.nonzero().flatten(),), XM)
             )
 
-        its = int(self.opt("iterations"))
+        its = self.options.iterations
         lbfgs = torch.optim.LBFGS(
             [a, C],
             lr=1.0,

@@ -117,10 +117,7 @@ class Attack:
     options_type: ClassVar[type[Options]] = Options
 
     def __init__(self, **settings: Any) -> None:
-        if self.options_type is Options and settings:  # not declared yet (being migrated): unchecked
-            self.options = Options()
-        else:
-            self.options = parse_options(self.name, self.options_type, settings)
+        self.options = parse_options(self.name, self.options_type, settings)
         self.settings = settings  # as given (checked): labels and reports show them
 
     @classmethod

@@ -33,7 +33,8 @@ slot i holding patch i, which is what p-FeSTA's permutation module takes away.
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any
+from dataclasses import dataclass
+from typing import Any, Literal
 
 import torch
 from torch import Tensor, nn
@@ -41,6 +42,7 @@ from torch.nn import functional as F
 
 from veil.attacks import ATTACKS
 from veil.attacks.base import Attack, Knowledge, Observation, Reconstruction
+from veil.attacks.options import Options, option
 from veil.errors import VeilError
 
 
@@ -72,18 +74,34 @@ def _aux(know: Knowledge) -> Tensor:
     return px
 
 
+@dataclass(frozen=True)
+class FeatureInversionOptions(Options):
+    steps: int = option(1500, "Adam steps training the decoder")
+    lr: float = option(1e-3, "Adam learning rate")
+    batch: int = option(64, "auxiliary images per step")
+    hidden: int = option(512, "decoder width")
+    unshuffle: bool | Literal["auto"] = option(
+        "auto", "undo the permutation with the head's affine structure; auto: when the defense says it is on"
+    )
+
+
+@dataclass(frozen=True)
+class FSHAOptions(Options):
+    steps: int = option(2000, "Adam steps of the encoder, decoder and discriminator")
+    lr: float = option(1e-3, "Adam learning rate")
+    batch: int = option(64, "auxiliary images (and intercepted features) per step")
+    hidden: int = option(512, "decoder width")
+    adv: float = option(0.05, "weight of the adversarial term in the encoder-decoder loss")
+
+
 class _FeatureAttack(Attack):
     """Feature attacks observe features, not a model: an Observation may carry `model=None`."""
 
     modality = "image"
     needs = "features"
-    defaults: dict[str, Any] = {}
 
     def applies_to(self, model: Any) -> str | None:
         return None if model is None else super().applies_to(model)
-
-    def _get(self, k: str) -> Any:
-        return self.settings.get(k, self.defaults[k])
 
 
 def _batches(n: int, bs: int, g: torch.Generator) -> Tensor:
@@ -95,15 +113,14 @@ class FeatureInversion(_FeatureAttack):
 
     name = "feature_inversion"
     knows = "the intercepted features, query access to the frozen head and public auxiliary images (unshuffle: the head's affine structure undoes the permutation)"
-    defaults = {"steps": 1500, "lr": 1e-3, "batch": 64, "hidden": 512, "unshuffle": "auto"}
+    options_type = FeatureInversionOptions
+    options: FeatureInversionOptions
 
     def unshuffles(self, know: Knowledge) -> bool:
         """Whether this run un-shuffles: forced by ``unshuffle``, else when the permutation is known to be on."""
-        mode = self._get("unshuffle")
+        mode = self.options.unshuffle
         if mode == "auto":
             return bool((know.defense or {}).get("permutation", {}).get("enabled", False))
-        if not isinstance(mode, bool):
-            raise VeilError(f"feature_inversion unshuffle must be 'auto', true or false, got {mode!r}")
         return mode
 
     def _reconstruct(self, obs: Observation, know: Knowledge) -> Reconstruction:
@@ -120,11 +137,11 @@ class FeatureInversion(_FeatureAttack):
             f = unshuffle(f, head, tuple(aux.shape[1:]))
         with torch.random.fork_rng():  # the decoder's initialisation is seeded too: one seed, one result
             torch.manual_seed(know.seed)
-            dec = Decoder(f.shape[1], f.shape[2], tuple(aux.shape[1:]), self._get("hidden"))
-        opt = torch.optim.Adam(dec.parameters(), lr=self._get("lr"))
+            dec = Decoder(f.shape[1], f.shape[2], tuple(aux.shape[1:]), self.options.hidden)
+        opt = torch.optim.Adam(dec.parameters(), lr=self.options.lr)
         g = torch.Generator().manual_seed(know.seed)
-        for _ in range(self._get("steps")):
-            i = _batches(len(aux), self._get("batch"), g)
+        for _ in range(self.options.steps):
+            i = _batches(len(aux), self.options.batch, g)
             loss = F.mse_loss(dec(feats[i]), aux[i])
             opt.zero_grad()
             loss.backward()
@@ -163,7 +180,8 @@ class FeatureHijack(_FeatureAttack):
 
     name = "fsha"
     knows = "the intercepted features and public auxiliary images (no access to the head)"
-    defaults = {"steps": 2000, "lr": 1e-3, "batch": 64, "hidden": 512, "adv": 0.05}
+    options_type = FSHAOptions
+    options: FSHAOptions
 
     def _reconstruct(self, obs: Observation, know: Knowledge) -> Reconstruction:
         if obs.features is None:
@@ -176,20 +194,20 @@ class FeatureHijack(_FeatureAttack):
 
         enc_proj, enc_pos = nn.Linear(P, D), nn.Parameter(torch.randn(N, D) * 0.02)  # F^: same form as a patch embedder
         enc = lambda x: enc_proj(patchify(x, patch)) + enc_pos  # noqa: E731
-        dec = Decoder(N, D, tuple(aux.shape[1:]), self._get("hidden"))
+        dec = Decoder(N, D, tuple(aux.shape[1:]), self.options.hidden)
         disc = nn.Sequential(nn.Flatten(), nn.Linear(N * D, 256), nn.LeakyReLU(0.2), nn.Linear(256, 1))
-        opt_g = torch.optim.Adam([*enc_proj.parameters(), enc_pos, *dec.parameters()], lr=self._get("lr"))
-        opt_d = torch.optim.Adam(disc.parameters(), lr=self._get("lr"))
+        opt_g = torch.optim.Adam([*enc_proj.parameters(), enc_pos, *dec.parameters()], lr=self.options.lr)
+        opt_d = torch.optim.Adam(disc.parameters(), lr=self.options.lr)
         g = torch.Generator().manual_seed(know.seed)
-        for _ in range(self._get("steps")):
-            xa = aux[_batches(len(aux), self._get("batch"), g)]
-            real = f[_batches(len(f), self._get("batch"), g)]
+        for _ in range(self.options.steps):
+            xa = aux[_batches(len(aux), self.options.batch, g)]
+            real = f[_batches(len(f), self.options.batch, g)]
             fake = enc(xa)
             d_loss = F.softplus(-disc(real)).mean() + F.softplus(disc(fake.detach())).mean()
             opt_d.zero_grad()
             d_loss.backward()
             opt_d.step()
-            g_loss = F.mse_loss(dec(fake), xa) + self._get("adv") * F.softplus(-disc(fake)).mean()
+            g_loss = F.mse_loss(dec(fake), xa) + self.options.adv * F.softplus(-disc(fake)).mean()
             opt_g.zero_grad()
             g_loss.backward()
             opt_g.step()

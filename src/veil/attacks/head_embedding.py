@@ -23,11 +23,14 @@ noise on dL/dW and dL/db hides h; the guarantee bounds this attacker like any ot
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
 from torch import Tensor
 
 from veil.attacks import ATTACKS
 from veil.attacks.base import Attack, Knowledge, Observation, Reconstruction
+from veil.attacks.options import Options, option
 from veil.errors import VeilError
 from veil.training.frozen import encoder_features
 
@@ -48,6 +51,11 @@ def best_match(h: Tensor, pool: Tensor) -> tuple[int, float, float]:
     return int(top.indices[0]), float(top.values[0]), margin
 
 
+@dataclass(frozen=True)
+class HeadEmbeddingOptions(Options):
+    pool_batch: int = option(256, "candidates embedded per forward pass (memory, not the result)")
+
+
 class HeadEmbedding(Attack):
     """Read the classifier's input off the head gradient; return the matching candidate."""
 
@@ -57,7 +65,8 @@ class HeadEmbedding(Attack):
         "the classifier's update (batch 1), the frozen global model, and a pool of candidate inputs that holds the "
         "private one (Knowledge.aux_data['candidates']); not the defense (naive)"
     )
-    defaults = {"pool_batch": 256}
+    options_type = HeadEmbeddingOptions
+    options: HeadEmbeddingOptions
     needs_pool = True  # veil's harness grants the test split's inputs, which hold the attacked batch
 
     def _reconstruct(self, obs: Observation, know: Knowledge) -> Reconstruction:
@@ -84,7 +93,7 @@ class HeadEmbedding(Attack):
         key = (id(obs.model), tuple(id(v) for v in pool.values()), tuple(p._version for p in obs.model.parameters()))
         cached = getattr(self, "_pool_cache", None)
         if cached is None or cached[0] != key:
-            feats = encoder_features(obs.model, pool, int(self.settings.get("pool_batch", 256)), device, progress=False)
+            feats = encoder_features(obs.model, pool, self.options.pool_batch, device, progress=False)
             self._pool_cache = (key, feats)
         return self._pool_cache[1]
 

@@ -26,12 +26,23 @@ weights or "Robbing the Fed") is out of scope: it would change what the clients 
 
 from __future__ import annotations
 
-from veil.attacks import ATTACKS
+from dataclasses import dataclass
+from typing import ClassVar, Literal
+
+from veil.attacks import ATTACKS, create_attack, options_type
 from veil.attacks.base import Attack, Knowledge, Observation, Reconstruction
+from veil.attacks.options import Options, check, option, specs, split_inner
 from veil.errors import VeilError
 from veil.models.base import VeilModel
 
-INNER = ("ig", "dlg", "labels")
+
+@dataclass(frozen=True)
+class MultiRoundOptions(Options):
+    inner: ClassVar[str | None] = "attack"  # every other key is an option of that attack
+
+    attack: Literal["ig", "dlg", "labels"] = option(
+        "ig", "the inner attack (one that reads a pseudo-gradient); its options go beside this key"
+    )
 
 
 class MultiRound(Attack):
@@ -42,27 +53,17 @@ class MultiRound(Attack):
     modality = "any"
     needs = "rounds"  # the auditor supplies the combined view (`veil.federated.auditor.Auditor`)
     combine = "mean"
-    defaults = {"attack": "ig"}
+    options_type = MultiRoundOptions
+    options: MultiRoundOptions
 
     def __init__(self, **settings: object) -> None:
-        super().__init__(**settings)
-        inner = str(settings.get("attack", "ig"))
-        if inner not in INNER:
-            raise VeilError(
-                f"{self.name}: attack must be one of {', '.join(INNER)} (attacks that read a pseudo-gradient), got {inner!r}"
-            )
-        from veil.attacks import create_attack
-
-        options = {k: v for k, v in settings.items() if k != "attack"}
-        self.inner = create_attack(inner, **options)
-        known = set(
-            getattr(self.inner, "defaults", None) or {}
-        )  # the inner attack's declared options, where it declares them
-        unknown = sorted(set(options) - known) if known else []
-        if unknown:
-            raise VeilError(
-                f"{self.name}: unknown option {unknown[0]!r} for its attack {inner}; options: attack, {', '.join(sorted(known))}"
-            )
+        own, rest = split_inner(MultiRoundOptions, settings)
+        super().__init__(**own)
+        self.settings = dict(settings)
+        inner = self.options.attack
+        # an unknown key is named among both sets of options, this attack's and its inner attack's
+        check(self.name, {**specs(MultiRoundOptions), **specs(options_type(inner))}, settings)
+        self.inner = create_attack(inner, **rest)
         self.knows = (
             f"every round's update of the client, averaged ({inner} on the mean: fresh per-round noise averages out); "
             "not the defense (naive)"

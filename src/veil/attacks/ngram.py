@@ -1,5 +1,5 @@
 """A token n-gram language model from public text, and a beam search that orders a bag of tokens
-into the free slots of a sentence (the word-order prior of `veil.attacks.span_mjp`).
+into the free slots of a sentence (the word-order prior of `veil.attacks.span.mjp`).
 
 Model: interpolated Kneser-Ney (Kneser & Ney 1995; Chen & Goodman 1999, eq. 26) over token ids of
 the attacker's public tokenizer, with one absolute discount ``d`` at every order:

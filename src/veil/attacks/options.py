@@ -162,13 +162,8 @@ def check_listed(name: str, settings: dict[str, Any], attacks: dict[str, Any]) -
     check(name, entry["spec"], own)
     if inner is not None:
         key, default = inner
-        target = str(own.get(key, default))
-        rest = {k: v for k, v in settings.items() if k not in own}
-        if target in attacks:
-            try:
-                check_listed(target, rest, attacks)
-            except VeilError as e:
-                raise VeilError(f"{name} (its {key} {target}): {e}") from None
+        target = attacks[str(own.get(key, default))]["spec"]
+        check(name, {**entry["spec"], **target}, settings)
 
 
 __all__ = ["Options", "check", "check_listed", "describe", "option", "parse_options", "spec_of", "specs", "split_inner"]

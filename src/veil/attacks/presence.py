@@ -21,6 +21,7 @@ attack refuses it rather than return the whole vocabulary.
 from __future__ import annotations
 
 from collections.abc import Iterable
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -28,6 +29,7 @@ from torch import Tensor
 
 from veil.attacks import ATTACKS
 from veil.attacks.base import Attack, Knowledge, Observation, Reconstruction
+from veil.attacks.options import Options, option
 from veil.errors import VeilError
 from veil.models.base import VeilModel
 
@@ -74,26 +76,34 @@ def present_tokens(norms: Tensor, rel_tol: float = 1e-6, abs_tol: float = 0.0) -
     return torch.nonzero(norms > max(rel_tol * top, abs_tol)).flatten()
 
 
+@dataclass(frozen=True)
+class PresenceOptions(Options):
+    rel_tol: float = option(1e-6, "a row is present when its norm exceeds rel_tol x the largest row norm")
+    abs_tol: float = option(0.0, "and exceeds this absolute norm")
+    keep_special: bool = option(False, "keep the special tokens ([CLS], [SEP], padding) in the bag")
+
+
 @ATTACKS.register("presence", help="token bag from the row norms of the token-embedding gradient (text)")
 class PresenceAttack(Attack):
-    """Settings: ``rel_tol`` (1e-6), ``abs_tol`` (0), ``keep_special`` (False)."""
+    """Token bag from the embedding gradient's row norms (options: `PresenceOptions`)."""
 
     name = "presence"
+    options_type = PresenceOptions
+    options: PresenceOptions
     knows = "the token-embedding gradient and the public vocabulary; not the defense (naive)"
     modality = "text"
 
     def _reconstruct(self, obs: Observation, know: Knowledge) -> Reconstruction:
-        rel_tol = float(self.settings.get("rel_tol", 1e-6))
-        abs_tol = float(self.settings.get("abs_tol", 0.0))
+        rel_tol, abs_tol = self.options.rel_tol, self.options.abs_tol
         norms = embedding_row_norms(obs)
         found = set(present_tokens(norms, rel_tol, abs_tol).tolist())
-        if not self.settings.get("keep_special", False):
+        if not self.options.keep_special:
             found -= set(special_ids(obs.model, know.tokenizer))
         return Reconstruction(
             token_set=found,
             stats={
                 "found": len(found),
                 "rel_tol": rel_tol,
-                "keep_special": bool(self.settings.get("keep_special", False)),
+                "keep_special": self.options.keep_special,
             },
         )

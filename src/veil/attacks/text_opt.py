@@ -38,7 +38,7 @@ import math
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Literal
 
 import torch
 import torch.nn.functional as F
@@ -47,6 +47,7 @@ from torch.func import functional_call, grad, vmap
 
 from veil.attacks import ATTACKS
 from veil.attacks.base import Attack, Knowledge, Observation, Reconstruction, set_seed
+from veil.attacks.options import Options, option
 from veil.attacks.presence import embedding_row_norms, present_tokens
 from veil.errors import VeilError
 from veil.models.base import VeilModel
@@ -184,15 +185,40 @@ class _Setup:
         return dict(self.loss.model.named_parameters())
 
 
+@dataclass(frozen=True)
+class TagOptions(Options):
+    iterations: int = option(500, "Adam steps on the dummy embeddings")
+    lr: float = option(0.05, "Adam learning rate (on unit-scale embeddings)")
+    alpha: float = option(0.01, "weight of TAG's L1 term next to the L2 distance")
+    distance: Literal["tag", "cos", "cos_layer"] = option(
+        "tag", "gradient distance: TAG's L2 + alpha L1, the cosine, or the mean per-layer cosine"
+    )
+    norm_weight: float = option(0.0, "weight of the embedding-norm prior (cosine distances only)")
+    discrete_every: int = option(0, "a discrete step every this many iterations (0: none)")
+    restrict_to_present: bool = option(False, "decode only tokens whose embedding row has a gradient")
+    fix_special: bool = option(True, "pin [CLS] (and [SEP] at batch 1) where the format places them")
+    skip_reserved: bool = option(True, "never decode [PAD], [unused*], [MASK], nor pinned [CLS]/[SEP]")
+    lm_tau: float = option(0.05, "temperature of the soft next-token targets of a decoder's LM loss")
+    chunk_size: int = option(8, "candidates per vmap chunk when scoring token sequences (memory)")
+    seed: int | None = option(None, "seed of the dummy's start; unset: the knowledge's seed")
+
+
+@dataclass(frozen=True)
+class LampOptions(TagOptions):
+    distance: Literal["tag", "cos", "cos_layer"] = option("cos", "gradient distance (LAMP: the cosine)")
+    norm_weight: float = option(0.01, "weight of the embedding-norm prior (cosine distances only)")
+    discrete_every: int = option(50, "a discrete step every this many iterations (0: none)")
+    restrict_to_present: bool = option(True, "decode only tokens whose embedding row has a gradient")
+    candidates: int = option(16, "transformations scored per discrete step")
+    topk: int = option(3, "nearest tokens a re-projection picks from")
+
+
 class TextOptimisation(Attack):
     """Shared loop of TAG and LAMP; subclasses set the distance and the discrete step."""
 
     modality = "text"
-    distance = "tag"
-    defaults: dict[str, Any] = {}
-
-    def opt(self, key: str) -> Any:
-        return self.settings.get(key, self.defaults[key])
+    options_type: type[TagOptions] = TagOptions
+    options: TagOptions
 
     def _reconstruct(self, obs: Observation, know: Knowledge) -> Reconstruction:
         model = obs.model
@@ -215,7 +241,7 @@ class TextOptimisation(Attack):
         E = model.token_embedding().weight.detach().float()
         fixed_ids = torch.full((T,), -1, dtype=torch.long)
         lm = model.task == "lm"
-        if self.opt("fix_special") and cls_id is not None:
+        if self.options.fix_special and cls_id is not None:
             fixed_ids[0] = cls_id
             if B == 1 and not lm and sep_id is not None and T > 2:
                 fixed_ids[T - 1] = sep_id
@@ -224,13 +250,13 @@ class TextOptimisation(Attack):
         keep = {sep_id} if sep_id is not None and not lm and B > 1 else set()
         drop = (
             reserved_ids(tok, E.shape[0], keep)
-            if self.opt("skip_reserved")
+            if self.options.skip_reserved
             else torch.tensor([i for i in (pad_id,) if i is not None], dtype=torch.long)
         )
-        allowed, restricted = allowed_tokens(obs, bool(self.opt("restrict_to_present")), drop)
+        allowed, restricted = allowed_tokens(obs, self.options.restrict_to_present, drop)
         fixed_emb = torch.where(fixed[:, None], E[fixed_ids.clamp_min(0)], 0.0)
-        end = sep_id if (lm and B == 1 and self.opt("fix_special")) else None
-        loss = _Loss(model, float(self.opt("lm_tau")), allowed, E[allowed], end)
+        end = sep_id if (lm and B == 1 and self.options.fix_special) else None
+        loss = _Loss(model, self.options.lm_tau, allowed, E[allowed], end)
         names = list(grads)
         mu = float(E[allowed].norm(dim=1).mean())
         return (
@@ -267,7 +293,7 @@ class TextOptimisation(Attack):
     # ---- objective pieces ----------------------------------------------------------------
     @property
     def kind(self) -> str:
-        return str(self.settings.get("distance", self.distance))
+        return self.options.distance
 
     def _embed(self, s: _Setup, z: Tensor) -> Tensor:
         return torch.where(s.fixed[:, None], s.fixed_emb, z * s.mu / math.sqrt(z.shape[-1]))
@@ -276,7 +302,7 @@ class TextOptimisation(Attack):
         if not self.kind.startswith("cos"):
             return x.new_zeros(x.shape[:-3])
         n = x[..., ~s.fixed, :].norm(dim=-1)
-        return float(self.opt("norm_weight")) * ((n - s.mu) / s.mu).pow(2).mean((-1, -2))
+        return self.options.norm_weight * ((n - s.mu) / s.mu).pow(2).mean((-1, -2))
 
     def _objective(self, s: _Setup, x: Tensor, y: Tensor) -> Tensor:
         params = [s.params[n] for n in s.names]
@@ -284,15 +310,15 @@ class TextOptimisation(Attack):
         # give zero dummy gradient, as torch.func's grad does in `_score`
         g = torch.autograd.grad(s.loss(x, y), params, create_graph=True, allow_unused=True)
         g = [gi if gi is not None else torch.zeros_like(p) for gi, p in zip(g, params)]
-        return grad_distance(self.kind, g, s.targets, float(self.opt("alpha"))) + self._prior(s, x)
+        return grad_distance(self.kind, g, s.targets, self.options.alpha) + self._prior(s, x)
 
     def _score(self, s: _Setup, xs: Tensor, y: Tensor) -> Tensor:
         """Gradient distance (no prior: it means nothing for real tokens) of each candidate xs[c]
         (C, B, T, D), vectorised with torch.func."""
         params = {f"model.{n}": p.detach() for n, p in s.loss.model.named_parameters() if n in set(s.names)}
         f: Callable[..., Tensor] = lambda p, x: functional_call(s.loss, p, (x, y))  # noqa: E731
-        g = vmap(grad(f), in_dims=(None, 0), chunk_size=int(self.opt("chunk_size")))(params, xs)
-        return grad_distance(self.kind, [g[f"model.{n}"] for n in s.names], s.targets, float(self.opt("alpha")))
+        g = vmap(grad(f), in_dims=(None, 0), chunk_size=self.options.chunk_size)(params, xs)
+        return grad_distance(self.kind, [g[f"model.{n}"] for n in s.names], s.targets, self.options.alpha)
 
     def nearest(self, s: _Setup, x: Tensor, k: int = 1) -> Tensor:
         """Indices into `s.allowed` of the k nearest allowed tokens (cosine) of every position: (..., T, k)."""
@@ -316,7 +342,7 @@ class TextOptimisation(Attack):
     # ---- the loop ------------------------------------------------------------------------
     def _run(self, obs: Observation, know: Knowledge) -> Reconstruction:
         s, B, T = self._setup(obs, know)
-        gen = set_seed(int(self.settings.get("seed", know.seed)))
+        gen = set_seed(int(know.seed if self.options.seed is None else self.options.seed))
         D = s.table.shape[1]
         z = nn.Parameter(torch.randn(B, T, D, generator=gen))
         learn_y = s.labels is None
@@ -325,11 +351,8 @@ class TextOptimisation(Attack):
             if learn_y
             else s.labels
         )
-        opt = torch.optim.Adam([z, y] if learn_y else [z], lr=float(self.opt("lr")))
-        iters, every = (
-            int(self.opt("iterations")),
-            int(self.settings.get("discrete_every", self.defaults.get("discrete_every", 0))),
-        )
+        opt = torch.optim.Adam([z, y] if learn_y else [z], lr=self.options.lr)
+        iters, every = self.options.iterations, self.options.discrete_every
         history: list[float] = []
         state: dict[str, Any] = {"moves": 0}
         t0 = time.perf_counter()
@@ -373,7 +396,7 @@ class TextOptimisation(Attack):
         for row in ids.tolist():  # one short list per sentence (B of them), not per token
             if sep is not None and sep in row[1:]:
                 row = row[: row.index(sep, 1) + 1]
-            elif model.task == "lm" and sep is not None and self.opt("fix_special"):
+            elif model.task == "lm" and sep is not None and self.options.fix_special:
                 row = row + [sep]
             out.append(row)
         return out
@@ -383,25 +406,13 @@ class TextOptimisation(Attack):
     "tag", help="TAG: continuous embeddings matched to the gradient by L2 + alpha*L1, nearest-token decoding (text)"
 )
 class TagAttack(TextOptimisation):
-    """Settings: ``iterations`` (500), ``lr`` (0.05, on unit-scale embeddings), ``alpha`` (0.01),
-    ``restrict_to_present`` (False), ``fix_special`` (True), ``skip_reserved`` (True: never decode [PAD],
-    [unused*], [MASK], nor [CLS]/[SEP] where the format pins them), ``lm_tau`` (0.05), ``seed``."""
+    """TAG: L2 + alpha L1 gradient distance, nearest-token decoding (options: `TagOptions`)."""
 
     name = "tag"
     knows = (
         "the update, the weights, the vocabulary, batch size and length (labels if granted); not the defense (naive)"
     )
-    distance = "tag"
-    defaults = {
-        "iterations": 500,
-        "lr": 0.05,
-        "alpha": 0.01,
-        "restrict_to_present": False,
-        "fix_special": True,
-        "skip_reserved": True,
-        "lm_tau": 0.05,
-        "chunk_size": 8,
-    }
+    options_type = TagOptions
 
 
 @ATTACKS.register(
@@ -409,29 +420,15 @@ class TagAttack(TextOptimisation):
     help="LAMP: cosine gradient distance + embedding-norm prior, with discrete swap/move/projection steps (text)",
 )
 class LampAttack(TextOptimisation):
-    """Settings: ``iterations`` (500), ``lr`` (0.05), ``norm_weight`` (0.01), ``discrete_every`` (50),
-    ``candidates`` (16 transformations per discrete step), ``restrict_to_present`` (True),
-    ``fix_special`` (True), ``skip_reserved`` (True), ``lm_tau`` (0.05), ``chunk_size`` (8 candidates per vmap chunk), ``seed``."""
+    """LAMP: cosine distance + embedding-norm prior, discrete swap / move / projection steps
+    (options: `LampOptions`)."""
 
     name = "lamp"
     knows = (
         "the update, the weights, the vocabulary, batch size and length (labels if granted); not the defense (naive)"
     )
-    distance = "cos"
-    defaults = {
-        "iterations": 500,
-        "lr": 0.05,
-        "alpha": 0.01,
-        "norm_weight": 0.01,
-        "discrete_every": 50,
-        "candidates": 16,
-        "topk": 3,
-        "restrict_to_present": True,
-        "fix_special": True,
-        "skip_reserved": True,
-        "lm_tau": 0.05,
-        "chunk_size": 8,
-    }
+    options_type = LampOptions
+    options: LampOptions
 
     def discrete_step(
         self, s: _Setup, x: Tensor, y: Tensor, gen: torch.Generator, state: dict[str, Any]
@@ -443,7 +440,7 @@ class LampAttack(TextOptimisation):
         free = torch.nonzero(~s.fixed).flatten()
         if len(free) < 2:
             return None
-        n = int(self.opt("candidates"))
+        n = self.options.candidates
         B, T, D = x.shape
         ar = torch.arange(n)
         cont = x[None].repeat(n, 1, 1, 1)
@@ -451,7 +448,7 @@ class LampAttack(TextOptimisation):
         rows = cont[ar, sent]
         rows[:, free] = rows[:, free][ar[:, None], reorderings(len(free), n, gen)]
         cont[ar, sent] = rows
-        near = self.nearest(s, x, int(self.opt("topk")))  # (B, T, k)
+        near = self.nearest(s, x, self.options.topk)  # (B, T, k)
         base = near[None, ..., 0] if "best" not in state else torch.stack([near[..., 0], state["best"]])
         toks = torch.cat([base, self._variants(base, near, free, gen)])  # (C, B, T)
         scores = self._score(s, torch.cat([x[None], cont, self.tokens(s, toks)]), y)
@@ -465,7 +462,7 @@ class LampAttack(TextOptimisation):
     def _variants(self, base: Tensor, near: Tensor, free: Tensor, gen: torch.Generator) -> Tensor:
         """n variants of random rows of `base` (P, B, T): reorder the free positions of one sentence, or
         replace one free position by one of its top-k nearest tokens."""
-        n = int(self.opt("candidates"))
+        n = self.options.candidates
         P, B, T = base.shape
         out = base[torch.randint(0, P, (n,), generator=gen)].clone()  # (n, B, T)
         ar = torch.arange(n)

@@ -20,8 +20,6 @@ import json
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from veil.attacks.options import check_listed
-from veil.commands.catalog import load as load_catalog
 from veil.config import RunConfig, load_config, parse_value
 from veil.errors import VeilError
 
@@ -68,6 +66,9 @@ class _KeyValueParser(argparse.ArgumentParser):
 
 
 def run(args: argparse.Namespace) -> int:
+    from veil.attacks.options import check_listed  # torch-free; here so that `veil --help` loads no attack code
+    from veil.commands.catalog import load as load_catalog
+
     cfg_over, attack_over = split_overrides(args.overrides)
     # the attack's name and options, checked against the catalog before torch loads: a typo fails at once
     check_listed(args.attack, attack_over, load_catalog()["kinds"]["attacks"])

@@ -1,4 +1,4 @@
-"""The exact per-sentence test of the span attack's peeling search (`veil.attacks.span_peel`),
+"""The exact per-sentence test of the span attack's peeling search (`veil.attacks.span.peel`),
 read from the last block's Q projection gradient, for either pooling of an encoder classifier.
 
 The last block's Q projection ``Q = Z W_q^T`` gets ``dL/dW_q = sum_i d_i z_i^T`` over the rows
@@ -22,10 +22,10 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from veil.attacks.span import Span
+from veil.attacks.span.core import Span
 
 
-def _row_span(g: Tensor, k: int | None = None, tol: float = 1e-6, region: float = 1e-4, min_drop: float = 3.0) -> Span:
+def row_span(g: Tensor, k: int | None = None, tol: float = 1e-6, region: float = 1e-4, min_drop: float = 3.0) -> Span:
     """Orthonormal basis of the row space of `g`: its top `k` right singular vectors, else those
     above the largest drop (at least `min_drop` x) of the singular values below `region` x the
     largest (the float32 noise floor of a gradient sits at ~1e-8, the weakest real direction
@@ -46,7 +46,7 @@ def _row_span(g: Tensor, k: int | None = None, tol: float = 1e-6, region: float 
 
 class CLSCheck:
     """The exact sentence test of the module docstring, built on the residual gradient `res`
-    (`veil.attacks.span_peel.Residual`) with `res.left` sentences left: ``rows`` is "cls" when the
+    (`veil.attacks.span.peel.Residual`) with `res.left` sentences left: ``rows`` is "cls" when the
     last block's Q gradient has rank <= left (a [CLS]-pooled classifier), else "all" (every
     token's row reaches the loss, e.g. mean pooling); `usable` says whether the span leaves a gap."""
 
@@ -58,7 +58,7 @@ class CLSCheck:
         s = torch.linalg.svdvals(g.double())
         cls_only = k >= 1 and not (k < len(s) and s[k] > rank_gap * s[0])  # rank <= B: a [CLS]-only layer
         self.rows = "cls" if cls_only else "all"
-        self.span = _row_span(g, k=k) if cls_only else _row_span(g)
+        self.span = row_span(g, k=k) if cls_only else row_span(g)
         self.usable = k >= 1 and (cls_only or 0 < self.span.rank <= max_fill * self.span.width)
 
     def distance(self, z: Tensor, mask: Tensor | None = None) -> Tensor:

@@ -44,9 +44,9 @@ Without MJP (no ``mjp`` in the knowledge, gamma 0, a model without ``E_unk``, or
 ``nope`` variants, which have no ``E_unk``) the attack is the plain span attack and says so in its
 stats. veil's MJP refuses causal LMs, so on decoders span-mjp is the span attack.
 
-Settings: ``corpus`` (``sst2-train``, ``agnews-train``, or ``none`` for no reordering),
-``order`` (3), ``discount`` (0.75), ``beam`` (256), ``zero_tol`` (1e-12, relative norm of a zero
-position-gradient row); every other setting goes to the span attack.
+Options (`SpanMJPOptions`): ``corpus`` (``sst2-train``, ``agnews-train``, or ``none`` for no
+reordering), ``order``, ``discount``, ``beam`` (the reordering's), ``zero_tol`` (relative norm of a
+zero position-gradient row); every other option is the span attack's and goes to it.
 """
 
 from __future__ import annotations
@@ -54,7 +54,8 @@ from __future__ import annotations
 import weakref
 from collections.abc import Iterator
 from contextlib import contextmanager
-from typing import Any
+from dataclasses import dataclass
+from typing import Any, Literal
 
 import torch
 from torch import Tensor
@@ -62,12 +63,12 @@ from torch import Tensor
 from veil.attacks import ATTACKS
 from veil.attacks.base import Attack, Knowledge, Observation, Reconstruction
 from veil.attacks.ngram import NGram, order_bag
-from veil.attacks.span import SpanAttack
+from veil.attacks.options import option
+from veil.attacks.span.attack import SpanAttack, SpanOptions
 from veil.errors import VeilError
 from veil.models.base import VeilModel
 
 CORPORA = ("sst2-train", "agnews-train", "none")
-_OWN = ("corpus", "order", "discount", "beam", "zero_tol")
 _LM_CACHE: weakref.WeakKeyDictionary[Any, dict[tuple[Any, ...], NGram]] = weakref.WeakKeyDictionary()
 
 
@@ -133,13 +134,27 @@ def reorder(lm: NGram, sentence: list[int], selected: Tensor, beam: int) -> tupl
     return order_bag(lm, template, bag, beam=beam)
 
 
+@dataclass(frozen=True)
+class SpanMJPOptions(SpanOptions):
+    corpus: Literal["sst2-train", "agnews-train", "none"] = option(
+        "sst2-train", "public text of the n-gram word-order prior (none: no reordering)"
+    )
+    order: int = option(3, "n-gram order of the word-order prior")
+    discount: float = option(0.75, "Kneser-Ney discount of the n-gram model")
+    beam: int | None = option(256, "beam of the n-gram reordering of the shuffled tokens (not the span search's)")
+    zero_tol: float = option(1e-12, "relative norm below which a position-gradient row is zero (an E_unk slot)")
+
+
 @ATTACKS.register(
     "span-mjp", help="span attack with E_unk at MJP's masked slots; n-gram order of the shuffled words (text)"
 )
 class SpanMJPAttack(Attack):
-    """See the module docstring for the settings and what the attacker knows."""
+    """The span attack with E_unk at MJP's selected slots (options: `SpanMJPOptions`; the span
+    attack's go to it; see the module docstring for what the attacker knows)."""
 
     name = "span-mjp"
+    options_type = SpanMJPOptions
+    options: SpanMJPOptions
     modality = "text"
     knows = (
         "the update, the weights (E_unk included), batch size, length and tokenizer, MJP's settings (Knowledge.defense: "
@@ -150,13 +165,12 @@ class SpanMJPAttack(Attack):
         return self._span().applies_to(model)
 
     def _span(self) -> SpanAttack:
-        return SpanAttack(**{k: v for k, v in self.settings.items() if k not in _OWN})
+        own = {"corpus", "order", "discount", "beam", "zero_tol"}  # SpanMJPOptions' own (beam: the reordering's)
+        return SpanAttack(**{k: v for k, v in self.settings.items() if k not in own})
 
     def _reconstruct(self, obs: Observation, know: Knowledge) -> Reconstruction:
-        s = self.settings
-        corpus = str(s.get("corpus", "sst2-train"))
-        if corpus not in CORPORA:
-            raise VeilError(f"span-mjp corpus {corpus!r} is not known; choose one of: {', '.join(CORPORA)}")
+        o = self.options
+        corpus = o.corpus
         mjp = know.defense.get("mjp") or {}
         unk = getattr(getattr(obs.model, "mjp", None), "unk", None)
         why = _not_applied(mjp, unk)
@@ -164,7 +178,7 @@ class SpanMJPAttack(Attack):
             rec = self._span()._reconstruct(obs, know)
             rec.stats["mjp"] = why
             return rec
-        selected, n = selected_slots(obs, float(s.get("zero_tol", 1e-12)))
+        selected, n = selected_slots(obs, o.zero_tol)
         with unk_at(obs.model, selected, unk):
             rec = self._span()._reconstruct(obs, know)
         stats = {
@@ -180,8 +194,8 @@ class SpanMJPAttack(Attack):
                 "batch > 1: only slots every sentence shuffled are known; the others' shuffled tokens match no position"
             )
         if corpus != "none" and know.tokenizer is not None and rec.token_ids:
-            lm = public_ngram(corpus, know.tokenizer, int(s.get("order", 3)), float(s.get("discount", 0.75)))
-            out = [reorder(lm, list(seq), selected, int(s.get("beam", 256))) for seq in rec.token_ids]
+            lm = public_ngram(corpus, know.tokenizer, o.order, o.discount)
+            out = [reorder(lm, list(seq), selected, int(o.beam or 256)) for seq in rec.token_ids]
             rec.token_ids = [o[0] for o in out]
             stats.update(ngram_sentences=lm.sentences, ngram_logprob=[round(o[1], 2) for o in out])
         elif corpus != "none":

@@ -7,7 +7,7 @@ of rank ``<= B*T``; a candidate input ``x`` is a token of the batch iff its span
 ``d(x) = ||x - P P^T x|| / ||x||`` is zero (P: orthonormal basis of the row space of the first
 block's stacked Q/K/V weight gradients). Layer 1's input is a known function of a token and its
 position, so every (token, position) pair is tested (`veil.attacks.span`); layer 2 orders them
-into sentences (`veil.attacks.span_search`).
+into sentences (`veil.attacks.span.search`).
 
 What dropout changes. In train mode with rate p the first block's input is
 ``x'_i = m_i * x_i / (1 - p)``, m_i an unknown 0/1 mask per coordinate (post-LN encoders: the
@@ -36,7 +36,7 @@ few hard steps that drop the coordinates nearer 0 than x and refit on the rest (
 Layer 2 (the second block's Q/K/V gradients) then assigns the passing pairs to sentences and
 lengths: its input mixes the sentence, and dropout inside block 0 (attention probabilities and
 hidden states) is not sparse per coordinate, so there it is a ranking, not a test: the
-encoder assignment search and the decoder's left-to-right assignment (`veil.attacks.span_robust_search`)
+encoder assignment search and the decoder's left-to-right assignment (`veil.attacks.span.robust_search`)
 minimise the clean model's layer-2 span distances (no sentence has to pass a threshold).
 
 Measured (docs/results.md, section span-robust): pretrained MiniLM, client dropout 0.1, SST-2,
@@ -56,6 +56,7 @@ tested at layer 1 and the sentences scored at layer 2 (settings), never seconds.
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -63,10 +64,11 @@ from torch import Tensor, nn
 
 from veil.attacks import ATTACKS
 from veil.attacks.base import Attack, Knowledge, Observation, Reconstruction
+from veil.attacks.options import Options, option
 from veil.attacks.presence import special_ids
-from veil.attacks.span import Span, _Specials, _vocabulary, layer_span, qkv_modules
-from veil.attacks.span_peel import _row_span
-from veil.attacks.span_robust_search import decoder_assign, encoder_assign
+from veil.attacks.span.checks import row_span
+from veil.attacks.span.core import Span, Specials, layer_span, qkv_modules, vocabulary
+from veil.attacks.span.robust_search import decoder_assign, encoder_assign
 from veil.errors import VeilError
 from veil.models.base import VeilModel, linear_weight
 
@@ -100,9 +102,9 @@ def first_span(obs: Observation, max_rank: int | None = None) -> Span:
     grads = [linear_weight(m, obs.grads[names[id(m.weight)]]) for m in qkv_modules(att) if obs.has_grad(m)]
     if not grads:
         obs.grad(att.q)  # raises the one-line error naming the missing gradient
-    span = _row_span(torch.cat(grads).double())
+    span = row_span(torch.cat(grads).double())
     if max_rank is not None and span.rank > max_rank:
-        span = _row_span(torch.cat(grads).double(), k=max_rank)
+        span = row_span(torch.cat(grads).double(), k=max_rank)
     norm = model.layer_input_norms()[0]
     if not isinstance(norm, nn.LayerNorm):
         return span
@@ -110,7 +112,7 @@ def first_span(obs: Observation, max_rank: int | None = None) -> Span:
     beta = norm.bias.detach().double() if norm.bias is not None else torch.zeros(span.width, dtype=torch.float64)
     gamma = torch.where(gamma.abs() < 1e-12, torch.full_like(gamma, 1e-12), gamma)
     vecs = torch.cat([span.basis.T / gamma, (beta / gamma)[None], torch.ones(1, span.width, dtype=torch.float64)])
-    return _row_span(vecs, tol=1e-10)
+    return row_span(vecs, tol=1e-10)
 
 
 def clean_inputs(model: VeilModel, ids: Tensor, positions: Tensor) -> Tensor:
@@ -180,20 +182,31 @@ def position_sets(res: Tensor, vocab: Tensor, tol: float, per_position: int) -> 
 
 
 # ----------------------------------------------------------------------------- the attack
+@dataclass(frozen=True)
+class SpanRobustOptions(Options):
+    p: float | None = option(None, "the client's dropout rate; unset: the model config's")
+    tol1: float = option(0.02, "robust layer-1 residual below which a (token, position) pair passes")
+    per_position: int | None = option(None, "most tokens kept per position; unset: 4 x batch size (32 without it)")
+    irls: int = option(20, "iteratively reweighted least-squares steps of the robust fit")
+    hard: int = option(4, "hard drop-and-refit steps of the robust fit")
+    max_len: int | None = option(None, "longest sentence searched; unset: the knowledge's seq_len, else the model's")
+    max_pairs: int = option(200_000, "layer-1 budget in (token, position) pairs")
+    rank_tol: float = option(1e-6, "layer-2 singular values below rank_tol x the largest are not in the span")
+    restarts: int = option(1, "restarts of the encoder assignment search")
+    sweeps: int = option(12, "coordinate sweeps per restart of the encoder assignment search")
+    refine: int = option(20, "rounds of the pairwise refinement")
+    seed: int | None = option(None, "seed of the search; unset: the knowledge's seed")
+
+
 @ATTACKS.register(
     "span-robust", help="DAGER-style span attack that survives client dropout (robust layer-1 test, layer-2 ranking)"
 )
 class SpanRobustAttack(Attack):
-    """Settings: ``p`` (dropout rate; default the model config's), ``tol1`` (0.02) robust layer-1
-    residual below which a (token, position) pair passes, ``per_position`` (4*B; 32 when B is not
-    granted, B then being the most pairs passing at one position) most tokens kept
-    per position, ``irls`` (20) / ``hard`` (4) iterations of the robust fit, ``max_len``
-    (knowledge.seq_len), ``max_pairs`` (200,000) layer-1 budget in (token, position) pairs,
-    ``restarts`` (1) / ``sweeps`` (12) of the encoder assignment search and
-    ``refine`` (20) rounds of its pairwise refinement (`refine`),
-    ``seed``."""
+    """DAGER's span attack with a layer-1 test robust to client dropout (options: `SpanRobustOptions`)."""
 
     name = "span-robust"
+    options_type = SpanRobustOptions
+    options: SpanRobustOptions
     modality = "text"
     knows = (
         "the update, the weights, batch size, length and tokenizer, and that the client trains with dropout at rate p "
@@ -207,37 +220,35 @@ class SpanRobustAttack(Attack):
         return reason
 
     def _reconstruct(self, obs: Observation, know: Knowledge) -> Reconstruction:
-        model, s = obs.model, self.settings
+        model, o = obs.model, self.options
         B = int(know.batch_size) if know.batch_size else None
         width = model.position_table().shape[-1]
         limit = model.position_table().reshape(-1, width).shape[0]
-        max_len = int(s.get("max_len") or know.seq_len or limit)
+        max_len = int(o.max_len or know.seq_len or limit)
         if max_len > limit:
             raise VeilError(f"span-robust: max_len {max_len} exceeds the model's {limit} positions")
-        p = dropout_rate(model, s.get("p"))
+        p = dropout_rate(model, o.p)
         k_max = max_dropped(width, p)
         was = model.training
         model.eval()
         try:
             with torch.no_grad():
                 span1 = first_span(obs, max_rank=B * max_len if B else None)
-                vocab = _vocabulary(obs, know)
+                vocab = vocabulary(obs, know)
                 if vocab is None:
                     vocab = torch.arange(model.token_embedding().weight.shape[0])
-                max_pairs = int(s.get("max_pairs", 200_000))
+                max_pairs = o.max_pairs
                 if len(vocab) * max_len > max_pairs:
                     raise VeilError(
                         f"span-robust: {len(vocab)} tokens x {max_len} positions exceed max_pairs={max_pairs}; "
                         "raise it or export the token-embedding gradient (the bag filter)"
                     )
-                res = layer1_residuals(
-                    model, span1, vocab, max_len, k_max, irls=int(s.get("irls", 20)), hard=int(s.get("hard", 4))
-                )
-                cands = position_sets(res, vocab, float(s.get("tol1", 0.02)), int(s.get("per_position", 4 * (B or 8))))
+                res = layer1_residuals(model, span1, vocab, max_len, k_max, irls=o.irls, hard=o.hard)
+                cands = position_sets(res, vocab, o.tol1, o.per_position or 4 * (B or 8))
                 B = B or max([len(c) for c in cands] + [1])  # not granted: the most pairs passing at one position
-                specials = _Specials.of(model, know)
-                span2 = layer_span(obs, 1, float(s.get("rank_tol", 1e-6)))
-                seed = int(s.get("seed", know.seed))
+                specials = Specials.of(model, know)
+                span2 = layer_span(obs, 1, o.rank_tol)
+                seed = know.seed if o.seed is None else o.seed
                 if model.task == "lm":
                     seqs, info = decoder_assign(model, span2, cands, specials, B)
                 else:
@@ -248,9 +259,9 @@ class SpanRobustAttack(Attack):
                         specials,
                         B,
                         seed=seed,
-                        restarts=int(s.get("restarts", 1)),
-                        sweeps=int(s.get("sweeps", 12)),
-                        rounds=int(s.get("refine", 20)),
+                        restarts=o.restarts,
+                        sweeps=o.sweeps,
+                        rounds=o.refine,
                     )
         finally:
             model.train(was)

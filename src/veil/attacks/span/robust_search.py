@@ -1,4 +1,4 @@
-"""Layer 2 of `span-robust` (see `veil.attacks.span_robust` for the paper, the equations and what the
+"""Layer 2 of `span-robust` (see `veil.attacks.span.robust` for the paper, the equations and what the
 attacker knows): order the (token, position) pairs that passed the robust layer-1 test into
 sentences. Under client dropout layer 2's input is perturbed densely (attention-probability and
 hidden dropout inside block 0), so the clean model's layer-2 span distance is a ranking here, not
@@ -9,12 +9,15 @@ an assignment instead of a threshold). Every passing pair is a true pair, so eac
 
 from __future__ import annotations
 
+import itertools
 from typing import Any
 
+import numpy as np
 import torch
 from torch import Tensor
 
-from veil.attacks.span import Span
+from veil.attacks.span.core import Span, last_position
+from veil.attacks.span.search import assign, initial_ids, length_layouts, sentence_costs, sweep
 from veil.models.base import VeilModel
 
 
@@ -45,8 +48,6 @@ def _pad(seqs: list[list[int]], pad: int) -> tuple[Tensor, Tensor]:
 
 def _costs(model: VeilModel, span2: Span, seqs: list[list[int]], pad: int, chunk: int = 256) -> Tensor:
     """Summed layer-2 span distance of each sentence (the clean model's layer-2 input)."""
-    from veil.attacks.span_search import sentence_costs
-
     out = []
     for i in range(0, len(seqs), chunk):
         ids, mask = _pad(seqs[i : i + chunk], pad)
@@ -96,8 +97,6 @@ def sentence_layouts(cands: list[Tensor], specials: Any, B: int, pins: dict[int,
     """Length hypotheses (`veil.attacks.span_search.length_layouts`, shortest first) that end a
     sentence at every position where [SEP] passed layer 1 (those pairs are true); all of them if
     none does."""
-    from veil.attacks.span_search import length_layouts
-
     sets = [c.tolist() for c in cands]
     lays = length_layouts(sets, specials.sep, B, pins, limit=64, reach=B)
     seps = {t + 1 for t, c in enumerate(sets) if specials.sep in c}
@@ -119,13 +118,9 @@ def encoder_assign(
 ) -> tuple[list[list[int]], dict[str, Any]]:
     """Sentences of a bidirectional encoder from the layer-1 pairs: per length hypothesis
     (`sentence_layouts`) and restart, position-wise assignment sweeps
-    (`veil.attacks.span_search._sweep`, every passing pair used), then `refine`; the lowest mean
+    (`veil.attacks.span.search.sweep`, every passing pair used), then `refine`; the lowest mean
     layer-2 distance wins."""
-    import numpy as np
-
-    from veil.attacks.span_search import _initial, _last_position, _sweep
-
-    cands = cands[: _last_position(cands)]
+    cands = cands[: last_position(cands)]
     sep, pad = specials.sep, specials.pad if specials.pad is not None else 0
     pins = coverage_pins(cands, specials)
     sets = [c.tolist() for c in cands]
@@ -135,9 +130,9 @@ def encoder_assign(
     scored, lays = 0, sentence_layouts(cands, specials, B, pins)
     for lay in (lay for _ in range(max(1, restarts)) for lay in lays):
         mask = (torch.arange(max(lay.lengths))[None] < torch.tensor(lay.lengths)[:, None]).long()
-        ids = _initial(lay, content, sets, sep, pad, rng)
+        ids = initial_ids(lay, content, sets, sep, pad, rng)
         for _ in range(sweeps):
-            changed, n = _sweep(model, span2, ids, mask, lay, content, rng, set(pins), set())
+            changed, n = sweep(model, span2, ids, mask, lay, content, rng, set(pins), set())
             scored += n
             if not changed:
                 break
@@ -162,12 +157,6 @@ def decoder_assign(
     token is never scored in a causal LM (no gradient), so the number of live sentences at t is
     taken as the most tokens passing at any position >= t (ties of a shared token aside); the
     prefixes left out end there and get the tokenizer's [SEP]."""
-    import itertools
-
-    import numpy as np
-
-    from veil.attacks.span_search import _assign, sentence_costs
-
     counts = [len(c) for c in cands]
     live_at = [max(counts[t:]) for t in range(len(counts))]
     prefixes: list[list[int]] = [[] for _ in range(max(1, min(B, max(counts, default=0))))]
@@ -188,7 +177,7 @@ def decoder_assign(
         scored += len(ext)
         best: tuple[float, tuple[int, ...], np.ndarray] | None = None
         for keep in itertools.combinations(range(len(prefixes)), k):
-            pick = _assign(cost[list(keep)], np.ones(len(toks), dtype=bool))
+            pick = assign(cost[list(keep)], np.ones(len(toks), dtype=bool))
             total = float(cost[list(keep), pick].sum())
             if best is None or total < best[0]:
                 best = (total, keep, pick)

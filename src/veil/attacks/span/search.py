@@ -22,6 +22,7 @@ true batch is the unique zero of that cost when B*T < width.
 from __future__ import annotations
 
 import itertools
+import time
 from dataclasses import dataclass
 from typing import Any
 
@@ -30,18 +31,13 @@ import torch
 from scipy.optimize import linear_sum_assignment
 from torch import Tensor
 
-from veil.attacks.span import Span, layer_inputs
+from veil.attacks.span.core import Span, last_position, layer_inputs
 from veil.models.base import VeilModel
 
 
 def sentence_costs(model: VeilModel, span2: Span, ids: Tensor, mask: Tensor) -> Tensor:
     """Per-position layer-2 span distance (N, T) of sentences `ids`; 0 at padding."""
     return span2.distance(layer_inputs(model, ids, mask)).float() * mask
-
-
-def _last_position(cands: list[Tensor]) -> int:
-    nonempty = [t for t, c in enumerate(cands) if len(c)]
-    return nonempty[-1] + 1 if nonempty else 0
 
 
 # ----------------------------------------------------------------------------- decoder
@@ -57,7 +53,7 @@ def decoder_search(
     beam: int | None = None,
 ) -> tuple[list[list[int]], dict[str, Any]]:
     """Greedy left-to-right extension of prefixes (see the module docstring)."""
-    T = _last_position(cands)
+    T = last_position(cands)
     if T == 0:
         return [], {"prefixes_tested": 0, "note": "no token passes layer 1 (dropout or noise? raise tol1)"}
     B = batch_size or max((len(c) for c in cands), default=1)
@@ -107,7 +103,7 @@ def length_layouts(
 ) -> list[_Layout]:
     """Plausible sentence lengths, shortest first. The longest sentence ends at the last position
     with candidates (later positions get no gradient). A token pinned to position t (see
-    `veil.attacks.span.pin_positions`) is content of a sentence longer than t + 1, so the k-th
+    `veil.attacks.span.core.pin_positions`) is content of a sentence longer than t + 1, so the k-th
     longest sentence is at least ``max{t + 2 : k tokens pinned at t}`` long; each sentence ends
     where [SEP] passes layer 1. Each of the other B - 1 lengths takes one of the first `reach`
     [SEP] positions at or above its bound; combinations are ranked by total extension."""
@@ -138,7 +134,7 @@ def length_layouts(
     return out[:limit]
 
 
-def _initial(
+def initial_ids(
     lay: _Layout, content: list[list[int]], sets: list[list[int]], sep: int | None, pad: int, rng: np.random.Generator
 ) -> Tensor:
     B, T = len(lay.lengths), max(lay.lengths)
@@ -155,7 +151,7 @@ def _initial(
     return ids
 
 
-def _assign(cost: np.ndarray, required: np.ndarray) -> np.ndarray:
+def assign(cost: np.ndarray, required: np.ndarray) -> np.ndarray:
     """Column index per row minimising the summed cost, every `required` column (a pinned token,
     certainly at this position) used at least once; other columns are optional and may repeat."""
     n, m = cost.shape
@@ -173,7 +169,7 @@ def _assign(cost: np.ndarray, required: np.ndarray) -> np.ndarray:
     return out
 
 
-def _sweep(
+def sweep(
     model: VeilModel,
     span2: Span,
     ids: Tensor,
@@ -197,7 +193,7 @@ def _sweep(
         vmask = mask[conts].repeat_interleave(len(toks), dim=0)
         cost = sentence_costs(model, span2, variants, vmask).sum(1).view(len(conts), len(toks)).double().numpy()
         scored += len(variants)
-        pick = _assign(cost, np.array([v in pinned and v not in held for v in toks]))
+        pick = assign(cost, np.array([v in pinned and v not in held for v in toks]))
         for b, j in zip(conts, pick.tolist()):
             if int(ids[b, t]) != toks[j]:
                 ids[b, t] = toks[j]
@@ -205,12 +201,12 @@ def _sweep(
     return changed, scored
 
 
-def _solved(model: VeilModel, span2: Span, ids: Tensor, mask: Tensor, tol2: float) -> set[int]:
+def solved_rows(model: VeilModel, span2: Span, ids: Tensor, mask: Tensor, tol2: float) -> set[int]:
     """Sentences whose every position lies in the layer-2 span: exact (the rest of the batch cannot change them)."""
     return set(torch.nonzero(sentence_costs(model, span2, ids, mask).amax(1) < tol2).flatten().tolist())
 
 
-def _carry(ids: Tensor, lay: _Layout, kept: list[list[int]]) -> set[int]:
+def carry(ids: Tensor, lay: _Layout, kept: list[list[int]]) -> set[int]:
     """Copy already solved sentences into rows of the same length; returns those rows."""
     rows: set[int] = set()
     for sent in kept:
@@ -238,10 +234,8 @@ def encoder_search(
     """Length hypotheses x restarts x coordinate sweeps; solved sentences are frozen and carried
     across restarts and layouts (see the module docstring). `budget` caps the candidate sentences
     scored (counted work, never time: the result does not depend on the machine's load)."""
-    import time
-
     start = time.perf_counter()
-    T = _last_position(cands)
+    T = last_position(cands)
     if T == 0:
         return [], {"sentences_scored": 0, "note": "no token passes layer 1 (dropout or noise? raise tol1)"}
     sets = [c.tolist() for c in cands[:T]]
@@ -256,13 +250,13 @@ def encoder_search(
     layouts = length_layouts(sets, sep, B, pins)
     for lay in (lay for _ in range(max(1, restarts)) for lay in layouts):  # one restart per layout, round robin
         mask = (torch.arange(max(lay.lengths))[None] < torch.tensor(lay.lengths)[:, None]).long()
-        ids = _initial(lay, content, sets, sep, pad, rng)
-        frozen = _carry(ids, lay, kept)
+        ids = initial_ids(lay, content, sets, sep, pad, rng)
+        frozen = carry(ids, lay, kept)
         tries += 1
         for _ in range(sweeps):
-            changed, n = _sweep(model, span2, ids, mask, lay, content, rng, pinned, frozen)
+            changed, n = sweep(model, span2, ids, mask, lay, content, rng, pinned, frozen)
             scored += n
-            frozen |= _solved(model, span2, ids, mask, tol2)
+            frozen |= solved_rows(model, span2, ids, mask, tol2)
             if not changed or len(frozen) == B or scored >= budget:
                 break
         solved = [ids[b, : lay.lengths[b]].tolist() for b in sorted(frozen)]
@@ -281,7 +275,7 @@ def encoder_search(
         "sentences_scored": scored,
         "restarts_run": tries,
         "mean_layer2_distance": score,
-        "sentences_exact": len(_solved(model, span2, ids, mask, tol2)),
+        "sentences_exact": len(solved_rows(model, span2, ids, mask, tol2)),
         "batch_size_used": B,
         "search_seconds": time.perf_counter() - start,
     }

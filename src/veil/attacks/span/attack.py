@@ -1,0 +1,158 @@
+"""The registered ``span`` attack (DAGER, Petrov et al. 2024): layer-1 candidates per position
+(`veil.attacks.span.core`), then whole sentences: causal decoders by left-to-right extension and
+encoders by the assignment search (`veil.attacks.span.search`), an encoder classifier given its
+batch size by peeling one exact sentence at a time (`veil.attacks.span.peel`). The search is
+bounded by counted work (`budget`, candidate sentences scored), never seconds.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+from torch import Tensor
+
+from veil.attacks import ATTACKS
+from veil.attacks.base import Attack, Knowledge, Observation, Reconstruction
+from veil.attacks.options import Options, option
+from veil.attacks.span.core import (
+    Span,
+    Specials,
+    layer_span,
+    pin_positions,
+    position_candidates,
+    vocabulary,
+)
+from veil.attacks.span.peel import Residual, peel_search
+from veil.attacks.span.search import decoder_search, encoder_search
+from veil.errors import VeilError
+from veil.models.base import VeilModel
+
+
+@dataclass(frozen=True)
+class SpanOptions(Options):
+    tol1: float = option(1e-3, "layer-1 span distance below which a (token, position) pair passes")
+    tol2: float = option(1e-3, "layer-2 span distance below which a sentence position passes")
+    rank_tol: float = option(1e-6, "singular values below rank_tol x the largest are not in the span")
+    max_len: int | None = option(None, "longest sentence searched; unset: the knowledge's seq_len, else the model's")
+    presence_filter: bool = option(True, "test only the tokens the embedding gradient shows (and the specials)")
+    max_per_position: int | None = option(None, "keep at most this many layer-1 candidates per position")
+    layernorm_positions: bool = option(True, "pin encoder tokens to their position by the embedding LayerNorm")
+    tol_ln: float = option(1e-4, "cosine floor of the LayerNorm pins")
+    peel: bool = option(True, "encoder classifiers: peel one exact sentence at a time (needs the batch size)")
+    tol_cls: float = option(1e-4, "last-block span distance below which a peeled sentence is exact")
+    prior_weight: float = option(0.2, "weight of the position prior where the layer-2 span is crowded")
+    narrow: int = option(8, "peeling sweeps try each position's k likeliest tokens first (0: all at once)")
+    restarts: int = option(4, "restarts of the encoder assignment search")
+    sweeps: int = option(12, "coordinate sweeps per restart of the encoder assignment search")
+    budget: int = option(500_000, "candidate sentences scored, all searches together (counted work, never seconds)")
+    beam: int | None = option(None, "prefixes kept per position by the decoder search; unset: 4 x batch size")
+    seed: int | None = option(None, "seed of the searches; unset: the knowledge's seed")
+
+
+@ATTACKS.register("span", help="DAGER-style exact text recovery from the span of the first layers' Q/K/V gradients")
+class SpanAttack(Attack):
+    """DAGER's span attack with veil's peeling search (options: `SpanOptions`)."""
+
+    options_type = SpanOptions
+    options: SpanOptions
+
+    name = "span"
+    knows = "the first layers' Q/K/V gradients, the weights, the vocabulary and batch size; not the defense (naive)"
+    modality = "text"
+
+    def applies_to(self, model: VeilModel) -> str | None:
+        reason = super().applies_to(model)
+        if reason is None and len(model.attention_layers()) < 2:
+            return "span needs at least two attention layers to resolve positions"
+        return reason
+
+    def _reconstruct(self, obs: Observation, know: Knowledge) -> Reconstruction:
+        model, o = obs.model, self.options
+        tol1, tol2, rank_tol = o.tol1, o.tol2, o.rank_tol
+        span1, span2 = layer_span(obs, 0, rank_tol), layer_span(obs, 1, rank_tol)
+        width = span1.width
+        limit = model.position_table().reshape(-1, width).shape[0]
+        max_len = int(o.max_len or know.seq_len or limit)
+        if max_len > limit:
+            raise VeilError(f"span: max_len {max_len} exceeds the model's {limit} positions")
+        cap = o.max_per_position
+        seed = know.seed if o.seed is None else o.seed
+        was = model.training
+        model.eval()
+        pinned = None
+        try:
+            with torch.no_grad():
+                vocab = vocabulary(obs, know) if o.presence_filter else None
+
+                def candidates(span: Span) -> list[Tensor]:
+                    return position_candidates(model, span, max_len, tol1, vocab=vocab, max_per_position=cap or None)[0]
+
+                cands = candidates(span1)
+                specials = Specials.of(model, know)
+                found, budget = None, o.budget
+                if model.task != "lm" and o.peel and know.batch_size:
+                    found = peel_search(
+                        obs,
+                        Residual(obs, know.batch_size),
+                        candidates,
+                        specials,
+                        seed=seed,
+                        tol_cls=o.tol_cls,
+                        rank_tol=rank_tol,
+                        budget=budget,
+                        prior_weight=o.prior_weight,
+                        narrow=o.narrow,
+                    )
+                    left = budget - (found[1]["sentences_scored"] if found is not None else 0)
+                    if found is not None and not found[1]["sentences_exact"] and left > 0:
+                        # no sentence passed the exact [CLS] check (e.g. the client shuffled its tokens):
+                        # the assignment search below still rebuilds what layer 2 supports, in the budget left
+                        budget, found = left, None
+                if found is not None:
+                    seqs, info = found
+                    info = {"search": "peel", **info}
+                elif model.task == "lm":
+                    seqs, info = decoder_search(
+                        model,
+                        span2,
+                        cands,
+                        specials,
+                        beam=o.beam,
+                        tol2=tol2,
+                        seed=seed,
+                        batch_size=know.batch_size,
+                    )
+                else:
+                    if o.layernorm_positions:
+                        pinned = pin_positions(obs, cands, o.tol_ln)
+                        cands = pinned[0] if pinned is not None else cands
+                    seqs, info = encoder_search(
+                        model,
+                        span2,
+                        cands,
+                        specials,
+                        restarts=o.restarts,
+                        sweeps=o.sweeps,
+                        budget=budget,
+                        pins=pinned[1] if pinned else None,
+                        tol2=tol2,
+                        seed=seed,
+                        batch_size=know.batch_size,
+                    )
+                    info = {"search": "assignment", **info}
+        finally:
+            model.train(was)
+        stats = {
+            "rank1": span1.rank,
+            "rank2": span2.rank,
+            "width": width,
+            "full_rank": span1.rank >= width,
+            "layernorm_pins": len(pinned[1]) if pinned else 0,
+            "vocabulary": len(vocab) if vocab is not None else "all",
+            "candidates_per_position": [len(c) for c in cands if len(c)],
+            **info,
+        }
+        if not seqs:  # nothing passed: say so with empty sentences rather than an empty batch
+            seqs = [[] for _ in range(know.batch_size or 1)]
+        return Reconstruction(token_ids=seqs, token_set={int(v) for c in cands for v in c.tolist()}, stats=stats)

@@ -1,0 +1,175 @@
+"""Peeling's local search for one sentence of a fixed length (`veil.attacks.span.peel`): coordinate
+descent over each position's candidates and swaps, kicks from the best local minimum.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+from torch import Tensor
+
+from veil.attacks.span.score import PositionPrior, SentenceScore
+
+#: what one scoring call costs beyond its tokens, in token evaluations: measured on transformer4
+#: (width 96, 1 thread) ~25 ms per call against ~0.15 ms per token scored with the gradient match
+CALL_COST = 150
+
+
+class Walker:
+    """Iterated local search for one sentence of a fixed length on the summed per-position cost
+    plus ``cls_weight`` x the [CLS] distance: coordinate descent over each position's candidates
+    and swaps of two positions' tokens (the typical trap: two tokens that pass layer 1 at each
+    other's position, exchanged) until neither helps, then a random kick of `kick` positions
+    (drawn in proportion to their cost) from the best sentence found. `step` runs one sweep, so
+    the caller can interleave many walkers finely.
+
+    With ``narrow = k`` (and a position prior, `start_at`) a sweep first tries only each position's
+    k best tokens by the prior (and swaps between them): the once-only tokens of a batch rank in
+    its top 4 at their own position (measured on MiniLM, 4 batches of 4 SST-2 sentences, 248 of
+    248), a repeated one mostly in the top 8. Where such a sweep helps no more, the sentence is
+    checked, then the next sweep tries every candidate; only where that one does not help either
+    is it a local minimum (kick). The neighbourhood of a local minimum is thus unchanged; the
+    sweeps on the way there cost k instead of ~40-60 candidates per position."""
+
+    def __init__(self, sets: list[Tensor], rng: np.random.Generator, kick: int = 3, chunk: int = 2048) -> None:
+        self.sets, self.rng, self.kick, self.chunk = sets, rng, kick, chunk
+        self.n = len(sets)
+        self.allowed = [set(s.tolist()) for s in sets]
+        self.free = [t for t, s in enumerate(sets) if len(s) > 1]
+        self.x = self.random()
+        self.ranked: dict[int, Tensor] | None = None  # per free position, its tokens by prior cost (`start_at`)
+        self.cur: tuple[float, float] | None = None  # (objective, cls distance) of x; None: not scored yet
+        self.best: tuple[float, float, Tensor] | None = None  # the best local minimum: (objective, cls distance, ids)
+        self.steps = 0  # sentences scored
+        self.work = 0.0  # their cost in token evaluations, CALL_COST per scoring call included
+        self.sweeps = 0
+        self.last: float | None = None  # work of the last sweep
+        self.narrow: int | None = None  # sweeps try each position's `narrow` best tokens by the prior first
+        self._wide = False  # the next sweep tries every candidate (a narrow sweep stalled)
+
+    def random(self) -> Tensor:
+        return torch.tensor([[int(s[self.rng.integers(len(s))]) for s in self.sets]])
+
+    def _draw(self, t: int) -> int:
+        """A token for a kicked position: half the time one of the 3 best by the position prior."""
+        s = self.sets[t]
+        if self.ranked is not None and self.rng.random() < 0.5:
+            top = self.ranked[t][:3]
+            return int(top[self.rng.integers(len(top))])
+        return int(s[self.rng.integers(len(s))])
+
+    def start_at(self, prior: PositionPrior) -> None:
+        """Start every free position at its allowed token of lowest prior cost; kicks then favour
+        the prior's best tokens (`_draw`)."""
+        if prior.cost is None:
+            return
+        self.ranked = {
+            t: self.sets[t][prior.cost[t, self.sets[t]].argsort()] if t < prior.cost.shape[0] else self.sets[t]
+            for t in self.free
+        }
+        for t in self.free:
+            v = prior.best(t, self.sets[t])
+            if v is not None:
+                self.x[0, t] = v
+
+    def seed(self, prefix: list[int]) -> None:
+        """Start from `prefix` (content tokens from position 1 on, where allowed) instead of at random."""
+        for t, v in enumerate(prefix[: self.n - 2], start=1):
+            if v in self.allowed[t]:
+                self.x[0, t] = v
+
+    def _objective(self, score: SentenceScore, x: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+        fs, dcs, pcs = [], [], []
+        for i in range(0, len(x), self.chunk):
+            pc, dc = score(x[i : i + self.chunk])
+            fs.append(pc.sum(1) + (score.cls_weight * dc if score.with_cls else 0))
+            dcs.append(dc)
+            pcs.append(pc)
+        self.steps += len(x)
+        self.work += len(x) * self.n + CALL_COST * -(-len(x) // self.chunk)
+        return torch.cat(fs), torch.cat(dcs), torch.cat(pcs)
+
+    def _narrowed(self) -> bool:
+        return self.narrow is not None and self.ranked is not None and not self._wide
+
+    def _moves(self, t: int) -> Tensor:
+        """The tokens the current sweep tries at position t."""
+        return self.ranked[t][: self.narrow] if self._narrowed() else self.sets[t]  # type: ignore[index]
+
+    def sweep_size(self) -> int:
+        """Candidate tokens the next sweep tries over all positions (its cost estimate)."""
+        return sum(len(self._moves(t)) for t in self.free) + self.n - len(self.free)
+
+    def _swaps(self) -> Tensor:
+        x = self.x[0].tolist()
+        allowed = (
+            [set(self._moves(t).tolist()) if t in self.free else self.allowed[t] for t in range(self.n)]
+            if self._narrowed()
+            else self.allowed
+        )
+        pairs = [
+            (i, j)
+            for a, i in enumerate(self.free)
+            for j in self.free[a + 1 :]
+            if x[i] != x[j] and x[j] in allowed[i] and x[i] in allowed[j]
+        ]
+        var = self.x.repeat(len(pairs), 1)
+        for r, (i, j) in enumerate(pairs):
+            var[r, i], var[r, j] = x[j], x[i]
+        return var
+
+    def step(self, score: SentenceScore) -> tuple[float, float, Tensor]:
+        """One sweep (every position, then the swaps); at a local minimum the next step kicks.
+        Returns (objective, [CLS] distance, ids) of the current sentence (the [CLS] distance is
+        only computed at local minima when the objective does not include it)."""
+        if self.cur is None:
+            f, dc, self._pc = self._objective(score, self.x)
+            self.cur = (float(f[0]), float(dc[0]))
+        improved = False
+        for t in self.rng.permutation(self.free).tolist():
+            moves = self._moves(t)
+            var = self.x.repeat(len(moves), 1)
+            var[:, t] = moves
+            f, dc, pc = self._objective(score, var)
+            j = int(f.argmin())
+            if float(f[j]) < self.cur[0] - 1e-12:
+                self.x, self.cur, self._pc, improved = (
+                    var[j : j + 1].clone(),
+                    (float(f[j]), float(dc[j])),
+                    pc[j : j + 1],
+                    True,
+                )
+        var = self._swaps()
+        if len(var):
+            f, dc, pc = self._objective(score, var)
+            j = int(f.argmin())
+            if float(f[j]) < self.cur[0] - 1e-12:
+                self.x, self.cur, self._pc, improved = (
+                    var[j : j + 1].clone(),
+                    (float(f[j]), float(dc[j])),
+                    pc[j : j + 1],
+                    True,
+                )
+        self.sweeps += 1
+        out = (self.cur[0], self.cur[1], self.x.clone())
+        if improved:
+            self._wide = False
+            return out
+        if not score.with_cls:  # a (narrow or true) local minimum: check it
+            out = (out[0], score.cls(self.x), out[2])
+        if self._narrowed():  # the prior's tokens help no more: next, every candidate (no kick)
+            self._wide = True
+            return out
+        self._wide = False
+        if self.best is None or out[0] < self.best[0]:
+            self.best = out
+            self._best_pc = self._pc
+        self.x = self.best[2].clone()  # kick from the best local minimum, where the per-position cost is high
+        if self.free:
+            w = self._best_pc[0, self.free].double().numpy() + 1e-12
+            for t in self.rng.choice(
+                self.free, size=min(self.kick, len(self.free)), replace=False, p=w / w.sum()
+            ).tolist():
+                self.x[0, t] = self._draw(t)
+        self.cur = None
+        return out
