@@ -12,7 +12,7 @@ import sys
 
 from veil.errors import VeilError
 
-COMMANDS = ("train", "eval", "attack", "federate", "split", "audit", "analyze", "bench", "list")
+COMMANDS = ("train", "eval", "attack", "federate", "split", "audit", "analyze", "bench", "list", "pretrain")
 #: commands whose --out is a run folder they write: one writer at a time (veil.runlock)
 WRITERS = ("train", "attack", "federate", "split", "audit")
 

@@ -15,6 +15,7 @@ from collections.abc import Callable
 from typing import Any
 
 from veil.errors import VeilError
+from veil.models import pretrained
 from veil.models.base import AttentionHandles, Batch, VeilModel, linear_weight
 from veil.models.cnn import CNN, CNNConfig
 from veil.models.decoder import Decoder, DecoderConfig
@@ -31,16 +32,28 @@ def _preset(name: str, cls: type, cfg_cls: type, help: str, **defaults: Any) -> 
     fields = {f.name for f in dataclasses.fields(cfg_cls)}
 
     def build(**overrides: Any) -> VeilModel:
+        init = overrides.pop("init", None)
         bad = sorted(set(overrides) - fields)
         if bad:
-            raise VeilError(f"model {name!r} has no option {bad[0]!r}; allowed: {', '.join(sorted(fields))}")
-        cfg = cfg_cls(**{**defaults, **overrides})
+            raise VeilError(f"model {name!r} has no option {bad[0]!r}; allowed: {', '.join(sorted(fields | {'init'}))}")
+        opts = {**defaults, **overrides} if init is None else pretrained.merged_options(name, init, defaults, overrides)
+        stale = sorted(set(opts) - fields)
+        if stale:
+            raise VeilError(f"model.init '{init}' has option {stale[0]!r}, which model {name!r} no longer takes")
+        cfg = cfg_cls(**opts)
         check_architecture(name, **dataclasses.asdict(cfg))
-        return cls(cfg)
+        model = cls(cfg)
+        if init is not None:
+            pretrained.load_into(model, init)
+        return model
+
+    def schema() -> dict[str, Option]:
+        init = Option("init", str | None, None, "a checkpoint folder from `veil pretrain` to start from")
+        return {**options_of(cfg_cls, defaults), "init": init}
 
     build.__doc__ = help
-    build.options = fields  # type: ignore[attr-defined]
-    build.schema = lambda: options_of(cfg_cls, defaults)  # type: ignore[attr-defined]
+    build.options = fields | {"init"}  # type: ignore[attr-defined]
+    build.schema = schema  # type: ignore[attr-defined]
     MODELS.register(name, help)(build)
 
 
