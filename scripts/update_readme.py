@@ -12,8 +12,8 @@ import json
 import sys
 from pathlib import Path
 
+from veil.metrics.leakage import describe
 from veil.report.render import summary_blocks, to_markdown
-from veil.report.worst_case import describe
 
 ROOT = Path(__file__).resolve().parent.parent
 

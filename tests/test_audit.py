@@ -11,8 +11,8 @@ from pathlib import Path
 import pytest
 import yaml
 
+from veil.commands.audit import audit as run_audit  # the engine, then the report
 from veil.errors import VeilError
-from veil.experiments.audit import run_audit
 from veil.experiments.scenario import load_scenario, parse_scenario
 
 TINY = {
@@ -81,7 +81,7 @@ def test_report_matches_summary(audit: tuple[Path, dict]) -> None:
 
 
 def test_summary_leads_with_the_worst_case(audit: tuple[Path, dict]) -> None:
-    from veil.report.worst_case import KEYS
+    from veil.metrics.leakage import KEYS
 
     out, summary = audit
     for t in summary["tasks"].values():

@@ -11,8 +11,9 @@ from typing import Any
 import pytest
 import torch
 
+from veil.commands.audit import audit as run_audit  # the engine, then the report
 from veil.errors import VeilError
-from veil.experiments.audit import run_audit, validate
+from veil.experiments.audit import validate
 from veil.experiments.scenario import parse_scenario
 
 TINY_RUN = {

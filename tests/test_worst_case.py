@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 
+from veil.metrics.leakage import KEYS, cell_leakage, worst_case
 from veil.report.render import write_reports
-from veil.report.worst_case import KEYS, cell_leakage, worst_case
 
 KNOWS = {
     "april": "naive",

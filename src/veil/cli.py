@@ -10,9 +10,11 @@ import importlib
 import os
 import sys
 
+from veil import __version__
 from veil.errors import VeilError
+from veil.runlock import hold
 
-COMMANDS = ("train", "eval", "attack", "federate", "split", "audit", "analyze", "bench", "list", "pretrain")
+COMMANDS = ("train", "eval", "attack", "federate", "split", "audit", "analyze", "list", "pretrain")
 #: commands whose --out is a run folder they write: one writer at a time (veil.runlock)
 WRITERS = ("train", "attack", "federate", "split", "audit")
 
@@ -22,18 +24,10 @@ def build_parser() -> argparse.ArgumentParser:
         prog="veil",
         description="Train Transformers with privacy defenses in federated and split learning, and audit them with the attacks a curious server would run.",
     )
-    from veil import __version__
-
     parser.add_argument("--version", action="version", version=f"veil {__version__}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
-    for name in COMMANDS:
-        try:
-            mod = importlib.import_module(f"veil.commands.{name}")
-        except ModuleNotFoundError as e:
-            if e.name == f"veil.commands.{name}":
-                continue
-            raise
-        mod.add_parser(sub)
+    for name in COMMANDS:  # every listed command exists: a missing one is a bug, not a shorter menu
+        importlib.import_module(f"veil.commands.{name}").add_parser(sub)
     return parser
 
 
@@ -41,8 +35,6 @@ def _out_lock(args: argparse.Namespace) -> contextlib.AbstractContextManager:
     """The run folder's write lock for commands that write one; nothing for the others."""
     if args.command not in WRITERS or not getattr(args, "out", None):
         return contextlib.nullcontext()
-    from veil.runlock import hold
-
     return hold(args.out)
 
 

@@ -1,4 +1,4 @@
-"""veil's registries (models, data sets, defenses) and the one rule that fills them.
+"""veil's registries (models, data sets, defenses, the audit's protocols) and the one rule that fills them.
 
 The rule: a registry names the modules that register into it, and imports them on its first
 lookup (`names`, `create`, `factory`, `options`, `in`). Importing `veil.registry` therefore
@@ -108,3 +108,7 @@ DEFENSES: Registry[Any] = Registry(
         "veil.defenses.permutation",
     ),
 )
+#: the protocols the audit engine hands a non-single-step task to (`veil.experiments.audit`): each
+#: registers an object with validate_task(task, s), run_task(task, s, out, progress) and
+#: report_blocks(t, out) (the report's blocks for its tasks)
+PROTOCOLS: Registry[Any] = Registry("protocol", modules=("veil.federated.fedavg.audit", "veil.federated.split.audit"))

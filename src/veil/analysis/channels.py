@@ -27,6 +27,7 @@ from torch import Tensor, nn
 
 from veil.attacks.adaptive import chi2_scores, guess_present, random_guess_f1
 from veil.attacks.base import Observation
+from veil.metrics import presence
 from veil.models.base import Batch, VeilModel, linear_weight
 from veil.training.step import client_step
 
@@ -96,8 +97,6 @@ def span_stats(g: Tensor, x: Tensor, decoys: Tensor, tol: float) -> dict[str, An
 
 def embedding_stats(obs: Observation, batch: Batch, special: set[int]) -> dict[str, Any]:
     """Channel 2: non-zero rows vs present tokens, row-norm spread, and the presence tests' F1."""
-    from veil.metrics.text import presence
-
     model = obs.model
     emb = model.token_embedding()
     if not obs.has_grad(emb):

@@ -12,9 +12,13 @@ import json
 from pathlib import Path
 from typing import Any
 
-import numpy as np
+import matplotlib
 
-from veil.models.base import VeilModel
+matplotlib.use("Agg")  # files only, no display: before pyplot loads
+import matplotlib.pyplot as plt  # noqa: E402
+import numpy as np  # noqa: E402
+
+from veil.models.base import VeilModel  # noqa: E402
 
 
 def pe_rows(model: VeilModel, rows: int | None = None) -> tuple[np.ndarray, list[str]]:
@@ -47,11 +51,6 @@ def explained_variance(ratios: np.ndarray, dims: int = 10) -> dict[int, float]:
 
 def plot_pe(proj: np.ndarray, labels: list[str], out: Path, title: str, label_every: int = 1) -> list[Path]:
     """1-D, 2-D and 3-D scatter plots of the projections, position labels on every point."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
     n = len(labels)
     idx = np.arange(n)
     show = idx % max(label_every, 1) == 0
@@ -81,8 +80,6 @@ def plot_pe(proj: np.ndarray, labels: list[str], out: Path, title: str, label_ev
 
 
 def _save(fig: Any, path: Path) -> Path:
-    import matplotlib.pyplot as plt
-
     fig.tight_layout()
     fig.savefig(path, dpi=120)
     plt.close(fig)

@@ -7,6 +7,8 @@ AEGIS against their attacks). Running it again resumes: finished runs and cells 
 from __future__ import annotations
 
 import argparse
+from pathlib import Path
+from typing import Any
 
 from veil.errors import VeilError
 
@@ -27,16 +29,27 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.set_defaults(run=run)
 
 
-def run(args: argparse.Namespace) -> int:
+def audit(scenario: Any, out: str | Path, progress: bool = True, jobs: int = 1) -> dict[str, Any]:
+    """Run (or resume) a parsed scenario into `out`, then render its report from the summary and
+    the examples the engine hands over: what `veil audit` does. Returns the summary."""
     # torch and the packages load when the command runs, not when `veil --help` builds the parser
     from veil.experiments.audit import run_audit
-    from veil.experiments.scenario import load_scenario
-    from veil.report.worst_case import describe
+    from veil.experiments.cells import examples
+    from veil.report.render import write_reports
+
+    summary = run_audit(scenario, out, progress=progress, jobs=jobs)
+    write_reports(summary, Path(out), {name: examples(Path(out), name) for name in summary["tasks"]})
+    return summary
+
+
+def run(args: argparse.Namespace) -> int:
+    from veil.experiments.scenario import load_scenario  # the engine's parser: see audit()
+    from veil.metrics.leakage import describe
 
     if args.jobs < 1:
         raise VeilError(f"--jobs must be an integer >= 1, got {args.jobs}")
     scenario = load_scenario(args.scenario)
-    summary = run_audit(scenario, args.out, progress=not args.quiet, jobs=args.jobs)
+    summary = audit(scenario, args.out, progress=not args.quiet, jobs=args.jobs)
 
     for name, t in summary["tasks"].items():
         print(f"{name}:")

@@ -1,24 +1,36 @@
-"""`veil audit`: train one model per defense, attack each, and report privacy against utility.
+"""The audit engine behind `veil audit`: train one model per defense, attack each, and sum
+privacy against utility up in summary.json (the report renders it: `veil.report`).
 
 Every finished piece is a file — a run folder per (task, defense, seed), a JSON per attack cell
-— written atomically, so a killed audit resumes without recomputing anything it finished.
+— written atomically, so a killed audit resumes without recomputing anything it finished. A task
+of another protocol (fedavg, split) is trained and attacked by the protocol registered under its
+name in `veil.registry.PROTOCOLS`; the engine imports none of them.
 """
 
 from __future__ import annotations
 
+import importlib.metadata as md
 import json
+import multiprocessing as mp
 import platform
 import sys
+from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
 from tqdm.auto import tqdm
 
+from veil.attacks.harness import private_batches
+from veil.build import build_data, build_defenses, build_model, build_run, load_run
 from veil.errors import VeilError
+from veil.experiments.cells import cell_path, make_attack, run_cell, step_overhead
 from veil.experiments.scenario import Scenario, Task, dump_scenario, label
+from veil.experiments.summary import build_summary
+from veil.io import atomic_write_text, intact, write_checked_text
+from veil.registry import PROTOCOLS
 from veil.runlock import holds_progress
-from veil.training.checkpoint import atomic_write_text, intact, write_checked_text
+from veil.training.loop import train
 
 
 @dataclass
@@ -36,9 +48,6 @@ class Cell:
 
 def validate(s: Scenario) -> list[Cell]:
     """Check every name, key, path and attack before any training; return the cells to run."""
-    from veil.experiments.build import build_data, build_defenses, build_model
-    from veil.experiments.cells import make_attack
-
     cells: list[Cell] = []
     for task in s.tasks:
         if task.protocol != "single-step":  # trained and attacked by its protocol's module, not by cells
@@ -66,26 +75,16 @@ def validate(s: Scenario) -> list[Cell]:
 
 
 def protocol_module(task: Task) -> Any:
-    """The module that audits a non-single-step task: `validate_task(task, s)`, `run_task(task, s, out, progress)`."""
-    import importlib
-
-    return importlib.import_module(
-        {"fedavg": "veil.federated.fedavg.audit", "split": "veil.federated.split.audit"}[task.protocol]
-    )
+    """The protocol that audits a non-single-step task: `validate_task(task, s)`, `run_task(task, s, out, progress)`."""
+    return PROTOCOLS.create(task.protocol)
 
 
 def run_dir(out: Path, task: Task, defense: dict[str, Any], seed: int) -> Path:
     return out / "runs" / task.name / label(defense) / f"seed{seed}"
 
 
-def cell_path(out: Path, cell: Cell) -> Path:
-    return out / "cells" / cell.task.name / label(cell.defense) / label(cell.attack) / f"seed{cell.seed}.json"
-
-
 def run_audit(s: Scenario, out: str | Path, progress: bool = True, jobs: int = 1) -> dict[str, Any]:
-    from veil.report.render import write_reports
-    from veil.report.summary import build_summary
-
+    """Run (or resume) scenario `s` into `out`; returns the summary, also written to summary.json."""
     out = Path(out)
     cells = validate(s)
     marker = out / "scenario.yaml"
@@ -106,13 +105,10 @@ def run_audit(s: Scenario, out: str | Path, progress: bool = True, jobs: int = 1
     }
     summary["tasks"] = {t.name: done.get(t.name) or protocol[t.name] for t in s.tasks}  # scenario order
     atomic_write_text(out / "summary.json", json.dumps(summary, indent=2))
-    write_reports(summary, out)
     return summary
 
 
 def _train_one(cfg: Any, path: Path, progress: bool) -> dict[str, Any]:
-    from veil.training.loop import train
-
     return train(cfg, path, progress=progress)
 
 
@@ -126,9 +122,6 @@ def _train_all(s: Scenario, out: Path, progress: bool, jobs: int = 1) -> dict[st
     todo = [(t, d, seed) for seed in s.seeds for t in s.tasks for d in t.defenses]
     args = [(t.run_for(d, seed), run_dir(out, t, d, seed)) for t, d, seed in todo]
     if jobs > 1:
-        import multiprocessing as mp
-        from concurrent.futures import ProcessPoolExecutor
-
         with ProcessPoolExecutor(jobs, mp_context=mp.get_context("spawn")) as pool:
             futures = [pool.submit(_train_one, cfg, path, False) for cfg, path in args]
             summaries = [f.result() for f in tqdm(futures, desc="train", disable=not progress, unit="run")]
@@ -143,9 +136,6 @@ def _train_all(s: Scenario, out: Path, progress: bool, jobs: int = 1) -> dict[st
 
 
 def _attack_all(cells: list[Cell], out: Path, progress: bool) -> None:
-    from veil.experiments.build import load_run
-    from veil.experiments.cells import make_attack, run_cell
-
     todo = [c for c in cells if c.skipped is None and not _reusable(cell_path(out, c))]
     loaded: dict[tuple[str, str, int], Any] = {}
     for c in tqdm(todo, desc="attack", disable=not progress, unit="cell"):
@@ -175,10 +165,6 @@ def _reusable(path: Path) -> bool:
 
 def _overhead(task: Task, out: Path, seed: int) -> dict[str, float]:
     """Step time per defense relative to none, measured once per task and cached."""
-    from veil.attacks.harness import private_batches
-    from veil.experiments.build import build_run
-    from veil.experiments.cells import step_overhead
-
     path = out / "cells" / task.name / "overhead.json"
     if _reusable(path):
         return json.loads(path.read_text())
@@ -202,8 +188,7 @@ def _overhead(task: Task, out: Path, seed: int) -> dict[str, float]:
 
 
 def versions() -> dict[str, str]:
-    import importlib.metadata as md
-
+    """The versions of Python, the platform and the packages the numbers depend on."""
     out = {"python": platform.python_version(), "platform": platform.platform()}
     for pkg in ("veil", "torch", "transformers", "flwr", "torchmetrics", "opacus", "numpy"):
         try:

@@ -5,8 +5,10 @@ view and the granted knowledge; the private batch is used afterwards, to score.
 
 from __future__ import annotations
 
+import json
 import statistics
 import time
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -16,7 +18,10 @@ from veil.attacks import Attack, create_attack
 from veil.attacks.harness import attack_once, mean_metrics, private_batches, score, sequences
 from veil.data import DataSplits
 from veil.defenses.base import Defense
+from veil.experiments.scenario import label
+from veil.metrics import text_report
 from veil.models.base import VeilModel
+from veil.training.step import client_step
 
 
 def example_of(ref: dict[str, Tensor], rec: Any, tokenizer: Any) -> dict[str, Any]:
@@ -24,8 +29,6 @@ def example_of(ref: dict[str, Tensor], rec: Any, tokenizer: Any) -> dict[str, An
     if rec.images is not None:
         return {"original": ref["pixels"][:4].tolist(), "reconstruction": rec.images.detach().clamp(0, 1)[:4].tolist()}
     if rec.token_ids is not None:
-        from veil.metrics import text_report
-
         words = (
             (lambda ids: list(tokenizer.decode(ids))) if tokenizer is not None else (lambda ids: [str(i) for i in ids])
         )
@@ -68,8 +71,6 @@ def step_overhead(
     """Median seconds of one client step (forward, backward, defense, export) per defense,
     interleaved in one run so the machine's noise hits all alike (ratios are what count); the
     order alternates each round so no defense always runs right after another."""
-    from veil.training.step import client_step
-
     times: dict[str, list[float]] = {k: [] for k in models}
     for r in range(repeats + 1):
         for k, (m, ds) in list(models.items()) if r % 2 else list(models.items())[::-1]:
@@ -83,3 +84,20 @@ def step_overhead(
 
 def make_attack(entry: dict[str, Any]) -> Attack:
     return create_attack(entry["name"], **{k: v for k, v in entry.items() if k != "name"})
+
+
+def cell_path(out: Path, cell: Any) -> Path:
+    """Where the audit keeps one cell's result: cells/TASK/DEFENSE/ATTACK/seedN.json."""
+    return out / "cells" / cell.task.name / label(cell.defense) / label(cell.attack) / f"seed{cell.seed}.json"
+
+
+def examples(out: Path, task: str) -> list[dict[str, Any]]:
+    """What the report shows of a task's cells (single-step, or written by a protocol in the same
+    layout): per (defense, attack), the first seed's example, as records
+    {defense, attack, example} in file order."""
+    found: dict[tuple[str, str], dict[str, Any]] = {}
+    for f in sorted((out / "cells" / task).glob("*/*/seed*.json")):
+        key = (f.parent.parent.name, f.parent.name)
+        if key not in found:
+            found[key] = json.loads(f.read_text()).get("example") or {}
+    return [{"defense": d, "attack": a, "example": ex} for (d, a), ex in found.items()]

@@ -25,8 +25,8 @@ import yaml
 from veil.attacks import check_attack
 from veil.config import RunConfig, from_dict, read_yaml
 from veil.errors import VeilError
+from veil.registry import PROTOCOLS
 
-PROTOCOLS = ("single-step", "fedavg", "split")
 TASK_KEYS = {"name", "run", "protocol", "defenses", "attacks", "knowledge", "samples", "federated"}
 SCENARIO_KEYS = {"name", "seeds", "tasks", "description", "attacks"}
 KNOWLEDGE_KEYS = {"labels", "batch_size", "seq_len", "defense"}
@@ -98,8 +98,10 @@ def parse_task(raw: Any, index: int) -> Task:
     if "run" not in raw:
         raise VeilError(f"{where} ({name}) has no 'run' section (model, data, train)")
     protocol = raw.get("protocol", "single-step")
-    if protocol not in PROTOCOLS:
-        raise VeilError(f"unknown protocol '{protocol}' in {where}; allowed: {', '.join(PROTOCOLS)}")
+    if protocol != "single-step" and protocol not in PROTOCOLS:
+        raise VeilError(
+            f"unknown protocol '{protocol}' in {where}; allowed: single-step, {', '.join(PROTOCOLS.names())}"
+        )
     knowledge = raw.get("knowledge") or {}
     _unknown(set(knowledge), KNOWLEDGE_KEYS, f"{where}.knowledge")
     samples = raw.get("samples", 2)
@@ -125,9 +127,7 @@ def parse_scenario(raw: Any, default_name: str = "scenario") -> Scenario:
     if (
         isinstance(raw, dict) and "split" in raw and "tasks" not in raw
     ):  # a `veil split` run config: its protocols, audited
-        from veil.federated.split.audit import scenario_from_run_config
-
-        raw = scenario_from_run_config(raw, default_name)
+        raw = PROTOCOLS.create("split").scenario_from_run_config(raw, default_name)
     if not isinstance(raw, dict):
         raise VeilError("a scenario must be a YAML mapping with keys: " + ", ".join(sorted(SCENARIO_KEYS)))
     _unknown(set(raw), SCENARIO_KEYS, "scenario")

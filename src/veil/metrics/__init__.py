@@ -1,7 +1,7 @@
 """Leakage metrics: how close an attack's reconstruction is to the private inputs.
 
 Images (`veil.metrics.image`): MSE, PSNR, SSIM (Wang et al. 2004), FFT2D (MJP: cosine similarity
-of 2-D FFT magnitude spectra); LPIPS is unavailable offline. Text (`veil.metrics.text`,
+of 2-D FFT magnitude spectra). Text (`veil.metrics.text`,
 `veil.metrics.text_leak`):
 ROUGE-1/2/L (Lin 2004), sacreBLEU (Papineni et al. 2002; Post 2018), Google-BLEU (Wu et al. 2016),
 token accuracy, position-aware token recovery, bag-of-tokens presence P/R/F1, exact recovery, the
@@ -17,10 +17,8 @@ from __future__ import annotations
 
 from veil.metrics.image import (
     IMAGE_KEYS,
-    LPIPS_UNAVAILABLE,
     fft2d,
     image_report,
-    lpips,
     mse,
     pairwise_mse,
     psnr,
@@ -38,11 +36,11 @@ from veil.metrics.text import (
     presence,
     rouge,
     sacrebleu,
-    text_report,
     to_words,
     token_accuracy,
     token_recovery,
 )
+from veil.metrics.text_eval import text_report
 from veil.metrics.text_leak import bag_scores, moved_tokens, unshuffled_recovery
 
 METRIC_KEYS: tuple[str, ...] = (
@@ -73,7 +71,6 @@ __all__ = [
     "IMAGE_KEYS",
     "TEXT_KEYS",
     "PRESENCE_KEYS",
-    "LPIPS_UNAVAILABLE",
     "MetricInputError",
     "hungarian_match",
     "order_from_match",
@@ -82,7 +79,6 @@ __all__ = [
     "ssim",
     "ssim_window",
     "fft2d",
-    "lpips",
     "pairwise_mse",
     "image_report",
     "to_words",

@@ -3,8 +3,8 @@
 Inputs are batches of token sequences: ``refs`` (the true sentences) and ``hyps`` (the
 reconstructions), each a list of sequences of token strings (e.g. WordPiece tokens
 ``["the", "play", "##ing", "[SEP]"]``) or of token ids (ints; a 2-D tensor/array of ids also
-works). Item ``b`` of ``hyps`` is compared with item ``b`` of ``refs``; `text_report` first pairs
-them by Hungarian matching.
+works). Item ``b`` of ``hyps`` is compared with item ``b`` of ``refs``; `text_report`
+(`veil.metrics.text_eval`) first pairs them by Hungarian matching.
 
 Word-level scores (ROUGE, sacreBLEU, Google-BLEU) first turn each token sequence into words:
 tokens in ``ignore`` are dropped, then WordPiece continuation pieces (``"##ing"``) are glued to
@@ -42,14 +42,13 @@ from __future__ import annotations
 from collections import Counter
 from collections.abc import Collection, Iterable, Sequence
 from itertools import chain
-from typing import Literal
 
 import numpy as np
 import sacrebleu as _sacrebleu
 import torch
 from rouge_score import rouge_scorer, tokenizers
 
-from veil.metrics.matching import MetricInputError, hungarian_match, order_from_match
+from veil.metrics.matching import MetricInputError
 
 __all__ = [
     "TEXT_KEYS",
@@ -64,7 +63,6 @@ __all__ = [
     "exact_recovery",
     "pairwise_rouge_l",
     "pairwise_token_accuracy",
-    "text_report",
 ]
 
 Token = str | int
@@ -327,61 +325,3 @@ def pairwise_token_accuracy(refs: Batch, hyps: Batch) -> np.ndarray:
     n_ref = valid.sum(1)[:, None]
     empty_hyp = (hyp[:, 0] < 0 if hyp.shape[1] else np.ones(len(h), dtype=bool)).astype(float)[None, :]
     return np.where(n_ref > 0, hits / np.maximum(n_ref, 1), empty_hyp)
-
-
-def text_report(
-    refs: Batch,
-    hyps: Batch,
-    match: bool = True,
-    ignore: Collection[Token] | None = None,
-    match_by: Literal["rougeL", "token_accuracy"] = "rougeL",
-    moved: Sequence[Sequence[bool]] | None = None,
-    shuffled: Sequence[Sequence[bool]] | None = None,
-) -> dict[str, float | list[int]]:
-    """All text scores (`TEXT_KEYS`) after pairing reconstructions with references.
-
-    With ``match=True`` pairs are chosen by Hungarian matching with cost ``-ROUGE-L`` (or
-    ``-token_accuracy`` with ``match_by="token_accuracy"``), ties broken by token accuracy;
-    ``hyps`` may then hold a different number of sequences than ``refs``, and only the
-    ``min(len(refs), len(hyps))`` matched pairs are scored. With ``match=False`` item ``b`` is
-    compared with item ``b``. ``ignore`` (e.g. ``{"[CLS]", "[SEP]", "[PAD]"}``) is dropped from the
-    word-level scores and not counted by token_recovery; token_accuracy and exact_recovery compare
-    the raw sequences. ``moved`` and ``shuffled`` (one bool per reference token: the client's
-    shuffle put another token there / selected the slot; the evaluator's record) give moved_tokens
-    and unshuffled_recovery (see the module docstring); without them nothing counts as moved.
-
-    Returns:
-        the floats of `TEXT_KEYS`, plus ``"order"``: for each reference ``i``, the index of the
-        hyp it was paired with (``-1`` if unmatched).
-    """
-    from veil.metrics.text_leak import _slot_mask, bag_scores, moved_tokens, unshuffled_recovery
-
-    r, h = _check_texts(refs, hyps, same_len=not match)
-    shuffled = moved if shuffled is None else shuffled
-    _slot_mask(moved, r, "moved"), _slot_mask(shuffled, r, "shuffled")  # reject a malformed record before matching
-    if match:
-        acc = pairwise_token_accuracy(r, h)
-        if match_by == "rougeL":
-            cost = -(pairwise_rouge_l(r, h, ignore) + 1e-6 * acc)
-        elif match_by == "token_accuracy":
-            cost = -acc
-        else:
-            raise MetricInputError(f"text_report: match_by must be 'rougeL' or 'token_accuracy', got {match_by!r}")
-        rows, cols = hungarian_match(cost)
-    else:
-        rows = cols = np.arange(len(r), dtype=np.int64)
-    rr = [r[i] for i in rows]
-    hh = [h[j] for j in cols]
-    report: dict[str, float | list[int]] = dict(rouge(rr, hh, ignore))
-    report["sacrebleu"] = sacrebleu(rr, hh, ignore)
-    report["google_bleu"] = google_bleu(rr, hh, ignore)
-    report["token_accuracy"] = token_accuracy(rr, hh)
-    report["token_recovery"] = token_recovery(rr, hh, ignore)
-    report["exact_recovery"] = exact_recovery(rr, hh)
-    report.update(bag_scores(r, h, ignore))  # every reference and hyp: the bag ignores the pairing
-    report["unshuffled_recovery"] = unshuffled_recovery(
-        rr, hh, [shuffled[i] for i in rows] if shuffled is not None else None, ignore
-    )
-    report["moved_tokens"] = float(moved_tokens(r, moved, ignore))  # every reference, matched or not
-    report["order"] = order_from_match(rows, cols, len(r))
-    return report

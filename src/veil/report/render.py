@@ -1,6 +1,9 @@
 """Render an audit summary as report.md and a self-contained report.html (PNGs embedded).
 
 Both are built from one list of blocks, so they always show the same numbers as summary.json.
+The report reads nothing of the audit's folder layout: it takes the summary and the examples the
+engine hands it (`veil.experiments.cells.examples`: per task, records {defense, attack,
+example}); a protocol's own blocks come from the protocol registered under its name.
 """
 
 from __future__ import annotations
@@ -11,8 +14,12 @@ import json
 from pathlib import Path
 from typing import Any
 
+import yaml
+
+from veil.io import atomic_write_text
+from veil.metrics.leakage import describe, fmt, leak_text
+from veil.registry import PROTOCOLS
 from veil.report.figures import image_grid, privacy_utility
-from veil.report.worst_case import describe, leak_text
 
 Block = tuple  # ("h2", text) | ("p", text) | ("table", header, rows) | ("img", path, caption) | ("tokens", rows)
 
@@ -39,20 +46,8 @@ SHOWN = (
 )
 
 
-def fmt(v: Any) -> str:
-    if isinstance(v, float):
-        return "inf" if v == float("inf") else f"{v:.3f}" if abs(v) < 1000 else f"{v:.0f}"
-    return str(v)
-
-
-def _examples(out: Path, task: str) -> dict[tuple[str, str], dict[str, Any]]:
-    found = {}
-    root = out / "cells" / task
-    for f in sorted(root.glob("*/*/seed*.json")):
-        key = (f.parent.parent.name, f.parent.name)
-        if key not in found:
-            found[key] = json.loads(f.read_text()).get("example") or {}
-    return found
+#: what the engine hands the report beside the summary: per task, the cells' example records
+Examples = dict[str, list[dict[str, Any]]]
 
 
 def slug(text: str) -> str:
@@ -65,7 +60,8 @@ def aligned(ref: list[str], hyp: list[str]) -> list[tuple[str, bool]]:
     return [(tok, i < len(ref) and ref[i] == tok) for i, tok in enumerate(hyp)]
 
 
-def task_blocks(name: str, t: dict[str, Any], out: Path) -> list[Block]:
+def task_blocks(name: str, t: dict[str, Any], out: Path, examples: list[dict[str, Any]] | None = None) -> list[Block]:
+    """One task's blocks: verdict, protocol blocks, utility, every attack, figures, examples."""
     blocks: list[Block] = [("h2", f"Task `{name}` — {t['model']} on {t['data']} ({t['protocol']})")]
     blocks.append(
         (
@@ -82,12 +78,8 @@ def task_blocks(name: str, t: dict[str, Any], out: Path) -> list[Block]:
             [d, acc, ppl, f"{t['overhead'].get(d, float('nan')):.3f}", f"{t['step_seconds'].get(d, float('nan')):.4f}"]
         )
     blocks += worst_case_blocks(t)
-    if t["protocol"] in ("fedavg", "split"):  # per round / per protocol (veil.federated.fedavg.audit, split_audit)
-        import importlib
-
-        blocks += importlib.import_module(
-            {"fedavg": "veil.federated.fedavg.audit", "split": "veil.federated.split.audit"}[t["protocol"]]
-        ).report_blocks(t, out)
+    if t["protocol"] != "single-step":  # per round / per protocol: the protocol's own blocks
+        blocks += PROTOCOLS.create(t["protocol"]).report_blocks(t, out)
     blocks.append(("h3", "Utility and cost"))
     blocks.append(
         (
@@ -149,7 +141,8 @@ def task_blocks(name: str, t: dict[str, Any], out: Path) -> list[Block]:
             )
         )
     blocks.append(("h3", "What the server rebuilt"))
-    for (d, a), ex in _examples(out, name).items():
+    for record in examples or []:
+        d, a, ex = record["defense"], record["attack"], record["example"]
         if "original" in ex:
             path = image_grid(
                 ex["original"],
@@ -191,18 +184,17 @@ def worst_case_blocks(t: dict[str, Any]) -> list[Block]:
     ]
 
 
-def summary_blocks(summary: dict[str, Any], out: Path) -> list[Block]:
+def summary_blocks(summary: dict[str, Any], out: Path, examples: Examples | None = None) -> list[Block]:
+    """The whole report's blocks: every task, the software versions, the scenario."""
     blocks: list[Block] = [
         ("h1", f"veil audit: {summary['scenario']}"),
         ("p", f"Seeds: {summary['seeds']}. Numbers: summary.json (same keys as below)."),
     ]
     for name, t in summary["tasks"].items():
-        blocks += task_blocks(name, t, out)
+        blocks += task_blocks(name, t, out, (examples or {}).get(name))
     blocks.append(("h2", "Software"))
     blocks.append(("table", ["package", "version"], [[k, v] for k, v in summary["versions"].items()]))
     blocks.append(("h2", "Scenario"))
-    import yaml
-
     blocks.append(("pre", yaml.safe_dump(summary["config"], sort_keys=False)))
     return blocks
 
@@ -267,9 +259,8 @@ def to_html(blocks: list[Block]) -> str:
     return "\n".join(parts)
 
 
-def write_reports(summary: dict[str, Any], out: Path) -> None:
-    from veil.training.checkpoint import atomic_write_text
-
-    blocks = summary_blocks(summary, out)
+def write_reports(summary: dict[str, Any], out: Path, examples: Examples | None = None) -> None:
+    """report.md and report.html in `out` (figures under out/figures)."""
+    blocks = summary_blocks(summary, out, examples)
     atomic_write_text(out / "report.md", to_markdown(blocks, out))
     atomic_write_text(out / "report.html", to_html(blocks))

@@ -47,6 +47,7 @@ from typing import Any
 
 from veil.errors import VeilError
 from veil.experiments.scenario import Scenario, Task, label
+from veil.registry import PROTOCOLS
 
 #: attacks that invert one gradient in closed form: not applicable to a multi-step FedAvg update
 SINGLE_GRADIENT = {
@@ -73,7 +74,7 @@ def task_spec(task: Task, defense: dict[str, Any], seed: int, attacks: list[dict
 
 def plan(task: Task, s: Scenario) -> tuple[list[dict[str, Any]], dict[str, str]]:
     """(the attacks the auditor runs, {attack: why skipped}); a task's own attack that cannot run is an error."""
-    from veil.experiments.build import build_data, build_model
+    from veil.build import build_data, build_model
     from veil.experiments.cells import make_attack
     from veil.federated.fedavg.config import federated_config
 
@@ -111,7 +112,7 @@ def plan(task: Task, s: Scenario) -> tuple[list[dict[str, Any]], dict[str, str]]
 
 def validate_task(task: Task, s: Scenario) -> None:
     """Every name and key checked before any training (the defenses through the run config)."""
-    from veil.experiments.build import build_defenses
+    from veil.build import build_defenses
 
     attacks, _ = plan(task, s)
     for d in task.defenses:
@@ -141,7 +142,7 @@ def _mean(rows: list[dict[str, float]]) -> dict[str, float]:
 
 def per_round(events: list[list[dict[str, Any]]], knows: dict[str, str]) -> list[dict[str, Any]]:
     """One row per round: accuracy and bytes (mean over seeds), each attack's mean leakage, the worst case."""
-    from veil.report.worst_case import worst_case
+    from veil.metrics.leakage import worst_case
 
     rounds: dict[int, list[dict[str, Any]]] = defaultdict(list)
     audits: dict[int, dict[str, list[dict[str, float]]]] = defaultdict(lambda: defaultdict(list))
@@ -172,8 +173,8 @@ def per_round(events: list[list[dict[str, Any]]], knows: dict[str, str]) -> list
 
 
 def most_leaking(rows: list[tuple[int, dict[str, float]]]) -> dict[str, float]:
-    """The (round, metrics) whose leakage scores highest (`veil.report.worst_case.cell_leakage`), with its round."""
-    from veil.report.worst_case import cell_leakage
+    """The (round, metrics) whose leakage scores highest (`veil.metrics.leakage.cell_leakage`), with its round."""
+    from veil.metrics.leakage import cell_leakage
 
     def key(rm: tuple[int, dict[str, float]]) -> tuple[int, float, int]:
         c = cell_leakage(rm[1])
@@ -198,7 +199,7 @@ def run_task(task: Task, s: Scenario, out: Path, progress: bool = False) -> dict
     from veil.experiments.audit import run_dir
     from veil.experiments.cells import make_attack
     from veil.federated.fedavg.runner import federate
-    from veil.report.worst_case import worst_case
+    from veil.metrics.leakage import worst_case
 
     attacks, skipped = plan(task, s)
     knows = {label(a): make_attack(a).knows for a in attacks}
@@ -313,8 +314,7 @@ def plot_rounds(rounds: dict[str, list[dict[str, Any]]], path: Path, title: str)
 
 def report_blocks(t: dict[str, Any], out: Path) -> list[tuple]:
     """report.md / report.html: the federated settings, accuracy and worst case per round, bytes, per client."""
-    from veil.report.render import fmt
-    from veil.report.worst_case import cell_leakage, leak_text
+    from veil.metrics.leakage import cell_leakage, fmt, leak_text
 
     f = t.get("federated", {})
     blocks: list[tuple] = [
@@ -369,3 +369,12 @@ def report_blocks(t: dict[str, Any], out: Path) -> list[tuple]:
                 rows.append([d, c, a, int(m.get("round", 0)), leak_text(cl) if cl else "no metric"])
     blocks.append(("table", ["defense", "client", "attack", "most-leaking round", "leakage"], rows))
     return blocks
+
+
+@PROTOCOLS.register("fedavg", "FedAvg / FedProx on Flower, audited round by round by the curious server")
+class FedAvgProtocol:
+    """What the audit engine calls for a `protocol: fedavg` task (`veil.experiments.audit`)."""
+
+    validate_task = staticmethod(validate_task)
+    run_task = staticmethod(run_task)
+    report_blocks = staticmethod(report_blocks)

@@ -36,6 +36,7 @@ import statistics
 from pathlib import Path
 from typing import Any
 
+from veil import registry
 from veil.errors import VeilError
 from veil.experiments.scenario import Scenario, Task, label
 
@@ -120,8 +121,8 @@ def run_task(task: Task, s: Scenario, out: Path, progress: bool = False) -> dict
     from veil.experiments.cells import make_attack
     from veil.federated.split.compare import cached_run
     from veil.federated.split.spec import permutes
-    from veil.report.worst_case import worst_case
-    from veil.training.checkpoint import atomic_write_text
+    from veil.io import atomic_write_text
+    from veil.metrics.leakage import worst_case
 
     attacks, skipped = attacks_of(task, s)
     victims = int(task.federated.get("victims", 64))
@@ -202,7 +203,7 @@ def split_entry(runs: list[dict[str, Any]]) -> dict[str, Any]:
 
 def report_blocks(t: dict[str, Any], out: Path) -> list[tuple]:
     """report.md / report.html: each protocol's metrics and bytes, and the feature attacks' PSNR side by side."""
-    from veil.report.render import fmt
+    from veil.metrics.leakage import fmt
 
     tasks = sorted({k for e in t["split"].values() for k in e["metrics"]})
     attacks = sorted({a for leak in t["leakage"].values() for a in leak})
@@ -263,3 +264,14 @@ def scenario_from_run_config(raw: dict[str, Any], name: str) -> dict[str, Any]:
             }
         ],
     }
+
+
+@registry.PROTOCOLS.register("split", "SL / FeSTA / p-FeSTA split learning, audited in feature space")
+class SplitProtocol:
+    """What the audit engine calls for a `protocol: split` task (`veil.experiments.audit`), and
+    how a `veil split` run config becomes a scenario (`veil.experiments.scenario`)."""
+
+    validate_task = staticmethod(validate_task)
+    run_task = staticmethod(run_task)
+    report_blocks = staticmethod(report_blocks)
+    scenario_from_run_config = staticmethod(scenario_from_run_config)

@@ -1,5 +1,9 @@
 """The audit's verdict: for each task x defense, the attack that rebuilt the most of the client's data.
 
+A metric over metrics: it ranks the leakage records the attacks' scores produced, so the audit
+engine, the federated and split audits and the report all read it from here (`fmt` is the
+report's precision, the one ties are compared at).
+
 A leakage figure is only as strong as its attacker, so the verdict is the strongest attack that
 ran, naive or adaptive, never a chosen one. Attacks of one task share a modality; the ordering:
 
@@ -98,11 +102,17 @@ def worst_case(
     return out
 
 
+def fmt(v: Any, digits: int = 3) -> str:
+    """A number as the report prints it: `digits` decimals, whole numbers from 1000 up, inf; other values as text."""
+    if isinstance(v, float):
+        return "inf" if v == float("inf") else f"{v:.{digits}f}" if abs(v) < 1000 else f"{v:.0f}"
+    return str(v)
+
+
 def leak_text(wc: dict[str, Any], digits: int = 3, keep: tuple[str, ...] | None = None) -> str:
     """The winner's leakage in words: rouge1 0.960 (bag of words); token_recovery 0.990 (`keep`: only those beside)."""
-    fmt = lambda v: "inf" if v == float("inf") else f"{v:.{digits}f}" if abs(v) < 1000 else f"{v:.0f}"  # noqa: E731
-    beside = ", ".join(f"{k} {fmt(float(v))}" for k, v in wc["beside"].items() if keep is None or k in keep)
-    return f"{wc['metric']} {fmt(float(wc['value']))} ({wc['region']})" + (f"; {beside}" if beside else "")
+    beside = ", ".join(f"{k} {fmt(float(v), digits)}" for k, v in wc["beside"].items() if keep is None or k in keep)
+    return f"{wc['metric']} {fmt(float(wc['value']), digits)} ({wc['region']})" + (f"; {beside}" if beside else "")
 
 
 def describe(wc: dict[str, Any], digits: int = 3, keep: tuple[str, ...] | None = None) -> str:

@@ -1,4 +1,5 @@
-"""The audit's numbers with stable keys; report.md and report.html are rendered from this alone.
+"""The audit's numbers with stable keys (summary.json); report.md and report.html are rendered
+from this alone (`veil.report`), with the examples the engine hands beside it.
 
 summary["tasks"][task]:
   utility[defense]          test_accuracy_mean / _std / values (+ test_perplexity_* for LMs;
@@ -9,7 +10,7 @@ summary["tasks"][task]:
                             the layer it reads): the defense closed that channel
   overhead[defense]         step time relative to no defense; step_seconds[defense] absolute
   attacker_knows[attack]    what each attack uses (its `knows`: naive, or which part of the mechanism)
-  worst_case[defense]       the verdict: the attack that rebuilt the most (veil.report.worst_case),
+  worst_case[defense]       the verdict: the attack that rebuilt the most (veil.metrics.leakage),
                             keys attack, knows, metric, value, region, score, beside, ranking, blocked
 """
 
@@ -20,23 +21,13 @@ import statistics
 from pathlib import Path
 from typing import Any
 
+from veil.experiments.cells import cell_path, make_attack
 from veil.experiments.scenario import Scenario, label
-
-PRIMARY = (
-    "psnr",
-    "token_recovery",
-    "presence_f1",
-    "rouge1",
-    "label_accuracy",
-)  # the headline leakage metric, by preference
+from veil.metrics.leakage import worst_case
 
 
 def _mean_std(values: list[float]) -> tuple[float, float]:
     return statistics.fmean(values), (statistics.stdev(values) if len(values) > 1 else 0.0)
-
-
-def primary_metric(metrics: dict[str, float]) -> str | None:
-    return next((m for m in PRIMARY if m in metrics), None)
 
 
 def build_summary(
@@ -47,10 +38,7 @@ def build_summary(
     overhead: dict[str, Any],
     versions: dict[str, str],
 ) -> dict[str, Any]:
-    from veil.experiments.audit import cell_path
-    from veil.experiments.cells import make_attack
-    from veil.report.worst_case import worst_case
-
+    """The single-step tasks' entries (see the module doc) from their cells' files and training summaries."""
     tasks: dict[str, Any] = {}
     for task in s.tasks:
         t: dict[str, Any] = {
