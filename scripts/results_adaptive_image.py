@@ -23,7 +23,7 @@ import torch
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from resultsdoc import write_section  # noqa: E402
+from resultsdoc import fmt, write_section  # noqa: E402
 
 CACHE = ROOT / "runs" / "adaptive_image"
 GAMMAS = (0.0, 0.03, 0.1, 0.27, 0.5)
@@ -67,8 +67,8 @@ def attack_cells(
 
 def digits_cell(gamma: float, samples: int, run: Path | None = None) -> dict[str, Any]:
     from veil.attacks.harness import private_batches
+    from veil.build import build_run, load_run
     from veil.config import load_config
-    from veil.experiments.build import build_run, load_run
 
     if run is not None:
         _, model, data, defenses = load_run(run)
@@ -119,10 +119,6 @@ def tiny_cell(gamma: float, samples: int, iterations: int) -> dict[str, Any]:
     return attack_cells(model, data, [d], batches, {"april": {}, "april-mjp": {"iterations": iterations}})
 
 
-def fmt(m: dict[str, float], key: str, digits: int = 1) -> str:
-    return "—" if key not in m else f"{m[key]:.{digits}f}"
-
-
 def table(title: str, cells: list[tuple[str, dict[str, Any]]]) -> list[str]:
     lines = [
         title,
@@ -134,8 +130,8 @@ def table(title: str, cells: list[tuple[str, dict[str, Any]]]) -> list[str]:
         for name in ("april", "april-mjp"):
             m = cell[name]["mean"]
             lines.append(
-                f"| {label} | `{name}` | {fmt(m, 'masked_patches')} / {fmt(m, 'moved_patches')} | {fmt(m, 'psnr_unshuffled')} | "
-                f"{fmt(m, 'psnr_masked_set')} | {fmt(m, 'psnr')} | {fmt(m, 'ssim', 3)} | {fmt(m, 'seconds', 2)} |"
+                f"| {label} | `{name}` | {fmt(m.get('masked_patches'), 1)} / {fmt(m.get('moved_patches'), 1)} | {fmt(m.get('psnr_unshuffled'), 1)} | "
+                f"{fmt(m.get('psnr_masked_set'), 1)} | {fmt(m.get('psnr'), 1)} | {fmt(m.get('ssim'), 3)} | {fmt(m.get('seconds'), 2)} |"
             )
     return lines + [""]
 

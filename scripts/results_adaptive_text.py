@@ -21,13 +21,13 @@ from typing import Any
 
 import torch
 
+from veil.build import build_run, load_run
 from veil.commands.attack import attack_run
 from veil.config import load_config
-from veil.experiments.build import build_run, load_run
 from veil.training.loop import train
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from resultsdoc import write_section  # noqa: E402
+from resultsdoc import fmt, write_section  # noqa: E402
 
 RUNS = Path(__file__).resolve().parent.parent / "runs" / "adaptive_text"
 # the quickstart's sst2-text task with its MJP defense (src/veil/configs/quickstart.yaml)
@@ -105,14 +105,10 @@ def table(state: str, samples: int, fresh: bool) -> tuple[list[str], dict[str, d
     rows, got = [], {}
     for label, attack, settings in ATTACKS:
         m = got[label] = cell(state, label, attack, settings, samples, fresh)
-        rows.append(f"| {state} | {label} | " + " | ".join(_fmt(m.get(k), k) for k in KEYS) + " |")
+        rows.append(
+            f"| {state} | {label} | " + " | ".join(fmt(m.get(k), 1 if k == "moved_tokens" else 3) for k in KEYS) + " |"
+        )
     return rows, got
-
-
-def _fmt(v: float | None, key: str) -> str:
-    if v is None:
-        return "—"
-    return f"{v:.1f}" if key == "moved_tokens" else f"{v:.3f}"
 
 
 def verdict(got: dict[str, dict[str, float]]) -> str:

@@ -47,6 +47,17 @@ MODEL_KW: dict[str, dict[str, Any]] = {"hf-gpt2": {"dim": 128, "depth": 2}, "min
 SPAN_GOAL, PRESENCE_MARGIN = 0.05, 0.05
 
 
+#: measured once while designing the local step (not rerun by this script; it used to live in the docstring of veil.defenses.aegis)
+LOCAL_STEP = (
+    "MiniLM on 1,500 SST-2 sentences, seed 0, `veil train`: global-norm clipping must see the clean "
+    "gradient (`veil.training.step` clips before any defense), because the embedding noise has ~10^3 "
+    "times the clean gradient's norm and clipping after it pushed every clean gradient below Adam's "
+    "epsilon; what AEGIS costs in accuracy there is the frozen attention (-1.3 points) and the MLP-up "
+    "noise (-1.8 more: Adam sees almost no signal in that table), not the embedding noise (-0.1); "
+    "`noised_lr` 0.1 and 0 gave the same accuracy as 1.0."
+)
+
+
 def resists(rows: list[dict[str, Any]], model: str, defense: str) -> bool:
     """AEGIS's goal for one defense: every attack's token recovery <= 5% and presence F1 within
     0.05 of a random guess with the same number of guesses."""
@@ -71,7 +82,7 @@ def attack_table(model_name: str, data_cfg: dict[str, Any], batch_size: int, rou
     from veil.data import load_data
     from veil.defenses import create_defense
     from veil.errors import VeilError
-    from veil.metrics.text import presence, text_report
+    from veil.metrics import presence, text_report
     from veil.models import create_model
 
     data = load_data(**data_cfg)
@@ -391,6 +402,7 @@ def main() -> None:
         ]
         for b in json.loads(gcache.read_text()):
             parts += fmt_bench(b) + [""]
+    parts += ["", "### The local step (measured once, behind the defaults of `veil.defenses.aegis`)", "", LOCAL_STEP]
     write_section("aegis", "\n".join(parts), Path(a.results))
     print(f"wrote the AEGIS section of {a.results}")
 

@@ -21,12 +21,12 @@ from typing import Any
 
 import torch
 
+from veil.build import build_run
 from veil.commands.attack import attack_run
 from veil.config import load_config
-from veil.experiments.build import build_run
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from resultsdoc import write_section  # noqa: E402
+from resultsdoc import fmt, write_section  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 RESULTS = ROOT / "docs" / "results.md"
@@ -36,10 +36,6 @@ def audit(overrides: list[str], attack: str, settings: dict[str, Any] | None = N
     """Build a run at its seeded init from overrides and return the attack's mean metrics."""
     model, data, defenses = build_run(load_config(None, overrides))
     return attack_run(model, data, defenses, attack, settings or {}, **kw)["attacks"][attack]
-
-
-def fmt(v: float | None, digits: int = 2) -> str:
-    return "—" if v is None else f"{v:.{digits}f}"
 
 
 def april_table(samples: int) -> str:
@@ -78,7 +74,7 @@ def april_table(samples: int) -> str:
     for label, defense, setting, over, ref in rows:
         m = audit(over, "april", samples=samples, reference=ref)
         lines.append(
-            f"| {label} | {defense} | {setting} | {fmt(m['psnr'])} | {fmt(m['ssim'], 3)} | {fmt(m['mse'], 5)} | {fmt(m['fft2d'], 3)} | {fmt(m['seconds'], 4)} |"
+            f"| {label} | {defense} | {setting} | {fmt(m['psnr'], 2)} | {fmt(m['ssim'], 3)} | {fmt(m['mse'], 5)} | {fmt(m['fft2d'], 3)} | {fmt(m['seconds'], 4)} |"
         )
     return "\n".join(lines + ["", APRIL_MJP_NOTE])
 
@@ -129,7 +125,7 @@ def inverting_table(samples: int, iterations: int, restarts: int, epochs: int) -
             m = attack_run(model, data, defenses, name, settings, samples=samples)["attacks"][name]
             its = settings["iterations"]
             lines.append(
-                f"| {name} | {layers} | {state} | {its} x {settings['restarts']} | {fmt(m['psnr'])} | {fmt(m['ssim'], 3)} | "
+                f"| {name} | {layers} | {state} | {its} x {settings['restarts']} | {fmt(m['psnr'], 2)} | {fmt(m['ssim'], 3)} | "
                 f"{fmt(m.get('iterations_per_second'), 1)} | {fmt(m['seconds'], 1)} |"
             )
     return "\n".join(lines)

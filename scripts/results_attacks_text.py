@@ -19,10 +19,11 @@ from dataclasses import dataclass
 from typing import Any
 
 import torch
+from resultsdoc import fmt  # this script's folder is on sys.path when it runs
 
+from veil.build import build_run
 from veil.commands.attack import attack_run
 from veil.config import load_config
-from veil.experiments.build import build_run
 
 
 @dataclass(frozen=True)
@@ -62,10 +63,6 @@ DROPOUT = 0.1
 SPAN_SETTINGS = {
     "budget": 200_000
 }  # candidate sentences scored per batch (counted work, not time); the attack's default is 500000
-
-
-def fmt(v: float | None, digits: int = 2) -> str:
-    return "—" if v is None else f"{v:.{digits}f}"
 
 
 def measure(

@@ -36,9 +36,9 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from resultsdoc import write_section  # noqa: E402
 
+from veil.build import build_data, build_run  # noqa: E402
 from veil.config import from_dict, load_config  # noqa: E402
 from veil.data import DataSplits  # noqa: E402
-from veil.experiments.build import build_data, build_run  # noqa: E402
 from veil.models.base import FEATURES  # noqa: E402
 from veil.training.frozen import encoder_features  # noqa: E402
 from veil.training.loop import train  # noqa: E402

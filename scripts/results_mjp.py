@@ -237,7 +237,7 @@ def section_window(r: Runner) -> list[str]:
 
 def section_pca(r: Runner) -> list[str]:
     from veil.analysis.pe import analyze_model_pe
-    from veil.experiments.build import load_run
+    from veil.build import load_run
 
     dims = list(range(1, 11))
     lines = [

@@ -18,10 +18,11 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from resultsdoc import fmt  # this script's folder is on sys.path when it runs
 
+from veil.build import build_run
 from veil.commands.attack import attack_run
 from veil.config import load_config
-from veil.experiments.build import build_run
 
 ROOT = Path(__file__).resolve().parent.parent
 CACHE = ROOT / "runs" / "span_robust"
@@ -80,10 +81,6 @@ def measure(cell: Cell, samples: int) -> dict[str, Any]:
     return out
 
 
-def fmt(v: float | None, digits: int = 3) -> str:
-    return "—" if v is None else f"{v:.{digits}f}"
-
-
 def table(samples: int, cells: tuple[Cell, ...]) -> str:
     lines = [
         f"### Span attack under client dropout (`span-robust`), SST-2, {samples} updates per cell",
@@ -100,7 +97,7 @@ def table(samples: int, cells: tuple[Cell, ...]) -> str:
                 goal = f"≥ {cell.goal:g} " + ("met" if m.get("token_recovery", 0.0) >= cell.goal else "**not met**")
             lines.append(
                 f"| {cell.model} ({res['width']}) | {cell.batch} | {cell.max_len} | {cell.dropout:g} | {name} | "
-                f"{fmt(m.get('token_recovery'))} | {fmt(m.get('rouge1'))} | {fmt(m.get('presence_f1'))} | "
+                f"{fmt(m.get('token_recovery'), 3)} | {fmt(m.get('rouge1'), 3)} | {fmt(m.get('presence_f1'), 3)} | "
                 f"{fmt(m.get('exact_recovery'), 2)} | {fmt(m.get('seconds'), 1)} | {goal} |"
             )
     notes = (

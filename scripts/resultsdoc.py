@@ -1,8 +1,10 @@
-"""Write one section of docs/results.md between its markers, keeping every other section."""
+"""Write one section of docs/results.md between its markers, keeping every other section; `fmt`
+is the one number format of the results scripts' tables."""
 
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 RESULTS = Path(__file__).resolve().parent.parent / "docs" / "results.md"
 
@@ -18,3 +20,10 @@ def write_section(name: str, body: str, path: Path = RESULTS) -> None:
         text = text.rstrip() + "\n\n" + block + "\n"
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(text)
+
+
+def fmt(v: Any, digits: int = 3) -> str:
+    """A table cell: "—" for a missing value, a number to `digits` decimals, anything else as text."""
+    if v is None:
+        return "—"
+    return f"{v:.{digits}f}" if isinstance(v, (int, float)) and not isinstance(v, bool) else str(v)

@@ -62,8 +62,8 @@ VARIANTS: dict[str, tuple[str, float, int, int]] = {
 
 
 def build_minilm() -> nn.Module:
+    from veil.build import build_run
     from veil.config import from_dict
-    from veil.experiments.build import build_run
 
     cfg = from_dict(
         {

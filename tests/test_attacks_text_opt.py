@@ -147,8 +147,8 @@ def test_optimisation_attacks_run_against_a_model_with_defense_parameters() -> N
     """MJP adds its own parameters (E_unk, the DAL head) that the attacker's plain forward never
     reaches; their exported gradients must not break TAG / LAMP."""
     from veil.attacks.harness import attack_once, private_batches, score
+    from veil.build import build_run
     from veil.config import load_config
-    from veil.experiments.build import build_run
 
     cfg = load_config(
         None,

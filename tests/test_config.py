@@ -85,7 +85,7 @@ def test_older_run_folder_config_still_matches(tmp_path) -> None:
 def test_label_smoothing_changes_the_loss_and_is_checked() -> None:
     import torch
 
-    from veil.experiments.build import build_run
+    from veil.build import build_run
 
     losses = []
     for ls in (0.0, 0.3):
@@ -101,3 +101,11 @@ def test_label_smoothing_changes_the_loss_and_is_checked() -> None:
     assert losses[0] != losses[1]
     with pytest.raises(VeilError, match="label_smoothing"):
         load_config(None, ["train.label_smoothing=1.5"])
+
+
+def test_a_section_that_is_not_a_mapping_is_one_line() -> None:
+    """The train section goes through the shared section check (`veil.config.coerce_section`)."""
+    with pytest.raises(VeilError, match=r"^config section 'train' must be a mapping$"):
+        from_dict({"train": [1, 2]})
+    with pytest.raises(VeilError, match=r"^config key 'train\.epochs' must be an integer >= 1, got 0$"):
+        from_dict({"train": {"epochs": 0}})

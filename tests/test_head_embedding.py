@@ -7,10 +7,10 @@ import pytest
 
 from veil.attacks import create_attack
 from veil.attacks.base import Knowledge, observe
+from veil.build import build_run
 from veil.config import from_dict
 from veil.defenses.dpsgd import DPSGD
 from veil.errors import VeilError
-from veil.experiments.build import build_run
 
 CFG = {
     "model": {"name": "minilm", "dropout": 0.0, "pooling": "mean"},

@@ -9,9 +9,9 @@ import torch
 from veil.attacks import Knowledge, LocalTraining, Observation, create_attack
 from veil.attacks.harness import score
 from veil.attacks.inverting_fedavg import LocalSimulator, optimizer_groups
+from veil.build import build_run
 from veil.config import from_dict
 from veil.errors import VeilError
-from veil.experiments.build import build_run
 from veil.training.loop import make_optimizer
 from veil.training.step import client_step
 

@@ -11,7 +11,6 @@ import torch
 from veil.errors import VeilError
 from veil.metrics import (
     IMAGE_KEYS,
-    LPIPS_UNAVAILABLE,
     METRIC_KEYS,
     PRESENCE_KEYS,
     TEXT_KEYS,
@@ -21,7 +20,6 @@ from veil.metrics import (
     google_bleu,
     hungarian_match,
     image_report,
-    lpips,
     mse,
     presence,
     psnr,
@@ -120,11 +118,6 @@ def test_fft2d_identical_and_hand_2x2():
     a = torch.tensor([[1.0, 0.0], [0.0, 0.0]]).reshape(1, 1, 2, 2)
     b = torch.tensor([[1.0, 1.0], [0.0, 0.0]]).reshape(1, 1, 2, 2)
     assert fft2d(a, b) == pytest.approx(1 / math.sqrt(2))
-
-
-def test_lpips_unavailable():
-    assert lpips(_const(0.1), _const(0.2)) is None
-    assert LPIPS_UNAVAILABLE == "not available offline"
 
 
 def test_image_report_undoes_permutation():

@@ -110,7 +110,7 @@ def test_a_corrupt_final_checkpoint_is_rebuilt_not_reused(tmp_path: Path, capsys
 
 
 def test_a_corrupt_checkpoint_is_refused_by_attack_and_eval(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    from veil.experiments.build import load_run
+    from veil.build import load_run
 
     out = tmp_path / "run"
     assert main(["train", *TINY, "train.max_steps=1", "--out", str(out)]) == 0

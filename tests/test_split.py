@@ -228,8 +228,8 @@ def test_the_permutation_is_a_feature_defense_of_pfesta_only(tmp_path: Path) -> 
         VeilError, match="defense 'mjp' does not act on split learning's features; allowed: permutation"
     ):
         load_split_spec(cfg(tmp_path), ["defense=mjp"])
+    from veil.build import build_run
     from veil.config import from_dict
-    from veil.experiments.build import build_run
 
     run = from_dict({"model": {"name": "vit-digits"}, "data": {"name": "digits"}, "defense": "permutation"})
     with pytest.raises(VeilError, match="acts on split learning's features .* run it with veil split"):

@@ -114,22 +114,39 @@ _TRAIN_RULES: dict[str, tuple[Callable[[Any], bool], str]] = {
 }
 
 
-def _coerce_train(raw: dict[str, Any]) -> TrainConfig:
-    """The train section's schema: known keys, their types (TrainConfig) and ranges (_TRAIN_RULES)."""
+def coerce_section(
+    cls: type[Any],
+    raw: Any,
+    section: str,
+    rules: dict[str, tuple[Callable[[Any], bool], str]] | None = None,
+) -> Any:
+    """Build config dataclass `cls` from the mapping of config section `section`: known keys only,
+    each value of its default's type (an int is taken as a float; a single name or mapping as a
+    one-item list), and in the range `rules` gives (key: (test, what the value must be)). Every
+    bad key or value is a one-line `VeilError` naming `section.key` and what is allowed. Shared
+    by `train` and the extra sections (`federated`, `split`)."""
+    if raw is None:
+        raw = {}
+    if not isinstance(raw, dict):
+        raise VeilError(f"config section '{section}' must be a mapping")
+    fields = {f.name for f in dataclasses.fields(cls)}
+    default = cls()
     values: dict[str, Any] = {}
     for key, val in raw.items():
-        if key not in _TRAIN_FIELDS:
-            raise VeilError(f"unknown config key 'train.{key}'; allowed: {', '.join(sorted(_TRAIN_FIELDS))}")
-        want = type(getattr(TrainConfig(), key))
+        if key not in fields:
+            raise VeilError(f"unknown config key '{section}.{key}'; allowed: {', '.join(sorted(fields))}")
+        want = type(getattr(default, key))
         if want is float and isinstance(val, int) and not isinstance(val, bool):
             val = float(val)
+        if want is list and isinstance(val, (str, dict)):
+            val = [val]
         if not isinstance(val, want) or (want is int and isinstance(val, bool)):
-            raise VeilError(f"config key 'train.{key}' must be {want.__name__}, got {val!r}")
-        test, what = _TRAIN_RULES.get(key, (lambda v: True, ""))
+            raise VeilError(f"config key '{section}.{key}' must be {want.__name__}, got {val!r}")
+        test, what = (rules or {}).get(key, (lambda v: True, ""))
         if not test(val):
-            raise VeilError(f"config key 'train.{key}' must be {what}, got {val!r}")
+            raise VeilError(f"config key '{section}.{key}' must be {what}, got {val!r}")
         values[key] = val
-    return TrainConfig(**values)
+    return cls(**values)
 
 
 def _check_options(section: str, entry: dict[str, Any]) -> None:
@@ -157,7 +174,7 @@ def from_dict(raw: dict[str, Any]) -> RunConfig:
         model=_named("model", raw.get("model", "vit-digits")),
         data=_named("data", raw.get("data", "digits")),
         defense=_defenses(raw.get("defense")),
-        train=_coerce_train(raw.get("train") or {}),
+        train=coerce_section(TrainConfig, raw.get("train"), "train", _TRAIN_RULES),
     )
     _check_options("model", cfg.model)
     _check_options("data", cfg.data)

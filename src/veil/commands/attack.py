@@ -111,7 +111,7 @@ def split_overrides(items: list[str]) -> tuple[list[str], dict[str, Any]]:
 
 def load_target(source: str, overrides: list[str]) -> tuple[VeilModel, Any, list, RunConfig]:
     """A run folder gives trained weights; a config gives the model at its seeded init."""
-    from veil.experiments.build import build_run, load_run
+    from veil.build import build_run, load_run
 
     path = Path(source)
     if path.is_dir() and (path / "checkpoints").is_dir():

@@ -1,108 +1,38 @@
-"""AEGIS — Attention-Embedding Gradient Isolation Shield (triple-channel gradient masking for
-federated LLM fine-tuning; `seeds/aegis-gradient-isolation.txt`, abstract only).
+"""AEGIS — Attention-Embedding Gradient Isolation Shield: triple-channel gradient masking for
+federated LLM fine-tuning (`seeds/aegis-gradient-isolation.txt`, abstract only). It closes each
+channel through which a Transformer's gradient leaks private tokens with one backward-path
+operation, in `transform_grads` on ``p.grad`` (what the client both steps with and exports):
 
-The paper names three channels through which a Transformer's gradient leaks private tokens and
-closes each with one backward-path operation, with no change to the architecture:
+  1. attention projections: dL/dW_{q,k,v,o} = sum_t delta_t x_t^T has rank <= n and spans the
+     layer's inputs (DAGER's span check) -> frozen (requires_grad=False: no update, no gradient).
+  2. token embedding: dL/dE[v] = 0 for every row v not in the batch (the non-zero rows are the
+     bag of tokens) -> Gaussian noise on EVERY row, of std per coordinate
+       (E)  s_E = embed_noise * rho_max / (2 D)^{1/4},  rho_max = the largest clean row norm.
+     ||g_v||^2 / s_E^2 is the sufficient statistic of any rotation-invariant presence test;
+     an absent row gives chi2_D (std sqrt(2D)), a present row shifts its mean by at most
+     1 / embed_noise^2 of that std, for every row; scaling to the largest row (not the median)
+     keeps frequent tokens ([CLS], "the") from standing out.
+  3. MLP expansion (fc1 / c_fc): the same low-rank structure -> per-block noise of std per entry
+       (M)  s_M = mlp_noise * ||G_l||_F / (H_l D_l)^{1/4}
+     for the H_l x D_l weight gradient G_l (its bias by its own norm): a singular value sigma is
+     detectable in H x D i.i.d. noise of std s only above s (H D)^{1/4} (the BBP transition), and
+     every singular value of G_l is <= ||G_l||_F, so mlp_noise >= 1 hides the input span.
 
-  Channel 1  attention projection gradients  dL/dW_{q,k,v,o} = sum_t delta_t x_t^T have rank <= n
-             (n tokens) and their row space is the span of the layer's inputs x_t: a span check
-             of candidate embeddings (DAGER) recovers the tokens.
-             -> FREEZE W_{q,k,v,o} (+ biases): requires_grad=False, so they get no update and
-             export no gradient. Closed by construction.
-  Channel 2  token-embedding gradient: dL/dE[v] = 0 for every vocabulary row v not in the batch,
-             so the non-zero rows ARE the bag of tokens.
-             -> Gaussian noise on EVERY row (absent rows too), eq. (E) below.
-  Channel 3  MLP expansion (fc1 / intermediate / c_fc) gradient: same low-rank structure as
-             channel 1, on the post-attention hidden states.
-             -> per-block Gaussian noise, eq. (M) below.
+Beyond the abstract: an untied LM head leaks like channel 2 (row v of dL/dW_head =
+sum_t (p_tv - 1[y_t = v]) h_t), so its rows get eq. (E) too (``head_noise``, default embed_noise);
+the MLP down-projection (fc2 / c_proj) leaks in a causal model, whose inputs at position t hold
+tokens <= t only (a span check grows sentences token by token), so ``mlp_down_noise`` applies
+eq. (M) there, resolving to 1.0 on causal models and 0 on encoders (AEGIS as published).
+``freeze_attention_bias=False`` freezes only the projection weights (a bias gradient
+sum_t delta_t holds no input x_t). ``noised_lr`` scales the local learning rate of the noised
+tables (Adam would turn pure-noise rows into full-size steps), ``lr_scale`` every parameter
+that still trains. Clipping sees the clean gradient (`veil.training.step` clips first).
 
-All three act in `transform_grads`, in place on ``p.grad`` — `veil.training.step.client_step`
-exports and steps with that one tensor, so neither the local optimiser nor the server sees a
-clean gradient.
-
-Calibration (where the abstract is silent, our choices):
-
-(E) Row noise std per coordinate   s_E = embed_noise * rho_max / (2 D)^{1/4},
-    rho_max = the largest row norm of the clean embedding gradient at this step.
-    Why: with the attacker knowing s_E, the row norm ||g_v||^2 / s_E^2 is the sufficient
-    statistic of any rotation-invariant presence test (the likelihood ratio chi2_D(lambda) vs
-    chi2_D is monotone in it). Absent rows give chi2_D: mean D, std sqrt(2D). A present row of
-    norm rho shifts the mean by lambda = rho^2 / s_E^2, i.e. by rho^2 / (embed_noise^2 rho_max^2)
-    <= 1 / embed_noise^2 absent-row standard deviations — a width-free bound for EVERY row.
-    We scale to the largest row, not to the typical (median) present row: row norms grow with
-    a token's count in the batch ([CLS], [SEP], "the", "." carry 10-100x the median), so noise
-    sized to the median would leave exactly the frequent tokens visible. The scale is data-
-    dependent (it follows the gradient as the loss falls); it reveals only rho_max.
-(M) Block noise std per entry      s_M = mlp_noise * ||G_l||_F / (H_l D_l)^{1/4}
-    for the (H_l x D_l) weight gradient G_l of block l (the bias uses its own norm, same law).
-    Why: a spiked signal of singular value sigma in H x D i.i.d. noise of std s is detectable
-    in the noisy spectrum (BBP transition) only if sigma > s (H D)^{1/4}. Every singular value of
-    G_l is <= ||G_l||_F, so mlp_noise >= 1 puts each direction of the input span at or below the
-    threshold: the top singular subspace is noise, and a span check of true inputs against it
-    fails. Per block, because gradient norms differ by orders of magnitude across depth.
-
-Channel 2 has a twin in a causal LM whose head is NOT tied to the embedding (veil's gpt-tiny,
-Llama-style models): row v of dL/dW_head = sum_t (p_tv - 1[y_t = v]) h_t, and the target rows
-stand out by orders of magnitude (measured: presence F1 ~1 from the clean head). The abstract's
-models tie it (GPT-2), where the embedding noise covers it; for untied heads we add the same
-row noise, eq. (E), to the head rows (``head_noise``, default = embed_noise; 0 disables).
-
-The abstract names three channels; we measured a fourth it does not: the MLP down-projection
-(fc2 / c_proj) gradient, left clean, leaks in a CAUSAL model. There the down-projection's input
-at position t depends only on tokens <= t, so DAGER's span check on it grows sentences token by
-token (`span-unfrozen` found every sentence's first token on gpt-tiny under AEGIS as published:
-presence F1 0.108 against 0.0002 for a random guess). In a bidirectional encoder the same input
-mixes the whole sentence: a span check needs whole-sentence hypotheses, whose candidates come
-from the bag of tokens that channel 2's noise destroys (measured: span-unfrozen finds nothing on
-transformer4, even undefended). ``mlp_down_noise`` applies eq. (M) to it; its default (None)
-resolves at attach time to 1.0 for causal models (`VeilModel.causal`) and 0 for encoders, so the
-encoder defense is AEGIS as published and the decoder defense closes the fourth channel too.
-An optimisation attack does use that channel on an encoder, though: TAG recovers 0.250 of the
-tokens in place from a trained transformer4's update under these defaults, 0.096 with
-mlp_down_noise 0.3, 0.048 with 1.0, 0.001 undefended (docs/results.md, "AEGIS against an
-optimisation attack"). Set ``mlp_down_noise: 1.0`` on an encoder when such attackers matter; the
-encoder default stays as published because that costs accuracy (MiniLM on SST-2: -3.6 points
-with 1.0, -2.0 with 0.3, against -0.4 without it; docs/results.md utility table).
-
-Defaults (measured with `veil analyze channels` and the attacks in `veil.attacks.adaptive`,
-numbers in docs/results.md): embed_noise=3.0 (a present row moves the norm statistic by at most
-0.11 absent-row std), mlp_noise=1.0 (the BBP bound); freeze_attention=True; mlp_down_noise by
-model (above). With embed_noise=0, mlp_noise=0, mlp_down_noise=0 and freeze_attention=False the
-defense is bit-identical to none (head_noise follows embed_noise unless set).
-
-``freeze_attention_bias=False`` freezes only the projection WEIGHTS. Channel 1 lives in the
-weight gradient sum_t delta_t x_t^T; a bias gradient is sum_t delta_t, which holds no input
-vector x_t, and with the weights frozen there is no exported weight gradient it could serve as
-a key for (a clean bias is dangerous beside a NOISED weight of the same layer: G^T db is a
-combination of the inputs — why the MLP-up bias stays noised). Off by default: the abstract
-freezes the projection "parameters".
-
-Local step. The noised gradient drives the client's own optimiser step too. Two measured
-consequences (MiniLM on 1,500 SST-2 sentences, seed 0, `veil train`): (1) global-norm clipping
-must see the CLEAN gradient (`veil.training.step` clips before any defense): the embedding noise
-has ~10^3 times the clean gradient's norm, and clipping after it pushed every clean gradient
-below Adam's epsilon; (2) what AEGIS costs in accuracy there is the frozen attention (-1.3
-points) and the MLP-up noise (-1.8 more: Adam sees almost no signal in that table), not the
-embedding noise (-0.1). ``noised_lr`` scales the local learning rate of the noised tables (1.0 =
-the same as the rest; 0.1 and 0 gave the same accuracy as 1.0 on that run), which keeps Adam's
-per-coordinate normalisation from turning pure-noise rows into full-size random steps.
-``lr_scale`` multiplies the local learning rate of every parameter that still trains. With the
-attention frozen and the noised tables learning next to nothing, the rest of the model (MLP
-down-projections, norms, head) carries the fine-tuning and wants a larger step — as in other
-partial fine-tuning. Measured on a validation split of SST-2's training pool, never the test
-split (`scripts/screen_aegis_minilm.py`, MiniLM, 2,000 sentences, seeds 0 and 1): AEGIS at lr
-1e-4 -2.3 / -1.7 points below undefended, at 3e-4 (lr_scale 3) -0.7 / -0.6, at 6e-4 -0.6 /
--1.2; undefended itself is best at 1e-4 (-0.3 / -0.7 at 3e-4). Default 1.0: the best scale
-depends on the model and its recipe; set it per task (configs/paper/minilm_utility.yaml: 3).
-
-Noise is seeded and changes every call: one stream per call keyed on (seed, step, call count),
-so two runs with the same seed draw the same noise, and no two calls ever repeat it — repeated
-noise would cancel in the difference of two updates. All noised tables of a step share one draw,
-taken with their scales and added in one pass (`veil.defenses.noise.noise_tables_`: SFC64 bits,
-Box-Muller compiled with torch.compile, or in numpy where no C++ compiler works). That draw is
-most of what AEGIS costs on a CPU, where the vocabulary-sized tables dominate a small model:
-transformer4's step costs 1.09x an undefended one on one core and 1.03-1.13x on two
-(docs/results.md), against 1.13-1.14x and 1.12-1.25x with the numpy path.
+Noise is keyed on (seed, step, call count): reruns draw the same, no two calls repeat (repeated
+noise would cancel in the difference of two updates); all tables of a step share one draw
+(`veil.defenses.noise.noise_tables_`). With every strength 0 and nothing frozen the defense is
+bit-identical to none. Measured effects, costs and the defaults' calibration: docs/results.md
+(AEGIS sections).
 """
 
 from __future__ import annotations

@@ -2,9 +2,9 @@
 
 A defense may implement any of these hooks; the client step (`veil.training.step`) calls them:
 
-  transform_batch(batch)          before the forward pass (e.g. nothing: MJP acts on embeddings)
   aux_loss(model, batch, logits)  an extra loss term (e.g. MJP's DAL / DRL)
-  backward(model, batch, loss_fn) replaces `loss.backward()` (e.g. DP-SGD per-sample clipping)
+  backward(model, batch, loss_fn) replaces `loss.backward()` (e.g. DP-SGD per-sample clipping);
+                                  sets ``p.grad`` and returns (loss, logits)
   transform_grads(model, step)    rewrites `p.grad` in place after backward, before the optimiser
                                   step AND before export: one masked gradient serves both
   before_send / after_receive     split learning: features leaving / returning to the client
@@ -68,13 +68,11 @@ class Defense:
         """Remove everything `_attach` installed."""
 
     # ---- hooks (identity by default) -------------------------------------------------------
-    def transform_batch(self, batch: Batch) -> Batch:
-        return batch
-
     def aux_loss(self, model: VeilModel, batch: Batch, logits: Tensor) -> Tensor | None:
         return None
 
-    backward: Callable[..., None] | None = None  # (model, batch, loss_fn) -> None, sets p.grad
+    #: (model, batch, loss_fn) -> (loss, logits); sets p.grad in place of `loss.backward()`
+    backward: Callable[..., tuple[Tensor, Tensor]] | None = None
 
     def transform_grads(self, model: VeilModel, step: int) -> None:
         return None
@@ -138,9 +136,3 @@ def check_unit_interval(name: str, value: float) -> float:
     if not (0.0 <= float(value) <= 1.0):
         raise VeilError(f"{name} must be in [0, 1], got {value}")
     return float(value)
-
-
-def generator_for(seed: int, device: torch.device | str = "cpu") -> torch.Generator:
-    g = torch.Generator(device=device)
-    g.manual_seed(int(seed))
-    return g

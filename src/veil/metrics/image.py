@@ -1,4 +1,4 @@
-"""Image reconstruction quality: MSE, PSNR, SSIM, FFT2D (and LPIPS, unavailable offline).
+"""Image reconstruction quality: MSE, PSNR, SSIM, FFT2D.
 
 All functions take ``original`` and ``reconstruction`` as float tensors of shape ``(B, C, H, W)``
 with values in ``[0, 1]`` (data range 1), compare item ``b`` with item ``b``, compute the score
@@ -22,8 +22,6 @@ Definitions:
   similarity between the magnitude spectra ``|FFT2(x)|`` and ``|FFT2(y)|`` of original and
   reconstruction (2-D FFT over H, W of each channel; the C x H x W magnitudes flattened into
   one vector per image), then mean over the batch. 1 means identical spectra; higher is better.
-* LPIPS (Zhang et al. 2018) needs pretrained backbone weights that cannot be loaded offline;
-  `lpips` returns ``None`` and `LPIPS_UNAVAILABLE` says why.
 
 What leaks under a patch shuffle (MJP), `patch_report`, given the true (B, N) mask of masked
 (shuffled) slots on the row-major patch grid, which only the evaluator knows:
@@ -52,20 +50,17 @@ from torchmetrics.functional.image import structural_similarity_index_measure
 from veil.metrics.matching import MetricInputError, hungarian_match, order_from_match
 
 __all__ = [
-    "LPIPS_UNAVAILABLE",
     "IMAGE_KEYS",
     "mse",
     "psnr",
     "ssim",
     "ssim_window",
     "fft2d",
-    "lpips",
     "pairwise_mse",
     "image_report",
     "patch_report",
 ]
 
-LPIPS_UNAVAILABLE = "not available offline"
 IMAGE_KEYS: tuple[str, ...] = ("mse", "psnr", "ssim", "fft2d")
 
 _RANGE_TOL = 1e-4
@@ -168,15 +163,6 @@ def fft2d(original: torch.Tensor, reconstruction: torch.Tensor) -> float:
     fy = torch.fft.fft2(y.double()).abs().flatten(1)
     cos = torch.nn.functional.cosine_similarity(fx, fy, dim=1, eps=1e-8)
     return float(cos.mean())
-
-
-def lpips(original: torch.Tensor, reconstruction: torch.Tensor) -> None:
-    """LPIPS (Zhang et al. 2018). Always ``None``: its backbone weights are not available offline.
-
-    See `LPIPS_UNAVAILABLE`. Inputs are still validated so misuse is caught early.
-    """
-    _check_pair(original, reconstruction)
-    return None
 
 
 def pairwise_mse(original: torch.Tensor, reconstruction: torch.Tensor) -> torch.Tensor:

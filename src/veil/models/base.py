@@ -17,7 +17,6 @@ Everything after ``assemble`` is unchanged by defenses that act on the embedding
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -184,6 +183,3 @@ def special_tokens_movable(ids: Tensor, mask: Tensor, special_ids: list[int]) ->
     """True for real, non-special tokens: [CLS], [SEP] and padding never move."""
     special = torch.isin(ids, torch.tensor(special_ids, device=ids.device))
     return mask.bool() & ~special
-
-
-Factory = Callable[..., VeilModel]

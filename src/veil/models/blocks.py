@@ -1,8 +1,9 @@
 """Transformer blocks shared by veil's own models: eager attention with separate Q/K/V/O linears.
 
 Separate ``nn.Linear`` projections (not ``nn.MultiheadAttention``) give attacks and AEGIS a
-handle on each projection, let Opacus compute per-sample gradients, and eager softmax attention
-supports the double backward that gradient-matching attacks need on CPU.
+handle on each projection and DP-SGD's per-sample engines a plain layer to differentiate
+(`veil.defenses.dpsgd_engines`), and eager softmax attention supports the double backward that
+gradient-matching attacks need on CPU.
 """
 
 from __future__ import annotations
@@ -95,7 +96,7 @@ class BlockHandles:
 
 
 class Table(nn.Module):
-    """A learnable table in a leaf module (so Opacus computes its per-sample gradient cheaply)."""
+    """A learnable table in a leaf module (a per-sample gradient engine sees it as one layer)."""
 
     def __init__(self, rows: int, dim: int, std: float = 0.02) -> None:
         super().__init__()

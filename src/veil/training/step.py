@@ -31,8 +31,6 @@ class StepResult:
 
 
 def compute_loss(model: VeilModel, batch: Batch, defenses: list[Defense]) -> tuple[Tensor, Tensor]:
-    for d in defenses:
-        batch = d.transform_batch(batch)
     logits = model(batch)
     loss = model.loss(logits, batch)
     for d in defenses:
