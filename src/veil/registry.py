@@ -1,4 +1,4 @@
-"""veil's registries (models, data sets, defenses, the audit's protocols) and the one rule that fills them.
+"""veil's registries (models, data sets, defenses, attacks, the audit's protocols) and the one rule that fills them.
 
 The rule: a registry names the modules that register into it, and imports them on its first
 lookup (`names`, `create`, `factory`, `options`, `in`). Importing `veil.registry` therefore
@@ -93,8 +93,7 @@ class Registry(Generic[T]):
         return name in self._factories
 
 
-#: the registries and the modules that fill them (the attack registry joins them next, see
-#: veil.attacks; until then it keeps its own module list there)
+#: the registries and the modules that fill them
 MODELS: Registry[Any] = Registry("model", modules=("veil.models", "veil.models.hf"))
 DATASETS: Registry[Any] = Registry("dataset", modules=("veil.data.images", "veil.data.text"))
 DEFENSES: Registry[Any] = Registry(
@@ -106,6 +105,26 @@ DEFENSES: Registry[Any] = Registry(
         "veil.defenses.baselines",
         "veil.defenses.dpsgd",
         "veil.defenses.permutation",
+    ),
+)
+ATTACKS: Registry[Any] = Registry(
+    "attack",
+    modules=tuple(
+        f"veil.attacks.{m}"
+        for m in (
+            "analytic_vit",
+            "april_mjp",
+            "inverting",
+            "labels",
+            "presence",
+            "span",  # the package registers span, span-mjp and span-robust
+            "text_opt",
+            "adaptive",
+            "features",
+            "inverting_fedavg",
+            "head_embedding",
+            "multiround",
+        )
     ),
 )
 #: the protocols the audit engine hands a non-single-step task to (`veil.experiments.audit`): each

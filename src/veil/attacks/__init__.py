@@ -1,4 +1,6 @@
-"""Attack registry: `create_attack(name, **settings)` / `list_attacks()`; one family per file.
+"""Attack registry: `create_attack(name, **settings)` / `list_attacks()`; one family per file,
+each registering into `veil.registry.ATTACKS` (which lists the family modules and imports them on
+its first lookup).
 
 The threat-model types (`Attack`, `Observation`, `Knowledge`, ...) are loaded on first use (PEP
 562 `__getattr__`): they import torch, and `veil attack` checks its options
@@ -8,47 +10,20 @@ The threat-model types (`Attack`, `Observation`, `Knowledge`, ...) are loaded on
 from __future__ import annotations
 
 import dataclasses
-import importlib
 from typing import TYPE_CHECKING, Any
 
 from veil.attacks.options import Options, describe, specs
 from veil.errors import VeilError
-from veil.registry import Registry
+from veil.registry import ATTACKS
 from veil.schema import Option
 
 if TYPE_CHECKING:
     from veil.attacks.base import Attack
 
-ATTACKS: Registry[Attack] = Registry("attack")
 _BASE = ("Attack", "Knowledge", "LocalTraining", "Observation", "Reconstruction", "observe")
-
-_FAMILIES = (
-    "analytic_vit",
-    "april_mjp",
-    "inverting",
-    "labels",
-    "presence",
-    "span",  # the package registers span, span-mjp and span-robust
-    "text_opt",
-    "adaptive",
-    "features",
-    "inverting_fedavg",
-    "head_embedding",
-    "multiround",
-)
-
-
-def _load_builtin() -> None:
-    for mod in _FAMILIES:
-        try:
-            importlib.import_module(f"veil.attacks.{mod}")
-        except ModuleNotFoundError as e:
-            if e.name != f"veil.attacks.{mod}":
-                raise
 
 
 def create_attack(name: str, **settings: Any) -> Attack:
-    _load_builtin()
     return ATTACKS.create(name, **settings)
 
 
@@ -59,10 +34,7 @@ def attack_options(name: str) -> dict[str, Option]:
 
 def options_type(name: str) -> type[Options]:
     """The options dataclass attack `name` declares."""
-    _load_builtin()
-    if name not in ATTACKS:
-        ATTACKS.create(name)  # the registry's one-line error naming the attacks
-    return getattr(ATTACKS._factories[name], "options_type", Options)
+    return getattr(ATTACKS.factory(name), "options_type", Options)
 
 
 def attack_checks(name: str) -> dict[str, Any]:
@@ -84,7 +56,6 @@ def check_attack(entry: dict[str, Any], where: str = "") -> None:
 
 
 def list_attacks() -> list[str]:
-    _load_builtin()
     return ATTACKS.names()
 
 

@@ -69,11 +69,9 @@ def write(cat: dict[str, Any], path: Path) -> None:
 
 def build(fp: str | None = None) -> dict[str, Any]:
     """Import every registry and read each component's help and options."""
-    from veil.attacks import ATTACKS, attack_checks
-    from veil.attacks import _load_builtin as load_attacks
-    from veil.registry import DATASETS, DEFENSES, MODELS
+    from veil.attacks import attack_checks  # the registries import their modules (seconds) only here
+    from veil.registry import ATTACKS, DATASETS, DEFENSES, MODELS
 
-    load_attacks()
     kinds: dict[str, dict[str, Any]] = {}
     for kind, reg, schema in (
         ("models", MODELS, MODELS.options),
