@@ -41,9 +41,10 @@ import dataclasses
 from dataclasses import dataclass, field
 from typing import Any
 
+from veil.config import coerce_section
 from veil.errors import VeilError
 from veil.federated.client_secret import MODES as SECRET_MODES
-from veil.federated.sections import check_choices, coerce
+from veil.federated.sections import check_choices
 
 
 @dataclass
@@ -93,7 +94,7 @@ _CHOICES = {
 
 
 def federated_config(raw: Any) -> FederatedConfig:
-    fed = coerce(FederatedConfig, raw, "federated")
+    fed = coerce_section(FederatedConfig, raw, "federated")
     check_choices(fed, "federated", _CHOICES)
     if fed.clients < 1 or fed.rounds < 1:
         raise VeilError(

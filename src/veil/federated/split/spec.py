@@ -10,10 +10,10 @@ from typing import Any
 
 import yaml
 
-from veil.config import RunConfig, apply_overrides, from_dict, read_yaml
+from veil.config import RunConfig, apply_overrides, coerce_section, from_dict, read_yaml
 from veil.errors import VeilError
 from veil.federated.client_secret import MODES as SECRET_MODES
-from veil.federated.sections import apply_extra_overrides, check_choices, coerce, split_sections
+from veil.federated.sections import apply_extra_overrides, check_choices, split_sections
 
 #: the multi-task setting's tasks (`veil.federated.split.multitask` defines each)
 TASKS = ("classify", "zones", "segment")
@@ -56,7 +56,7 @@ _SPLIT_CHOICES = {
 
 
 def split_config(raw: Any) -> SplitConfig:
-    sc = coerce(SplitConfig, raw, "split")
+    sc = coerce_section(SplitConfig, raw, "split")
     check_choices(sc, "split", _SPLIT_CHOICES)
     bad = [t for t in sc.tasks if t not in TASKS]
     if bad or not sc.tasks:
