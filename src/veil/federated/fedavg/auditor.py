@@ -39,7 +39,15 @@ from flwr.serverapp import Grid
 from flwr.serverapp.strategy import Strategy
 
 from veil.attacks import Attack, Knowledge, LocalTraining, Observation, Reconstruction, create_attack
-from veil.federated.fedavg.task import ClientWorld, batch_digest, client_split, local_batches, local_slots
+from veil.federated.fedavg.task import (
+    ClientWorld,
+    batch_digest,
+    client_split,
+    load_arrays,
+    local_batches,
+    local_slots,
+    unpack,
+)
 from veil.models.base import VeilModel
 
 Score = Callable[[int, int, str, Reconstruction], dict[str, Any]]
@@ -158,8 +166,8 @@ class Auditor:
     def pseudo_gradient(
         self, global_arrays: ArrayRecord, reply: Message, lr: float
     ) -> tuple[dict[str, torch.Tensor], int]:
-        self.model.load_state_dict(global_arrays.to_torch_state_dict())
-        update = reply.content["arrays"].to_torch_state_dict()
+        load_arrays(self.model, global_arrays)
+        update = unpack(reply.content["arrays"], self.model.state_dict())
         if self.mode == "fedsgd":
             return {k: v.float() for k, v in update.items()}, 1
         steps = max(1, int(reply.content["metrics"]["steps"]))
@@ -194,7 +202,7 @@ class Auditor:
             return
         steps = [max(1, int(r.content["metrics"]["steps"])) for r in replies] or [1]
         self.prev = {
-            "weights": {k: v.detach().clone() for k, v in global_arrays.to_torch_state_dict().items()},
+            "weights": {k: v.detach().clone() for k, v in unpack(global_arrays, self.model.state_dict()).items()},
             "lr": lr,
             "steps": statistics.fmean(steps),
             "pids": sorted(int(r.content["metrics"]["partition-id"]) for r in replies),
@@ -204,7 +212,7 @@ class Auditor:
     def mean_update(self, pid: int, global_arrays: ArrayRecord) -> Observation:
         """The client's pseudo-gradients averaged over every round the server received one, at the
         current global weights."""
-        self.model.load_state_dict(global_arrays.to_torch_state_dict())
+        load_arrays(self.model, global_arrays)
         k = max(1, self.counts.get(pid, 0))
         grads = {n: v / k for n, v in self.sums.get(pid, {}).items()}
         return Observation(self.model, grads, kind="gradient" if self.mode == "fedsgd" else "delta")
@@ -213,7 +221,7 @@ class Auditor:
         """(w_{r-1} - w_r) / (lr_{r-1} s̄_{r-1}) at w_{r-1}, or None at the first round."""
         if self.prev is None or self.prev["round"] != rnd - 1:
             return None
-        now = global_arrays.to_torch_state_dict()
+        now = unpack(global_arrays, self.model.state_dict())
         self.model.load_state_dict(self.prev["weights"])
         scale = self.prev["lr"] * (self.prev["steps"] if self.mode != "fedsgd" else 1.0)
         grads = {n: (p.detach() - now[n]) / scale for n, p in self.model.named_parameters() if p.requires_grad}
@@ -334,6 +342,7 @@ class AuditedStrategy(Strategy):
         self.events: list[dict[str, Any]] = []
         self._sent: dict[int, list[int]] = {}
         self._global: dict[int, tuple[ArrayRecord, float]] = {}
+        self.failed: list[int] = []  # node ids whose update the last round lost
 
     def summary(self) -> None:
         self.inner.summary()
@@ -373,27 +382,20 @@ class AuditedStrategy(Strategy):
         return self.inner.aggregate_train(server_round, ok)
 
     def _log_failures(self, rnd: int, replies: list[Message], ok: list[Message]) -> None:
-        answered = {m.metadata.src_node_id for m in replies}
-        for m in replies:
-            if m.has_error():
-                self.events.append(
-                    {
-                        "event": "client_failure",
-                        "round": rnd,
-                        "client": self.partition_of.get(m.metadata.src_node_id, -1),
-                        "reason": str(m.error.reason)[:300],
-                    }
-                )
+        """One `client_failure` event per sampled node without a good reply (an error reply, or none
+        before the timeout): a lost update is counted once, whoever reported it. `failed` lists them."""
+        good = {m.metadata.src_node_id for m in ok}
+        errors = {m.metadata.src_node_id: str(m.error.reason)[:300] for m in replies if m.has_error()}
+        stray = [r for n, r in errors.items() if n not in self._sent.get(rnd, [])]  # e.g. from the SuperLink
+        self.failed = []
         for node in self._sent.pop(rnd, []):
-            if node not in answered:
-                self.events.append(
-                    {
-                        "event": "client_failure",
-                        "round": rnd,
-                        "client": self.partition_of.get(node, -1),
-                        "reason": "no reply before the round timeout",
-                    }
-                )
+            if node in good:
+                continue
+            reason = errors.get(node) or (stray.pop(0) if stray else "no reply before the round timeout")
+            self.failed.append(node)
+            self.events.append(
+                {"event": "client_failure", "round": rnd, "client": self.partition_of.get(node, -1), "reason": reason}
+            )
 
     def configure_evaluate(
         self, server_round: int, arrays: ArrayRecord, config: ConfigRecord, grid: Grid

@@ -9,7 +9,8 @@ Handlers (`@app.train()`, `@app.evaluate()`, `@app.query()`):
                                          outside the server check it re-derived the same batch
   evaluate  <- global weights -> {"metrics": {num-examples, test_accuracy}} on the client's test share
 
-The partition comes from the node config (`partition-id`, `num-partitions`), which Flower's
+The silo comes from the node config (`partition-id`, and `data-path` for the silo's own data, or
+`num-partitions` for a cut of the run's data set: `veil.federated.fedavg.silo`), which Flower's
 simulation engine sets and a SuperNode takes from `--node-config`. The defenses run inside
 `client_step`; what leaves the client is exactly what they produced — clipped by Flower's
 clipping mod when ``federated.dp`` is client-fixed / client-adaptive (`veil.federated.fedavg.dp`).
@@ -19,17 +20,24 @@ from __future__ import annotations
 
 import os
 import time
+from typing import Any
 
 import torch
 from flwr.app import ArrayRecord, ConfigRecord, Context, Message, MetricRecord, RecordDict
 from flwr.clientapp import ClientApp
 
+from veil.errors import VeilError
 from veil.federated.fedavg import dp
+from veil.federated.fedavg.silo import node_silo
 from veil.federated.fedavg.task import (
+    ClientWorld,
     client_world,
+    is_packed,
     load_arrays,
     model_arrays,
     reset_defenses,
+    silo_world,
+    spec_from_text,
     tensors_arrays,
     train_round,
 )
@@ -37,12 +45,16 @@ from veil.federated.fedavg.task import (
 app = ClientApp()
 
 
-def _partition(ctx: Context, world_clients: int) -> int:
-    pid = int(ctx.node_config.get("partition-id", 0))
-    n = int(ctx.node_config.get("num-partitions", world_clients))
-    if n != world_clients or not 0 <= pid < n:
-        raise ValueError(f"node has partition {pid} of {n}, but the run has {world_clients} clients")
-    return pid
+def node_world(conf: Any, ctx: Context) -> tuple[ClientWorld, int]:
+    """This node's world and partition id: its own silo when its node config names a `data-path`
+    (`veil.federated.fedavg.silo`), else its cut of the run's data set (simulation, demos)."""
+    text = str(conf["spec"])
+    pid, path = node_silo(dict(ctx.node_config), spec_from_text(text).fed.clients)
+    if path is None:
+        return client_world(text), pid
+    if "schema" not in conf:
+        raise VeilError("this server sent no data schema; a silo with data-path needs veil's ServerApp")
+    return silo_world(text, pid, path, str(conf["schema"])), pid
 
 
 def _inject_fault(spec_fail: dict, pid: int, rnd: int, timeout: float) -> None:
@@ -63,8 +75,7 @@ def _inject_fault(spec_fail: dict, pid: int, rnd: int, timeout: float) -> None:
 
 @app.query()
 def query(msg: Message, ctx: Context) -> Message:
-    world = client_world(str(msg.content["config"]["spec"]))
-    pid = _partition(ctx, world.spec.fed.clients)
+    world, pid = node_world(msg.content["config"], ctx)
     info = MetricRecord({"partition-id": pid, "num-examples": int(len(world.parts[pid]))})
     return Message(RecordDict({"info": info}), reply_to=msg)
 
@@ -73,14 +84,14 @@ def query(msg: Message, ctx: Context) -> Message:
 def train(msg: Message, ctx: Context) -> Message:
     torch.set_num_threads(1)
     conf = msg.content["config"]
-    world = client_world(str(conf["spec"]))
-    pid = _partition(ctx, world.spec.fed.clients)
+    world, pid = node_world(conf, ctx)
     rnd = int(conf["server-round"])
     _inject_fault(world.spec.fed.fail, pid, rnd, world.spec.fed.timeout)
     reset_defenses(world)
     load_arrays(world.model, msg.content["arrays"])
     res = train_round(world, pid, rnd, float(conf["lr"]), float(conf.get("proximal-mu", 0.0)))
-    arrays: ArrayRecord = tensors_arrays(res.grads) if res.grads is not None else model_arrays(world.model)
+    packed = is_packed(msg.content["arrays"])  # reply as the server sent: packed in deployment
+    arrays: ArrayRecord = tensors_arrays(res.grads) if res.grads is not None else model_arrays(world.model, packed)
     metrics = MetricRecord(
         {
             "num-examples": res.num_examples,
@@ -101,12 +112,10 @@ def evaluate(msg: Message, ctx: Context) -> Message:
     from veil.training.loop import evaluate as eval_model
 
     torch.set_num_threads(1)
-    world = client_world(str(msg.content["config"]["spec"]))
-    pid = _partition(ctx, world.spec.fed.clients)
+    world, pid = node_world(msg.content["config"], ctx)
     load_arrays(world.model, msg.content["arrays"])
-    share = {
-        k: v[pid :: world.spec.fed.clients] for k, v in world.data.test.items()
-    }  # this client's slice of the test set
+    silo = world.data.meta.get("silo", False)  # a silo's own test split; else its slice of the shared one
+    share = world.data.test if silo else {k: v[pid :: world.spec.fed.clients] for k, v in world.data.test.items()}
     metrics = eval_model(world.model, share, world.spec.cfg.train.eval_batch_size)
     out = MetricRecord({"num-examples": int(len(share["labels"])), **{k: float(v) for k, v in metrics.items()}})
     return Message(RecordDict({"metrics": out}), reply_to=msg)

@@ -12,6 +12,7 @@ RUN_DIR/
                            attack, psnr, ssim, mse, ...} · {"event": "client_failure", ...}
   checkpoints/            last.safetensors (global model), server_optimizer.safetensors (fedsgd),
                           state.json (written last: the completed round)
+  status.json             running | finished | failed (+ reason): how the run ended
   summary.json            test_accuracy, rounds, leakage (last audited round, mean per attack), bytes
                           [, dp: kind, noise, clip, delta, epsilon (`veil.federated.fedavg.dp`)]
   leakage.png             leakage per round beside accuracy
@@ -27,7 +28,7 @@ from typing import Any
 
 import numpy as np
 import torch
-from flwr.app import ArrayRecord, ConfigRecord, Context, Message, RecordDict
+from flwr.app import ArrayRecord, ConfigRecord, Context
 from flwr.serverapp import Grid, ServerApp
 from flwr.serverapp.strategy import FedAvg, FedProx, Strategy
 
@@ -36,8 +37,10 @@ from veil.errors import VeilError
 from veil.federated.comm import message_bytes
 from veil.federated.fedavg import dp
 from veil.federated.fedavg.auditor import AuditedStrategy, Auditor, BatchOracle, LocalPlan
+from veil.federated.fedavg.membership import Membership
+from veil.federated.fedavg.silo import Schema
 from veil.federated.fedavg.task import Spec, client_world, load_arrays, load_spec, model_arrays, round_lr
-from veil.federated.grid import wait_for_nodes
+from veil.federated.grid import exchange
 from veil.training.checkpoint import (
     atomic_write_text,
     load_model_weights,
@@ -58,25 +61,6 @@ def make_strategy(spec: Spec) -> Strategy:
     if spec.fed.strategy == "fedprox":
         return dp.wrap_strategy(FedProx(proximal_mu=spec.fed.proximal_mu, **common), spec.fed)
     return dp.wrap_strategy(FedAvg(**common), spec.fed)
-
-
-def discover(grid: Grid, spec: Spec, timeout: float) -> tuple[dict[int, int], dict[int, int]]:
-    """Ask every SuperNode which partition it holds (a `query` message): (node id -> partition id,
-    partition id -> its number of samples)."""
-    nodes = wait_for_nodes(grid, spec.fed.clients)
-    msgs = [
-        Message(RecordDict({"config": ConfigRecord({"spec": spec.text()})}), dst_node_id=n, message_type="query")
-        for n in nodes
-    ]
-    replies = list(grid.send_and_receive(msgs, timeout=timeout))
-    bad = [m for m in replies if m.has_error()]
-    if bad or len(replies) < len(nodes):
-        reason = bad[0].error.reason if bad else "no reply"
-        raise VeilError(f"a SuperNode could not load its partition: {reason[:200]}")
-    found = {m.metadata.src_node_id: int(m.content["info"]["partition-id"]) for m in replies}
-    if sorted(found.values()) != list(range(spec.fed.clients)):
-        raise VeilError(f"SuperNodes hold partitions {sorted(found.values())}, expected 0..{spec.fed.clients - 1}")
-    return found, {int(m.content["info"]["partition-id"]): int(m.content["info"]["num-examples"]) for m in replies}
 
 
 class ServerState:
@@ -210,33 +194,56 @@ def truncate_events(path: Path, rnd: int) -> None:
         atomic_write_text(path, "".join(ln + "\n" for ln in keep))
 
 
-def server_main(grid: Grid, spec: Spec, run_dir: Path, oracle: bool = True, progress: bool = False) -> dict[str, Any]:
-    """Run (or resume) the rounds of `spec` into `run_dir`; returns the summary."""
+def server_main(
+    grid: Grid, spec: Spec, run_dir: Path, oracle: bool = True, progress: bool = False, packed: bool = False
+) -> dict[str, Any]:
+    """Run (or resume) the rounds of `spec` into `run_dir`; returns the summary. RUN_DIR/status.json
+    says how the run ended (`running`, `finished`, or `failed` with the reason), for a submitter that
+    cannot see the ServerApp's exit status (`flwr run` exits 0 when the ServerApp dies)."""
     torch.set_num_threads(1)
     run_dir.mkdir(parents=True, exist_ok=True)
     atomic_write_text(run_dir / "config.yaml", spec.text())
+    atomic_write_text(run_dir / "status.json", json.dumps({"status": "running"}))
+    try:
+        summary = _rounds(grid, spec, run_dir, oracle, progress, packed)
+    except BaseException as e:
+        reason = f"{type(e).__name__}: {e}".splitlines()[0][:500]
+        atomic_write_text(run_dir / "status.json", json.dumps({"status": "failed", "reason": reason}))
+        raise
+    atomic_write_text(run_dir / "status.json", json.dumps({"status": "finished"}))
+    return summary
+
+
+def _rounds(grid: Grid, spec: Spec, run_dir: Path, oracle: bool, progress: bool, packed: bool) -> dict[str, Any]:
     state = ServerState(spec, run_dir)
     state.resume()
     metrics = run_dir / "metrics.jsonl"
     truncate_events(metrics, state.round)
-    nodes, sizes = discover(grid, spec, spec.fed.timeout)
-    auditor = make_auditor(spec, state, oracle, sizes)
+    shared = {"spec": spec.text(), "schema": Schema.of(state.world.data).text()}
+    members = Membership(grid, spec.fed.clients, shared, min(spec.fed.timeout, 60.0))
+    members.wait_for_all(spec.fed.timeout)
+    auditor = make_auditor(spec, state, oracle, members.sizes)
     state.attach_auditor(auditor)
-    strategy = AuditedStrategy(make_strategy(spec), nodes, spec.fed.fraction, spec.cfg.train.seed, auditor)
+    strategy = AuditedStrategy(
+        make_strategy(spec), members.partition_of(), spec.fed.fraction, spec.cfg.train.seed, auditor
+    )
     dp.restore_clip(spec.fed, strategy.inner, metrics)
     while state.round < spec.fed.rounds:
         rnd, t0 = state.round + 1, time.perf_counter()
         lr = round_lr(spec.cfg, spec.fed, rnd)
-        msgs = list(
-            strategy.configure_train(
-                rnd, model_arrays(state.model), ConfigRecord({"spec": spec.text(), "lr": lr}), grid
-            )
-        )
+        members.refresh(rnd)  # rejoined nodes get their silo back; known-dead ones are not sampled
+        strategy.partition_of = members.partition_of()
+        if not strategy.partition_of:
+            raise VeilError(f"round {rnd}: no silo has a live SuperNode; see {metrics}")
+        arrays = model_arrays(state.model, packed)
+        msgs = list(strategy.configure_train(rnd, arrays, ConfigRecord({**shared, "lr": lr}), grid))
         down = sum(message_bytes(m) for m in msgs)
-        replies = list(grid.send_and_receive(msgs, timeout=spec.fed.timeout))
+        replies = exchange(grid, msgs, spec.fed.timeout)
         up = sum(message_bytes(m) for m in replies)
         dp.seed_noise(spec.fed, spec.cfg.train.seed, rnd)
         agg, train_metrics = strategy.aggregate_train(rnd, replies)
+        for node in strategy.failed:
+            members.mark_dead(node)
         if agg is not None:
             state.apply(agg, lr)
         state.round, state.seconds = rnd, state.seconds + time.perf_counter() - t0
@@ -253,7 +260,7 @@ def server_main(grid: Grid, spec: Spec, run_dir: Path, oracle: bool = True, prog
             **dp.round_fields(spec.fed, strategy.inner, rnd),
             **evaluate(state.model, state.world.data.test, spec.cfg.train.eval_batch_size),
         }
-        events, strategy.events = strategy.events + [ev], []
+        events, strategy.events, members.events = members.events + strategy.events + [ev], [], []
         append_events(metrics, events)
         state.save()
         if progress:
@@ -319,6 +326,6 @@ def main(grid: Grid, context: Context) -> None:
     from the Flower run config (pyproject `[tool.flwr.app.config]` or `--run-config`)."""
     rc = context.run_config
     spec = load_spec(str(rc["config"]), str(rc.get("overrides", "")).split())
-    server_main(
-        grid, spec, Path(str(rc.get("run-dir", "runs/flwr"))), oracle=bool(rc.get("oracle", True)), progress=True
-    )
+    run_dir = Path(str(rc.get("run-dir", "runs/flwr")))
+    oracle = bool(rc.get("oracle", False))  # a deployment's server has no ground truth (test clients: true)
+    server_main(grid, spec, run_dir, oracle=oracle, progress=True, packed=bool(rc.get("packed", True)))

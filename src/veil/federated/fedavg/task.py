@@ -135,12 +135,45 @@ def round_lr(cfg: RunConfig, fed: FederatedConfig, rnd: int) -> float:
 
 
 # ---- model <-> ArrayRecord ---------------------------------------------------------------------
-def model_arrays(model: torch.nn.Module) -> ArrayRecord:
-    return ArrayRecord({k: v.detach().cpu() for k, v in model.state_dict().items()})
+PACKED = "veil.packed."  # key prefix of a packed record: one flat array per dtype
+
+
+def model_arrays(model: torch.nn.Module, packed: bool = False) -> ArrayRecord:
+    """The model's weights as a record, one array per tensor, or `packed` into one flat array per
+    dtype: the same numbers, but a handful of objects on the wire instead of one per tensor, which
+    a SuperLink and its SuperNodes move one HTTP request at a time (deployment sends packed)."""
+    state = {k: v.detach().cpu() for k, v in model.state_dict().items()}
+    return pack(state) if packed else ArrayRecord(state)
+
+
+def pack(state: dict[str, Tensor]) -> ArrayRecord:
+    groups: dict[str, list[Tensor]] = {}
+    for v in state.values():
+        groups.setdefault(str(v.dtype).removeprefix("torch."), []).append(v.reshape(-1))
+    return ArrayRecord({PACKED + k: torch.cat(vs) for k, vs in groups.items()})
+
+
+def is_packed(arrays: ArrayRecord) -> bool:
+    return any(k.startswith(PACKED) for k in arrays)
+
+
+def unpack(arrays: ArrayRecord, like: dict[str, Tensor]) -> dict[str, Tensor]:
+    """name -> tensor of a record (packed or not), shaped and ordered as the state dict `like`."""
+    flat = arrays.to_torch_state_dict()
+    if not is_packed(arrays):
+        return flat
+    at: dict[str, int] = {}
+    out = {}
+    for k, ref in like.items():
+        key = PACKED + str(ref.dtype).removeprefix("torch.")
+        i = at.get(key, 0)
+        out[k] = flat[key][i : i + ref.numel()].reshape(ref.shape)
+        at[key] = i + ref.numel()
+    return out
 
 
 def load_arrays(model: torch.nn.Module, arrays: ArrayRecord) -> None:
-    model.load_state_dict(arrays.to_torch_state_dict(), strict=True)
+    model.load_state_dict(unpack(arrays, model.state_dict()), strict=True)
 
 
 def tensors_arrays(tensors: dict[str, Tensor]) -> ArrayRecord:
@@ -167,6 +200,21 @@ def client_world(spec_text: str) -> ClientWorld:
     model, data, defenses = build_run(spec.cfg)
     initial = {k: v.detach().clone() for k, v in model.state_dict().items()}
     return ClientWorld(spec, model, data, defenses, partitions(data, spec.fed, spec.cfg.train.seed), initial)
+
+
+@lru_cache(maxsize=4)
+def silo_world(spec_text: str, pid: int, path: str, schema_text: str) -> ClientWorld:
+    """A silo's world: the run's model (seeded as on every party) fitted to the silo's own data at
+    `path` (`veil.federated.fedavg.silo`), which is this client's whole partition `pid`."""
+    from veil.experiments.build import build_run
+    from veil.federated.fedavg.silo import Schema, load_silo, silo_parts
+
+    spec = spec_from_text(spec_text)
+    data = load_silo(path, Schema.from_text(schema_text), spec.cfg.train.seed)
+    model, data, defenses = build_run(spec.cfg, data)
+    initial = {k: v.detach().clone() for k, v in model.state_dict().items()}
+    parts = silo_parts(len(data.train["labels"]), pid, spec.fed.clients)
+    return ClientWorld(spec, model, data, defenses, parts, initial)
 
 
 def reset_defenses(world: ClientWorld) -> None:

@@ -18,22 +18,27 @@ The body takes one Adam step per client batch with the gradient scaled by `task_
 
 from __future__ import annotations
 
+import json
 import math
 import random
+import time
 from collections import defaultdict
+from pathlib import Path
 from typing import Any
 
 import torch
-from flwr.app import ArrayRecord, ConfigRecord, Message, RecordDict
-from flwr.serverapp import Grid
-from torch import Tensor
+from flwr.app import ArrayRecord, ConfigRecord, Context, Message, RecordDict
+from flwr.serverapp import Grid, ServerApp
+from torch import Tensor, nn
 
 from veil.errors import VeilError
 from veil.federated.comm import Ledger, array_of, content_bytes, message_bytes, tensor_of
-from veil.federated.grid import wait_for_nodes
+from veil.federated.grid import exchange, wait_for_nodes
+from veil.federated.split.comm import paper_cost
 from veil.federated.split.models import build_body
 from veil.federated.split.multitask import TASK_DEFS, build_parts
-from veil.federated.split.spec import SplitSpec
+from veil.federated.split.spec import SplitSpec, load_split_spec, permutes
+from veil.training.checkpoint import atomic_write_text
 
 
 class Exchange:
@@ -49,7 +54,7 @@ class Exchange:
         msg = Message(content, dst_node_id=node, message_type=mtype)
         ledger = self.train if phase == "train" else self.eval
         ledger.sent(msg, message_bytes(msg) - _spec_bytes(self.spec))
-        reply = list(self.grid.send_and_receive([msg], timeout=600))
+        reply = exchange(self.grid, [msg], 600)
         if not reply or reply[0].has_error():
             raise VeilError(
                 f"split client {node} failed on {mtype}: {reply[0].error.reason[:300] if reply else 'no reply'}"
@@ -208,3 +213,94 @@ def _wavg(sds: list[dict[str, Tensor]], sizes: list[int], prefixes: tuple[str, .
     w = w / w.sum()
     keys = [k for k in sds[0] if k.startswith(prefixes)]
     return {k: sum(float(wi) * sd[k].double() for wi, sd in zip(w, sds)).float() for k in keys}
+
+
+def _nbytes(module: nn.Module) -> int:
+    return sum(p.numel() * p.element_size() for p in module.state_dict().values())
+
+
+def paper_table(server: SplitServer) -> dict[str, Any]:
+    """The paper's per-client costs for this run's sizes, every protocol (bytes)."""
+    head, tail = build_parts(server.spec, server.sc.tasks[0])
+    side = head.patch * math.isqrt(head.pos.shape[0])  # image side = patch x grid
+    x = torch.zeros(1, head.proj.in_features // head.patch**2, side, side)
+    with torch.no_grad():
+        F = head(x).numel() * 4
+        full = server.body(head(x)).numel() * 4
+    # G: bytes of the body output (= of its gradient) per sample that the tails read, mean over tasks
+    G = sum(full if TASK_DEFS[t].reads_patches else full // (head(x).shape[1] + 1) for t in server.sc.tasks) / len(
+        server.sc.tasks
+    )
+    D = sum(server.size.values()) / len(server.size)
+    R = server.sc.epochs
+    n = server.unify / server.steps_per_epoch
+    sizes = dict(D=D, R=R, n=n, F=F, G=G, P_h=_nbytes(head), P_b=_nbytes(server.body), P_t=_nbytes(tail))
+    return {"inputs": sizes, **{p: paper_cost(p, **sizes) for p in ("fl", "sl", "festa", "pfesta")}}
+
+
+def split_summary(spec: SplitSpec) -> dict[str, Any]:
+    """The head of a split run's summary: what was run."""
+    return {
+        "protocol": spec.split.protocol,
+        "freeze_head": spec.split.freeze_head,
+        "tasks": list(spec.split.tasks),
+        "permute": permutes(spec),
+        "clients_per_task": spec.split.clients_per_task,
+        "epochs": spec.split.epochs,
+        "metric_names": {t: TASK_DEFS[t].metric_name for t in spec.split.tasks},
+    }
+
+
+def server_main(grid: Grid, spec: SplitSpec, run_dir: Path) -> dict[str, Any]:
+    """Train and evaluate one split protocol over `grid`; RUN_DIR/metrics.jsonl gets the epochs.
+    Returns the task metrics, the measured bytes and the paper's per-client costs."""
+    server = SplitServer(grid, spec)
+    server.train_fl() if spec.split.protocol == "fl" else server.train_split()
+    out: dict[str, Any] = {"metrics": server.evaluate()}
+    out.update(
+        {
+            "bytes": server.ex.train.as_dict(),
+            "bytes_per_client": server.ex.train.total() / len(server.nodes),
+            "eval_bytes": server.ex.eval.total(),
+            "paper_bytes_per_client": paper_table(server),
+            "steps": server.total,
+            "unify_every": server.unify,
+        }
+    )
+    with (run_dir / "metrics.jsonl").open("w") as f:
+        for e in server.events:
+            f.write(json.dumps(e) + "\n")
+    return out
+
+
+# ---- `flwr run` / SuperLink entry point -------------------------------------------------------
+app = ServerApp()
+
+
+@app.main()
+def main(grid: Grid, context: Context) -> None:
+    """Split learning under a SuperLink: reads `config` (YAML path), `run-dir` and optional
+    `overrides` from the Flower run config; one SuperNode per client (`partition-id` in its node
+    config: task-major, as `veil.federated.split.multitask.multitask_data` orders them). The server
+    holds the body only; each client's head, tail and permutation keys stay in its SuperNode's
+    worker (`veil.federated.relay`). RUN_DIR/status.json says how the run ended."""
+    rc = context.run_config
+    spec = load_split_spec(str(rc["config"]), str(rc.get("overrides", "")).split())
+    if spec.split.protocol == "central":
+        raise VeilError("split.protocol=central trains in one place; run it with veil split, not over a SuperLink")
+    run_dir = Path(str(rc.get("run-dir", "runs/flwr-split")))
+    run_dir.mkdir(parents=True, exist_ok=True)
+    atomic_write_text(run_dir / "config.yaml", spec.text())
+    atomic_write_text(run_dir / "status.json", json.dumps({"status": "running"}))
+    t0 = time.perf_counter()
+    torch.set_num_threads(1)
+    try:
+        summary = {**split_summary(spec), **server_main(grid, spec, run_dir)}
+    except BaseException as e:
+        reason = f"{type(e).__name__}: {e}".splitlines()[0][:500]
+        atomic_write_text(run_dir / "status.json", json.dumps({"status": "failed", "reason": reason}))
+        raise
+    summary["seconds"] = round(time.perf_counter() - t0, 2)
+    atomic_write_text(run_dir / "summary.json", json.dumps(summary, indent=2))
+    atomic_write_text(run_dir / "status.json", json.dumps({"status": "finished"}))
+    print(json.dumps(summary["metrics"]), flush=True)

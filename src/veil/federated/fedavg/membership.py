@@ -1,0 +1,82 @@
+"""Who holds which silo, kept current while nodes fail, leave and come back (dynamic membership).
+
+A silo is identified by its `partition-id` (`veil.federated.fedavg.silo`), a node by the id the
+SuperLink gave it. Before each round the server asks every node it does not know yet (a new or
+restarted SuperNode) and every node it holds for dead which silo it serves (a `query` message);
+the answer maps the silo to that node, so a node that rejoins — under the same id or a new one —
+gets its silo back and trains it in the next round. A node whose reply failed or never came is
+known dead and is not sampled until it answers a query again; a silo with no live node sits the
+round out. Events: `client_rejoin` (a silo served by another node than before).
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+from flwr.app import ConfigRecord, Message, RecordDict
+from flwr.serverapp import Grid
+
+from veil.errors import VeilError
+from veil.federated.grid import exchange
+
+
+class Membership:
+    """partition id <-> node id for `clients` silos over a Flower `Grid`."""
+
+    def __init__(self, grid: Grid, clients: int, config: dict[str, Any], query_timeout: float) -> None:
+        self.grid, self.clients, self.config, self.query_timeout = grid, clients, config, query_timeout
+        self.node_of: dict[int, int] = {}  # partition id -> node id
+        self.sizes: dict[int, int] = {}  # partition id -> its number of training samples
+        self.dead: set[int] = set()
+        self.events: list[dict[str, Any]] = []
+
+    def partition_of(self) -> dict[int, int]:
+        """node id -> partition id of the silos whose node is live (what a round may sample)."""
+        online = set(self.grid.get_node_ids())
+        return {n: p for p, n in self.node_of.items() if n in online and n not in self.dead}
+
+    def mark_dead(self, node: int) -> None:
+        self.dead.add(node)
+
+    def refresh(self, rnd: int) -> None:
+        """Ask unknown and dead nodes which silo they serve; map each answer to its silo."""
+        online = sorted(set(self.grid.get_node_ids()))
+        known = set(self.node_of.values()) - self.dead
+        ask = [n for n in online if n not in known]
+        if not ask:
+            return
+        msgs = [
+            Message(RecordDict({"config": ConfigRecord(dict(self.config))}), dst_node_id=n, message_type="query")
+            for n in ask
+        ]
+        for m in exchange(self.grid, msgs, self.query_timeout):
+            if m.has_error():
+                reason = str(m.error.reason)
+                if "VeilError" in reason or "partition" in reason:  # a misconfigured node: say so, once
+                    raise VeilError(f"a SuperNode could not load its silo: {reason[:200]}")
+                continue
+            node, pid = m.metadata.src_node_id, int(m.content["info"]["partition-id"])
+            before = self.node_of.get(pid)
+            if before is not None and before != node and before in online and before not in self.dead:
+                raise VeilError(f"two SuperNodes ({before} and {node}) serve partition-id={pid}; give each its own")
+            if before is not None and (before != node or node in self.dead):
+                self.events.append({"event": "client_rejoin", "round": rnd, "client": pid, "node": node})
+            self.node_of[pid], self.sizes[pid] = node, int(m.content["info"]["num-examples"])
+            self.dead.discard(node)
+
+    def wait_for_all(self, timeout: float) -> None:
+        """Block until every silo 0..clients-1 has a live node (the first round starts complete)."""
+        end = time.time() + timeout
+        while True:
+            self.refresh(0)
+            if len(self.node_of) == self.clients:
+                self.events.clear()
+                return
+            if time.time() > end:
+                missing = sorted(set(range(self.clients)) - set(self.node_of))
+                raise VeilError(
+                    f"only {len(self.node_of)} of {self.clients} silos joined within {timeout:.0f} s; "
+                    f"missing partition-id {', '.join(map(str, missing))}"
+                )
+            time.sleep(0.5)
