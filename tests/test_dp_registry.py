@@ -20,8 +20,8 @@ from torch import Tensor
 from helpers import SMALL, batch_for
 from veil.defenses.dpsgd import DPSGD, per_sample_grads
 from veil.errors import VeilError
+from veil.io import load_model_weights
 from veil.models import VeilModel, create_model, list_models
-from veil.training.checkpoint import load_model_weights
 from veil.training.step import client_step, compute_loss
 
 TOL = 1e-5  # relative error of per-sample gradients (float64)

@@ -122,7 +122,7 @@ def test_a_corrupt_checkpoint_is_refused_by_attack_and_eval(tmp_path: Path, caps
 
 def test_a_corrupt_cached_cell_is_recomputed(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     from veil.experiments.audit import _reusable
-    from veil.training.checkpoint import write_checked_text
+    from veil.io import write_checked_text
 
     cell = tmp_path / "seed0.json"
     assert not _reusable(cell)

@@ -12,7 +12,7 @@ from safetensors.torch import load_file
 from veil.build import build_run, load_run
 from veil.config import load_config
 from veil.errors import VeilError
-from veil.training.checkpoint import load_model_weights, save_model_weights
+from veil.io import load_model_weights, save_model_weights
 from veil.training.loop import train
 
 TINY = [

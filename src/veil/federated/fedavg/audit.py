@@ -45,8 +45,15 @@ from collections import defaultdict
 from pathlib import Path
 from typing import Any
 
+from veil.build import build_data, build_defenses, build_model
 from veil.errors import VeilError
+from veil.experiments.audit import run_dir
+from veil.experiments.cells import make_attack
 from veil.experiments.scenario import Scenario, Task, label
+from veil.federated.fedavg.config import federated_config
+from veil.federated.fedavg.runner import federate
+from veil.federated.fedavg.task import spec_from_raw
+from veil.metrics.leakage import cell_leakage, fmt, leak_text, worst_case
 from veil.registry import PROTOCOLS
 
 #: attacks that invert one gradient in closed form: not applicable to a multi-step FedAvg update
@@ -62,8 +69,6 @@ SKIP_KEYS = {"round", "client", "event", "attack", "update", "verified"}
 
 def task_spec(task: Task, defense: dict[str, Any], seed: int, attacks: list[dict[str, Any]]) -> Any:
     """The federated run of one (defense, seed): the task's run + its `federated` section + attacks."""
-    from veil.federated.fedavg.task import spec_from_raw
-
     raw = task.run_for(defense, seed).to_dict()
     fed = {**DEFAULTS, **task.federated, "audit": attacks}
     try:
@@ -74,10 +79,6 @@ def task_spec(task: Task, defense: dict[str, Any], seed: int, attacks: list[dict
 
 def plan(task: Task, s: Scenario) -> tuple[list[dict[str, Any]], dict[str, str]]:
     """(the attacks the auditor runs, {attack: why skipped}); a task's own attack that cannot run is an error."""
-    from veil.build import build_data, build_model
-    from veil.experiments.cells import make_attack
-    from veil.federated.fedavg.config import federated_config
-
     if "audit" in task.federated:
         raise VeilError(f"task '{task.name}': federated.audit is set from the task's attacks; remove it")
     if task.knowledge.get("labels"):
@@ -112,8 +113,6 @@ def plan(task: Task, s: Scenario) -> tuple[list[dict[str, Any]], dict[str, str]]
 
 def validate_task(task: Task, s: Scenario) -> None:
     """Every name and key checked before any training (the defenses through the run config)."""
-    from veil.build import build_defenses
-
     attacks, _ = plan(task, s)
     for d in task.defenses:
         for seed in s.seeds:
@@ -142,8 +141,6 @@ def _mean(rows: list[dict[str, float]]) -> dict[str, float]:
 
 def per_round(events: list[list[dict[str, Any]]], knows: dict[str, str]) -> list[dict[str, Any]]:
     """One row per round: accuracy and bytes (mean over seeds), each attack's mean leakage, the worst case."""
-    from veil.metrics.leakage import worst_case
-
     rounds: dict[int, list[dict[str, Any]]] = defaultdict(list)
     audits: dict[int, dict[str, list[dict[str, float]]]] = defaultdict(lambda: defaultdict(list))
     errors: dict[int, dict[str, str]] = defaultdict(dict)
@@ -174,7 +171,6 @@ def per_round(events: list[list[dict[str, Any]]], knows: dict[str, str]) -> list
 
 def most_leaking(rows: list[tuple[int, dict[str, float]]]) -> dict[str, float]:
     """The (round, metrics) whose leakage scores highest (`veil.metrics.leakage.cell_leakage`), with its round."""
-    from veil.metrics.leakage import cell_leakage
 
     def key(rm: tuple[int, dict[str, float]]) -> tuple[int, float, int]:
         c = cell_leakage(rm[1])
@@ -196,11 +192,6 @@ def per_client(events: list[list[dict[str, Any]]]) -> dict[str, dict[str, dict[s
 
 def run_task(task: Task, s: Scenario, out: Path, progress: bool = False) -> dict[str, Any]:
     """Train and audit every (defense, seed) on Flower; the task's summary entry (see the module doc)."""
-    from veil.experiments.audit import run_dir
-    from veil.experiments.cells import make_attack
-    from veil.federated.fedavg.runner import federate
-    from veil.metrics.leakage import worst_case
-
     attacks, skipped = plan(task, s)
     knows = {label(a): make_attack(a).knows for a in attacks}
     t: dict[str, Any] = {
@@ -274,7 +265,7 @@ def _slug(text: str) -> str:
 
 def plot_rounds(rounds: dict[str, list[dict[str, Any]]], path: Path, title: str) -> str | None:
     """Accuracy and worst-case leakage per round, one line per defense; the path, relative to the audit folder."""
-    import matplotlib
+    import matplotlib  # loads only when a report draws this figure (not on every fedavg import)
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
@@ -314,8 +305,6 @@ def plot_rounds(rounds: dict[str, list[dict[str, Any]]], path: Path, title: str)
 
 def report_blocks(t: dict[str, Any], out: Path) -> list[tuple]:
     """report.md / report.html: the federated settings, accuracy and worst case per round, bytes, per client."""
-    from veil.metrics.leakage import cell_leakage, fmt, leak_text
-
     f = t.get("federated", {})
     blocks: list[tuple] = [
         ("h3", "Federated training, audited round by round"),

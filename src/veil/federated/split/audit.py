@@ -36,9 +36,18 @@ import statistics
 from pathlib import Path
 from typing import Any
 
+import torch
+
 from veil import registry
 from veil.errors import VeilError
+from veil.experiments.audit import run_dir
+from veil.experiments.cells import make_attack
 from veil.experiments.scenario import Scenario, Task, label
+from veil.federated.split.compare import cached_run
+from veil.federated.split.feature_audit import attack_features, victim_view
+from veil.federated.split.spec import permutes, split_spec_from_raw
+from veil.io import atomic_write_text
+from veil.metrics.leakage import fmt, worst_case
 
 PROTOCOLS = ("sl", "festa", "pfesta", "fl", "central")
 SENDS_FEATURES = ("sl", "festa", "pfesta")
@@ -46,8 +55,6 @@ SENDS_FEATURES = ("sl", "festa", "pfesta")
 
 def task_spec(task: Task, protocol: dict[str, Any], seed: int) -> Any:
     """The split run of one protocol and seed: the task's run + its `federated` (split) section + the protocol entry."""
-    from veil.federated.split.spec import split_spec_from_raw
-
     if protocol["name"] not in PROTOCOLS:
         raise VeilError(
             f"task '{task.name}': unknown split protocol '{protocol['name']}' in defenses; allowed: {', '.join(PROTOCOLS)}"
@@ -73,8 +80,6 @@ def task_spec(task: Task, protocol: dict[str, Any], seed: int) -> Any:
 
 def attacks_of(task: Task, s: Scenario) -> tuple[list[dict[str, Any]], dict[str, str]]:
     """(feature attacks to run, {attack: why skipped}); a task's own attack that is not a feature attack is an error."""
-    from veil.experiments.cells import make_attack
-
     own = {label(a) for a in task.attacks}
     run, skipped = [], {}
     for a in task.attacks + [a for a in s.attacks if label(a) not in own]:
@@ -102,11 +107,6 @@ def validate_task(task: Task, s: Scenario) -> None:
 
 def attack_cell(spec: Any, attack: dict[str, Any], permuted: bool, victims: int) -> dict[str, float]:
     """One feature attack on the first client's private images as the server receives them."""
-    import torch
-
-    from veil.experiments.cells import make_attack
-    from veil.federated.split.feature_audit import attack_features, victim_view
-
     torch.manual_seed(spec.cfg.train.seed)
     private, aux, head, feats, module = victim_view(spec, victims)
     if permuted:
@@ -117,13 +117,6 @@ def attack_cell(spec: Any, attack: dict[str, Any], permuted: bool, victims: int)
 
 def run_task(task: Task, s: Scenario, out: Path, progress: bool = False) -> dict[str, Any]:
     """Every protocol (defense) and seed: metrics, bytes, and the feature attacks; the task's summary entry."""
-    from veil.experiments.audit import run_dir
-    from veil.experiments.cells import make_attack
-    from veil.federated.split.compare import cached_run
-    from veil.federated.split.spec import permutes
-    from veil.io import atomic_write_text
-    from veil.metrics.leakage import worst_case
-
     attacks, skipped = attacks_of(task, s)
     victims = int(task.federated.get("victims", 64))
     knows = {label(a): make_attack(a).knows for a in attacks}
@@ -203,8 +196,6 @@ def split_entry(runs: list[dict[str, Any]]) -> dict[str, Any]:
 
 def report_blocks(t: dict[str, Any], out: Path) -> list[tuple]:
     """report.md / report.html: each protocol's metrics and bytes, and the feature attacks' PSNR side by side."""
-    from veil.metrics.leakage import fmt
-
     tasks = sorted({k for e in t["split"].values() for k in e["metrics"]})
     attacks = sorted({a for leak in t["leakage"].values() for a in leak})
     rows = []
