@@ -16,7 +16,7 @@ from pathlib import Path
 import numpy as np
 from PIL import Image
 
-from veil.experiments.build import build_data
+from veil.build import build_data
 from veil.federated.fedavg.task import load_spec, partitions
 
 

@@ -28,6 +28,7 @@ import yaml
 from flwr.app import ArrayRecord
 from torch import Tensor
 
+from veil.build import build_defenses, build_run
 from veil.config import RunConfig, apply_overrides, from_dict, read_yaml
 from veil.data import DataSplits, dirichlet, iid, subset
 from veil.defenses.base import Defense
@@ -35,8 +36,10 @@ from veil.defenses.noise import torch_seed
 from veil.errors import VeilError
 from veil.federated.client_secret import round_secret
 from veil.federated.fedavg.config import FederatedConfig, federated_config
+from veil.federated.fedavg.silo import Schema, load_silo, silo_parts
 from veil.federated.sections import apply_extra_overrides, split_sections
 from veil.models.base import Batch, VeilModel
+from veil.training.loop import make_optimizer
 from veil.training.step import client_step
 
 
@@ -194,8 +197,6 @@ class ClientWorld:
 @lru_cache(maxsize=4)
 def client_world(spec_text: str) -> ClientWorld:
     """Model, data, defenses and the partition of every client, from the server's spec."""
-    from veil.experiments.build import build_run
-
     spec = spec_from_text(spec_text)
     model, data, defenses = build_run(spec.cfg)
     initial = {k: v.detach().clone() for k, v in model.state_dict().items()}
@@ -206,9 +207,6 @@ def client_world(spec_text: str) -> ClientWorld:
 def silo_world(spec_text: str, pid: int, path: str, schema_text: str) -> ClientWorld:
     """A silo's world: the run's model (seeded as on every party) fitted to the silo's own data at
     `path` (`veil.federated.fedavg.silo`), which is this client's whole partition `pid`."""
-    from veil.experiments.build import build_run
-    from veil.federated.fedavg.silo import Schema, load_silo, silo_parts
-
     spec = spec_from_text(spec_text)
     data = load_silo(path, Schema.from_text(schema_text), spec.cfg.train.seed)
     model, data, defenses = build_run(spec.cfg, data)
@@ -221,8 +219,6 @@ def reset_defenses(world: ClientWorld) -> None:
     """Fresh defense objects for each round: a defense's internal counters (noise calls, MJP
     draws) then depend only on (round, client), not on which process served earlier rounds.
     Call before loading the global weights (a defense's own parameters are re-created, then set)."""
-    from veil.experiments.build import build_defenses
-
     for d in world.defenses:
         d.detach()
     world.defenses = build_defenses(world.spec.cfg)
@@ -279,8 +275,6 @@ class LocalResult:
 
 def train_round(world: ClientWorld, pid: int, rnd: int, lr: float, mu: float) -> LocalResult:
     """One round of local training on partition `pid`, through the defended `client_step`."""
-    from veil.training.loop import make_optimizer
-
     cfg, fed, model = world.spec.cfg, world.spec.fed, world.model
     split = client_split(world, pid)
     arm_round(world, rnd, pid)
