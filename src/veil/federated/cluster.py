@@ -164,14 +164,20 @@ class LocalCluster:
             ["flwr", *args], env=self.env, capture_output=True, text=True, timeout=timeout, cwd=self.root
         )
 
-    def submit(self, app: Path, run_config: dict[str, Any], timeout: float = 900) -> int:
-        """`flwr run APP veil-trial --stream`; non-zero unless RUN_DIR/status.json says finished."""
+    def start_run(self, app: Path, run_config: dict[str, Any], name: str = "flwr-run") -> subprocess.Popen:
+        """`flwr run APP veil-trial --stream --run-config ...` in the background (log: NAME.log)."""
         rc_args = " ".join(f"{k}={json.dumps(v)}" for k, v in run_config.items())
         cmd = ["flwr", "run", str(app), "veil-trial", "--stream", "--run-config", rc_args]
-        with (self.root / "flwr-run.log").open("ab") as log:
-            log.write(("$ " + shlex.join(cmd) + "\n").encode())
-            log.flush()
-            code = subprocess.run(cmd, env=self.env, stdout=log, stderr=subprocess.STDOUT, timeout=timeout).returncode
+        (self.root / f"{name}.log").open("ab").write(("$ " + shlex.join(cmd) + "\n").encode())
+        return self.start(name, cmd)
+
+    def submit(self, app: Path, run_config: dict[str, Any], timeout: float = 900) -> int:
+        """Run to the end; non-zero unless `flwr run` exited 0 and RUN_DIR/status.json says finished."""
+        p = self.start_run(app, run_config)
+        try:
+            code = p.wait(timeout)
+        finally:
+            self.procs.pop("flwr-run", None)
         return code or run_status(Path(run_config["run-dir"]))
 
     def wait_port(self, port: int, timeout: float = 60) -> None:

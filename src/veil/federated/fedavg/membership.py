@@ -2,8 +2,9 @@
 
 A silo is identified by its `partition-id` (`veil.federated.fedavg.silo`), a node by the id the
 SuperLink gave it. Before each round the server asks every node it does not know yet (a new or
-restarted SuperNode) and every node it holds for dead which silo it serves (a `query` message);
-the answer maps the silo to that node, so a node that rejoins — under the same id or a new one —
+restarted SuperNode) and every node it holds for dead whose silo has no live node which silo it
+serves (a `query` message); the answer maps the silo to that node (the newest answer wins, and the
+silo's previous node id is dead from then on), so a node that rejoins — under the same id or a new one —
 gets its silo back and trains it in the next round. A node whose reply failed or never came is
 known dead and is not sampled until it answers a query again; a silo with no live node sits the
 round out. Events: `client_rejoin` (a silo served by another node than before).
@@ -40,26 +41,29 @@ class Membership:
         self.dead.add(node)
 
     def refresh(self, rnd: int) -> None:
-        """Ask unknown and dead nodes which silo they serve; map each answer to its silo."""
+        """Ask new nodes, then dead ones whose silo still has no live node, which silo they serve."""
         online = sorted(set(self.grid.get_node_ids()))
-        known = set(self.node_of.values()) - self.dead
-        ask = [n for n in online if n not in known]
-        if not ask:
+        self.ask(rnd, [n for n in online if n not in self.node_of.values()], online)
+        live = {p for p, n in self.node_of.items() if n in online and n not in self.dead}
+        self.ask(rnd, [n for p, n in self.node_of.items() if n in self.dead and n in online and p not in live], online)
+
+    def ask(self, rnd: int, nodes: list[int], online: list[int]) -> None:
+        if not nodes:
             return
         msgs = [
             Message(RecordDict({"config": ConfigRecord(dict(self.config))}), dst_node_id=n, message_type="query")
-            for n in ask
+            for n in nodes
         ]
         for m in exchange(self.grid, msgs, self.query_timeout):
             if m.has_error():
                 reason = str(m.error.reason)
-                if "VeilError" in reason or "partition" in reason:  # a misconfigured node: say so, once
-                    raise VeilError(f"a SuperNode could not load its silo: {reason[:200]}")
+                if "VeilError" in reason:  # a misconfigured node: say so, once
+                    raise VeilError(f"a SuperNode could not load its silo: {reason[:300]}")
                 continue
             node, pid = m.metadata.src_node_id, int(m.content["info"]["partition-id"])
             before = self.node_of.get(pid)
-            if before is not None and before != node and before in online and before not in self.dead:
-                raise VeilError(f"two SuperNodes ({before} and {node}) serve partition-id={pid}; give each its own")
+            if before is not None and before != node:
+                self.dead.add(before)  # the silo moved (a restarted node): its old id is gone for good
             if before is not None and (before != node or node in self.dead):
                 self.events.append({"event": "client_rejoin", "round": rnd, "client": pid, "node": node})
             self.node_of[pid], self.sizes[pid] = node, int(m.content["info"]["num-examples"])

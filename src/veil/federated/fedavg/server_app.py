@@ -21,6 +21,7 @@ RUN_DIR/
 from __future__ import annotations
 
 import json
+import shlex
 import time
 from collections import defaultdict
 from pathlib import Path
@@ -220,7 +221,7 @@ def _rounds(grid: Grid, spec: Spec, run_dir: Path, oracle: bool, progress: bool,
     metrics = run_dir / "metrics.jsonl"
     truncate_events(metrics, state.round)
     shared = {"spec": spec.text(), "schema": Schema.of(state.world.data).text()}
-    members = Membership(grid, spec.fed.clients, shared, min(spec.fed.timeout, 60.0))
+    members = Membership(grid, spec.fed.clients, shared, min(spec.fed.timeout, 20.0))
     members.wait_for_all(spec.fed.timeout)
     auditor = make_auditor(spec, state, oracle, members.sizes)
     state.attach_auditor(auditor)
@@ -325,7 +326,7 @@ def main(grid: Grid, context: Context) -> None:
     """Reads `config` (YAML path), `run-dir` and optional `overrides` (space-separated key=value)
     from the Flower run config (pyproject `[tool.flwr.app.config]` or `--run-config`)."""
     rc = context.run_config
-    spec = load_spec(str(rc["config"]), str(rc.get("overrides", "")).split())
+    spec = load_spec(str(rc["config"]), shlex.split(str(rc.get("overrides", ""))))
     run_dir = Path(str(rc.get("run-dir", "runs/flwr")))
     oracle = bool(rc.get("oracle", False))  # a deployment's server has no ground truth (test clients: true)
     server_main(grid, spec, run_dir, oracle=oracle, progress=True, packed=bool(rc.get("packed", True)))

@@ -107,3 +107,22 @@ def silo_parts(n_train: int, pid: int, clients: int) -> list[np.ndarray]:
     """A silo trains on all of its own train split: the index list of its partition id."""
     empty = np.zeros(0, dtype=np.int64)
     return [np.arange(n_train, dtype=np.int64) if i == pid else empty for i in range(clients)]
+
+
+def export_silos(data: DataSplits, parts: list[np.ndarray], out: Path) -> list[Path]:
+    """Write each partition of `data`'s train split as an image folder OUT/silo<i>/<class>/<n>.png:
+    per-silo data for a trial federation on one machine (8-bit PNG, so values round to 1/255)."""
+    from PIL import Image
+
+    if data.modality != "image":
+        raise VeilError("export_silos writes image folders; the data set is text")
+    px, labels, folders = data.train["pixels"], np.asarray(data.train["labels"]), []
+    for pid, idx in enumerate(parts):
+        root = out / f"silo{pid}"
+        for i in idx:
+            folder = root / data.class_names[int(labels[i])]
+            folder.mkdir(parents=True, exist_ok=True)
+            img = (px[i].clamp(0, 1).numpy() * 255).round().astype(np.uint8)
+            Image.fromarray(img[0] if img.shape[0] == 1 else img.transpose(1, 2, 0)).save(folder / f"{int(i):05d}.png")
+        folders.append(root)
+    return folders

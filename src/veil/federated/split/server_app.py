@@ -19,6 +19,7 @@ The body takes one Adam step per client batch with the gradient scaled by `task_
 from __future__ import annotations
 
 import json
+import shlex
 import math
 import random
 import time
@@ -285,7 +286,7 @@ def main(grid: Grid, context: Context) -> None:
     holds the body only; each client's head, tail and permutation keys stay in its SuperNode's
     worker (`veil.federated.relay`). RUN_DIR/status.json says how the run ended."""
     rc = context.run_config
-    spec = load_split_spec(str(rc["config"]), str(rc.get("overrides", "")).split())
+    spec = load_split_spec(str(rc["config"]), shlex.split(str(rc.get("overrides", ""))))
     if spec.split.protocol == "central":
         raise VeilError("split.protocol=central trains in one place; run it with veil split, not over a SuperLink")
     run_dir = Path(str(rc.get("run-dir", "runs/flwr-split")))
