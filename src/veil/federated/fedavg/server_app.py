@@ -42,12 +42,14 @@ from veil.federated.fedavg.membership import Membership
 from veil.federated.fedavg.silo import Schema
 from veil.federated.fedavg.task import Spec, client_world, load_arrays, load_spec, model_arrays, round_lr
 from veil.federated.grid import exchange
-from veil.training.checkpoint import (
+from veil.io import (
+    append_events,
     atomic_write_text,
     load_model_weights,
     load_tensors,
     save_model_weights,
     save_tensors,
+    truncate_events,
 )
 from veil.training.loop import evaluate, make_optimizer
 
@@ -183,18 +185,6 @@ def make_auditor(spec: Spec, state: ServerState, oracle: bool, sizes: dict[int, 
     )
 
 
-def append_events(path: Path, events: list[dict[str, Any]]) -> None:
-    with path.open("a") as f:
-        for e in events:
-            f.write(json.dumps(e) + "\n")
-
-
-def truncate_events(path: Path, rnd: int) -> None:
-    if path.is_file():
-        keep = [ln for ln in path.read_text().splitlines() if ln and json.loads(ln).get("round", 0) <= rnd]
-        atomic_write_text(path, "".join(ln + "\n" for ln in keep))
-
-
 def server_main(
     grid: Grid, spec: Spec, run_dir: Path, oracle: bool = True, progress: bool = False, packed: bool = False
 ) -> dict[str, Any]:
@@ -219,7 +209,7 @@ def _rounds(grid: Grid, spec: Spec, run_dir: Path, oracle: bool, progress: bool,
     state = ServerState(spec, run_dir)
     state.resume()
     metrics = run_dir / "metrics.jsonl"
-    truncate_events(metrics, state.round)
+    truncate_events(metrics, "round", state.round)  # drop the rounds past the checkpoint
     shared = {"spec": spec.text(), "schema": Schema.of(state.world.data).text()}
     members = Membership(grid, spec.fed.clients, shared, min(spec.fed.timeout, 20.0))
     members.wait_for_all(spec.fed.timeout)
