@@ -44,7 +44,7 @@ def audit(scenario: Any, out: str | Path, progress: bool = True, jobs: int = 1) 
 
 def run(args: argparse.Namespace) -> int:
     from veil.experiments.scenario import load_scenario  # the engine's parser: see audit()
-    from veil.metrics.leakage import describe
+    from veil.metrics.leakage import describe  # veil.metrics loads torch: see audit()
 
     if args.jobs < 1:
         raise VeilError(f"--jobs must be an integer >= 1, got {args.jobs}")

@@ -20,6 +20,8 @@ from pathlib import Path
 from typing import Any
 
 import veil
+from veil.registry import ATTACKS, DATASETS, DEFENSES, MODELS  # cheap: a registry imports its modules on first lookup
+from veil.schema import REQUIRED
 
 PACKAGE = Path(veil.__file__).resolve().parent
 SHIPPED = Path(__file__).with_name("catalog.json")
@@ -69,8 +71,7 @@ def write(cat: dict[str, Any], path: Path) -> None:
 
 def build(fp: str | None = None) -> dict[str, Any]:
     """Import every registry and read each component's help and options."""
-    from veil.attacks import attack_checks  # the registries import their modules (seconds) only here
-    from veil.registry import ATTACKS, DATASETS, DEFENSES, MODELS
+    from veil.attacks import attack_checks  # `veil list` with a current catalog imports no attack package
 
     kinds: dict[str, dict[str, Any]] = {}
     for kind, reg, schema in (
@@ -88,8 +89,6 @@ def build(fp: str | None = None) -> dict[str, Any]:
 def _rows(options: Any) -> list[list[str]] | None:
     if options is None:
         return None
-    from veil.schema import REQUIRED
-
     return [
         [o.name, o.type_name(), o.default if o.default is REQUIRED else repr(o.default), o.help]
         for o in options.values()
@@ -98,7 +97,7 @@ def _rows(options: Any) -> list[list[str]] | None:
 
 def _attack_options(name: str) -> Any:
     """An attack's declared options (`veil.attacks.attack_options`): name, type, default, help."""
-    from veil.attacks import attack_options
+    from veil.attacks import attack_options  # as in build()
 
     return attack_options(name)
 
