@@ -113,7 +113,7 @@ def type_name(spec: Spec) -> str:
 def check(who: str, declared: dict[str, Spec], settings: dict[str, Any]) -> dict[str, Any]:
     """`settings` converted to the declared specs; one `VeilError` line on an unknown key or a
     value of the wrong type, naming the key and listing the allowed options."""
-    allowed = ", ".join(declared) if declared else "none"
+    allowed = ", ".join(sorted(declared)) if declared else "none"  # sorted: the catalog keeps no order
     out = {}
     for key, value in settings.items():
         if key not in declared:

@@ -135,7 +135,9 @@ def position_candidates(
 
     Distances are computed in float64 (the true pairs sit at the float32 noise floor of the
     gradient, ~1e-7..1e-4; wrong pairs at >= 1e-3), one matrix product per chunk of
-    (position, token) pairs."""
+    (position, token) pairs. The candidates come in the vocabulary's order, not by distance: the
+    true pairs' distances are rounding noise, whose order changes with the thread count, and the
+    searches' draws and ties follow this order."""
     ids_all = torch.arange(model.token_embedding().weight.shape[0]) if vocab is None else vocab
     per = max(1, chunk // max(1, len(ids_all)))  # positions per chunk
     dists = torch.empty(max_len, len(ids_all), dtype=torch.float64)
@@ -148,9 +150,8 @@ def position_candidates(
     found, fd = [], []
     for t in range(max_len):
         idx = torch.nonzero(dists[t] < tol).flatten()
-        idx = idx[dists[t, idx].argsort()]
-        if max_per_position:
-            idx = idx[:max_per_position]
+        if max_per_position:  # the nearest ones, then back in the vocabulary's order
+            idx = idx[dists[t, idx].argsort(stable=True)][:max_per_position].sort().values
         found.append(ids_all[idx])
         fd.append(dists[t, idx].float())
     return found, fd

@@ -163,4 +163,5 @@ class PositionPrior:
         """The allowed token with the lowest prior cost at position t (None without a prior)."""
         if self.cost is None or t >= self.cost.shape[0]:
             return None
-        return int(allowed[int(self.cost[t, allowed].argmin())])
+        c = self.cost[t, allowed]
+        return int(allowed[int(torch.nonzero(c <= c.min() + 1e-4).flatten()[0])])  # near-ties: the first in order

@@ -1,5 +1,14 @@
 """Peeling's local search for one sentence of a fixed length (`veil.attacks.span.peel`): coordinate
 descent over each position's candidates and swaps, kicks from the best local minimum.
+
+Deterministic at any thread count. The objectives are float32 sums whose last bits change with
+the number of threads and with the batch a sentence is scored in (a candidate batch holds the
+current sentence itself, re-scored), and so do the observed gradients they are computed from.
+With an absolute 1e-12 margin, whether such a rescore "improved" on the current value was a coin
+toss, and each toss changed the walk (the batch-beyond-the-width test needed 166k sentences at one
+thread and 54k at two). Now every comparison has a margin relative to float32's precision
+(`IMPROVE`: a move improves on f only below f - IMPROVE * max(|f|, 1)) and among candidates within
+that margin of the best the first in a fixed order wins (`pick`); token rankings sort stably.
 """
 
 from __future__ import annotations
@@ -13,6 +22,23 @@ from veil.attacks.span.score import PositionPrior, SentenceScore
 #: what one scoring call costs beyond its tokens, in token evaluations: measured on transformer4
 #: (width 96, 1 thread) ~25 ms per call against ~0.15 ms per token scored with the gradient match
 CALL_COST = 150
+#: relative margin of every objective comparison: 2**10 float32 ulps (~1.2e-4), far above the
+#: rounding of a float32 sum over a sentence, far below a real move's change (one wrong token: >= 1e-2)
+IMPROVE = 1024 * float(torch.finfo(torch.float32).eps)
+
+
+def margin(f: float) -> float:
+    """The least decrease of objective `f` that counts as an improvement."""
+    return IMPROVE * max(abs(f), 1.0)
+
+
+def pick(f: Tensor, current: float) -> int | None:
+    """Index of the best candidate of `f` that improves on `current` by more than its margin, the
+    first in order among those within the margin of the least; None when none improves."""
+    best = float(f.min()) if len(f) else float("inf")
+    if not best < current - margin(current):
+        return None
+    return int(torch.nonzero(f <= best + margin(best)).flatten()[0])
 
 
 class Walker:
@@ -64,7 +90,9 @@ class Walker:
         if prior.cost is None:
             return
         self.ranked = {
-            t: self.sets[t][prior.cost[t, self.sets[t]].argsort()] if t < prior.cost.shape[0] else self.sets[t]
+            t: self.sets[t][prior.cost[t, self.sets[t]].argsort(stable=True)]
+            if t < prior.cost.shape[0]
+            else self.sets[t]
             for t in self.free
         }
         for t in self.free:
@@ -131,8 +159,8 @@ class Walker:
             var = self.x.repeat(len(moves), 1)
             var[:, t] = moves
             f, dc, pc = self._objective(score, var)
-            j = int(f.argmin())
-            if float(f[j]) < self.cur[0] - 1e-12:
+            j = pick(f, self.cur[0])
+            if j is not None:
                 self.x, self.cur, self._pc, improved = (
                     var[j : j + 1].clone(),
                     (float(f[j]), float(dc[j])),
@@ -142,8 +170,8 @@ class Walker:
         var = self._swaps()
         if len(var):
             f, dc, pc = self._objective(score, var)
-            j = int(f.argmin())
-            if float(f[j]) < self.cur[0] - 1e-12:
+            j = pick(f, self.cur[0])
+            if j is not None:
                 self.x, self.cur, self._pc, improved = (
                     var[j : j + 1].clone(),
                     (float(f[j]), float(dc[j])),
@@ -161,7 +189,7 @@ class Walker:
             self._wide = True
             return out
         self._wide = False
-        if self.best is None or out[0] < self.best[0]:
+        if self.best is None or out[0] < self.best[0] - margin(self.best[0]):
             self.best = out
             self._best_pc = self._pc
         self.x = self.best[2].clone()  # kick from the best local minimum, where the per-position cost is high
