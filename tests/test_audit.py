@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -179,3 +180,16 @@ def test_parallel_training_gives_the_same_runs(audit: tuple[Path, dict], tmp_pat
     seq = _train_all(s, out, progress=False, jobs=1)  # reuses the fixture's finished runs
     acc = lambda u: {(t, d): [r["test_accuracy"] for r in rs] for t, ds in u.items() for d, rs in ds.items()}  # noqa: E731
     assert acc(par) == acc(seq) and len(acc(par)) == 4
+
+
+def test_the_engine_writes_the_summary_and_no_report(audit: tuple[Path, dict], tmp_path: Path) -> None:
+    """experiments.audit.run_audit is the engine alone: summary.json, reused cells; the report is
+    rendered above it (veil.commands.audit.audit)."""
+    from veil.experiments.audit import run_audit as engine
+
+    out, summary = audit
+    copy = tmp_path / "copy"
+    shutil.copytree(out, copy, ignore=shutil.ignore_patterns("report.*", "figures", ".veil.lock"))
+    again = engine(parse_scenario(TINY), copy, progress=False)
+    assert again == json.loads(json.dumps(summary))  # every run and cell reused
+    assert (copy / "summary.json").is_file() and not (copy / "report.md").exists()

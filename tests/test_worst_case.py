@@ -4,6 +4,7 @@ and the summary.json keys stay stable."""
 
 from __future__ import annotations
 
+import json
 import math
 from pathlib import Path
 
@@ -150,3 +151,19 @@ def test_inf_psnr_is_formatted_and_plotted(tmp_path: Path) -> None:
     t["worst_case"] = {d: worst_case(t["leakage"][d], KNOWS) for d in t["utility"]}
     write_reports(s, tmp_path)
     assert "| none | april | psnr inf (whole image); ssim 1.000 | naive |" in (tmp_path / "report.md").read_text()
+
+
+def test_report_shows_the_examples_it_is_handed_and_reads_no_audit_files(tmp_path: Path) -> None:
+    """The report takes the summary and the engine's example records; a stray cell file in the
+    folder is not read (the report knows no audit layout)."""
+    stray = tmp_path / "cells" / "text" / "none" / "presence" / "seed0.json"
+    stray.parent.mkdir(parents=True)
+    stray.write_text(json.dumps({"example": {"references": [["stray"]], "reconstructions": [["stray"]]}}))
+    example = {"references": [["the", "film", "works"]], "reconstructions": [["the", "film", "fails"]]}
+    write_reports(_summary(), tmp_path, {"text": [{"defense": "none", "attack": "span", "example": example}]})
+    md = (tmp_path / "report.md").read_text()
+    assert "**span against defense none** (wrong tokens struck through)" in md
+    assert "- true: the film works" in md and "rebuilt: the film ~~fails~~" in md
+    assert "stray" not in md
+    write_reports(_summary(), tmp_path)  # no examples handed: no example section, and no error
+    assert "the film" not in (tmp_path / "report.md").read_text()
