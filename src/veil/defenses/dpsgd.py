@@ -229,10 +229,10 @@ class DPSGD(Defense):
     def state_dict(self) -> dict[str, Tensor]:
         """The noise seed (an OS-entropy one by default): the run's own checkpoint keeps it, so a
         resumed run continues the same noise stream. The checkpoint is as secret as the data."""
-        return {"seed": torch.tensor(self.seed, dtype=torch.int64)}
+        return {"seed": torch.tensor(self.seed, dtype=torch.int64), "calls": torch.tensor(self._calls)}
 
     def load_state_dict(self, state: dict[str, Tensor]) -> None:
-        self.seed = int(state["seed"])
+        self.seed, self._calls = int(state["seed"]), int(state["calls"])
 
     def privacy(self, steps: int | None = None) -> dict[str, Any]:
         """epsilon spent after `steps` (default: the steps taken) at delta, with what it rests on."""

@@ -230,7 +230,9 @@ class MJP(Defense):
         return state
 
     def load_state_dict(self, state: dict[str, Tensor]) -> None:
+        """Exactly the state `state_dict` saw: no generator or pool there means none here (drawn afresh)."""
         device = next(self.model.parameters()).device if self.model is not None else torch.device("cpu")
+        self._gen, self._pool = None, None
         if "generator" in state:
             self._generator(device).set_state(state["generator"])
         if "pool.mask" in state:

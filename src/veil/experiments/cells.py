@@ -55,11 +55,19 @@ def run_cell(
     grant = {k: bool(v) for k, v in knowledge.items()}
     model.train()  # the client trains: defenses such as MJP act in training mode, dropout as configured
     rows, example = [], None
+    # every sample starts from the defenses' streams as the cell found them (MJP's pooled masks, noise
+    # counts), and the cell leaves them so: a cell's numbers do not depend on which cells ran before it
+    # (the order, a resumed audit's cached cells, parallel workers)
+    start = [d.state_dict() for d in defenses]
     for k, batch in enumerate(private_batches(data.test, batch_size, samples, seed)):
         torch.manual_seed(seed * 1000 + k)
+        for d, state in zip(defenses, start):
+            d.load_state_dict(state)
         rec, ref, _ = attack_once(attack, model, batch, defenses, data, "original", seed * 1000 + k, grant)
         rows.append(score(rec, ref, data))
         example = example or example_of(ref, rec, data.meta.get("tokenizer"))
+    for d, state in zip(defenses, start):
+        d.load_state_dict(state)
     out = mean_metrics(rows)
     out.update(samples=samples, batch_size=batch_size)
     return {"metrics": out, "example": example}
