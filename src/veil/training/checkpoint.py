@@ -15,16 +15,7 @@ from typing import Any
 import torch
 
 from veil.errors import VeilError
-from veil.io import (  # noqa: F401  (the file layer lives in veil.io; re-exported for callers of this module)
-    atomic_write_text,
-    intact,
-    load_model_weights,
-    load_tensors,
-    save_model_weights,
-    save_tensors,
-    verify,
-    write_checked_text,
-)
+from veil.io import atomic_write_text, load_model_weights, load_tensors, save_model_weights, save_tensors
 
 
 def optimizer_tensors(opt: torch.optim.Optimizer) -> tuple[dict[str, torch.Tensor], dict[str, Any]]:

@@ -9,7 +9,7 @@ from typing import Any
 
 from veil.federated.split.run import run_split
 from veil.federated.split.spec import SplitSpec, split_spec_from_raw
-from veil.training.checkpoint import atomic_write_text
+from veil.io import atomic_write_text
 
 
 def variant(spec: SplitSpec, **changes: Any) -> SplitSpec:

@@ -18,7 +18,7 @@ from veil.federated.split.models import build_body
 from veil.federated.split.multitask import TASK_DEFS, build_parts, split_world
 from veil.federated.split.server_app import server_main, split_summary
 from veil.federated.split.spec import SplitSpec
-from veil.training.checkpoint import atomic_write_text
+from veil.io import atomic_write_text
 
 
 def central(spec: SplitSpec) -> dict[str, float]:

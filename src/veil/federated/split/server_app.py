@@ -39,7 +39,7 @@ from veil.federated.split.comm import paper_cost
 from veil.federated.split.models import build_body
 from veil.federated.split.multitask import TASK_DEFS, build_parts
 from veil.federated.split.spec import SplitSpec, load_split_spec, permutes
-from veil.training.checkpoint import atomic_write_text
+from veil.io import atomic_write_text
 
 
 class Exchange:
