@@ -5,7 +5,7 @@ lookup (`names`, `create`, `factory`, `options`, `in`). Importing `veil.registry
 costs nothing, a component is registered by the module that defines it (``@DEFENSES.register``),
 and no package has to import its members for their side effects. The composition root
 (`veil.build`) and the config checks (`veil.config`) sit in veil's core yet reach every
-component through these four objects, by name, without importing the packages above them
+component through these registries, by name, without importing the packages above them
 (docs/architecture.md).
 
 A module listed here that fails to import is an error, never a silently shorter list. A new
@@ -16,10 +16,16 @@ from __future__ import annotations
 
 import importlib
 from collections.abc import Callable, Sequence
-from typing import Any, Generic, TypeVar
+from typing import TYPE_CHECKING, Any, Generic, TypeVar
 
 from veil.errors import VeilError
 from veil.schema import Option, options_of
+
+if TYPE_CHECKING:  # the kinds, for type checkers only: the registries import nothing above the core
+    from veil.attacks.base import Attack
+    from veil.data.splits import DataSplits
+    from veil.defenses.base import Defense
+    from veil.models.base import VeilModel
 
 T = TypeVar("T")
 
@@ -94,9 +100,9 @@ class Registry(Generic[T]):
 
 
 #: the registries and the modules that fill them
-MODELS: Registry[Any] = Registry("model", modules=("veil.models", "veil.models.hf"))
-DATASETS: Registry[Any] = Registry("dataset", modules=("veil.data.images", "veil.data.text"))
-DEFENSES: Registry[Any] = Registry(
+MODELS: Registry[VeilModel] = Registry("model", modules=("veil.models", "veil.models.hf"))
+DATASETS: Registry[DataSplits] = Registry("dataset", modules=("veil.data.images", "veil.data.text"))
+DEFENSES: Registry[Defense] = Registry(
     "defense",
     modules=(
         "veil.defenses",
@@ -107,7 +113,7 @@ DEFENSES: Registry[Any] = Registry(
         "veil.defenses.permutation",
     ),
 )
-ATTACKS: Registry[Any] = Registry(
+ATTACKS: Registry[Attack] = Registry(
     "attack",
     modules=tuple(
         f"veil.attacks.{m}"
