@@ -25,6 +25,8 @@ from typing import Any
 import torch
 from flwr.app import ArrayRecord, ConfigRecord, Context, Message, MetricRecord, RecordDict
 from flwr.clientapp import ClientApp
+from flwr.clientapp.mod import adaptiveclipping_mod, fixedclipping_mod
+from flwr.clientapp.typing import ClientAppCallable
 
 from veil.errors import VeilError
 from veil.federated.fedavg import dp
@@ -80,7 +82,21 @@ def query(msg: Message, ctx: Context) -> Message:
     return Message(RecordDict({"info": info}), reply_to=msg)
 
 
-@app.train(mods=[dp.clipping_mod])
+def clipping_mod(msg: Message, ctx: Context, call_next: ClientAppCallable) -> Message:
+    """The client's train mod: Flower's fixed / adaptive clipping mod when the run's spec asks for
+    client-side clipping, a pass-through otherwise."""
+    spec = spec_from_text(str(msg.content["config"]["spec"]))
+    kind = spec.fed.dp
+    if kind == "client-fixed":
+        return fixedclipping_mod(msg, ctx, call_next)
+    if kind == "client-adaptive":
+        return adaptiveclipping_mod(msg, ctx, call_next)
+    if kind == "local":
+        return dp.local_mod(spec.fed, spec.cfg.train.seed)(msg, ctx, call_next)
+    return call_next(msg, ctx)
+
+
+@app.train(mods=[clipping_mod])
 def train(msg: Message, ctx: Context) -> Message:
     torch.set_num_threads(1)
     conf = msg.content["config"]

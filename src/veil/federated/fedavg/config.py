@@ -44,6 +44,7 @@ from typing import Any
 from veil.config import coerce_section
 from veil.errors import VeilError
 from veil.federated.client_secret import MODES as SECRET_MODES
+from veil.federated.fedavg.dp import check_dp
 from veil.federated.sections import check_choices
 
 
@@ -106,7 +107,6 @@ def federated_config(raw: Any) -> FederatedConfig:
         raise VeilError(f"federated.alpha must be positive, got {fed.alpha}")
     if fed.audit_every < 1 or fed.audit_clients < 0:
         raise VeilError("federated.audit_every must be >= 1 and federated.audit_clients >= 0")
-    from veil.federated.fedavg.dp import check_dp
 
     check_dp(fed)
     fed.audit = [a if isinstance(a, dict) else {"name": a} for a in fed.audit]

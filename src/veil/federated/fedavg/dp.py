@@ -51,7 +51,7 @@ from typing import Any
 
 import numpy as np
 from flwr.app import ArrayRecord, Context, Message, MetricRecord
-from flwr.clientapp.mod import LocalDpMod, adaptiveclipping_mod, fixedclipping_mod
+from flwr.clientapp.mod import LocalDpMod
 from flwr.clientapp.typing import ClientAppCallable
 from flwr.serverapp.strategy import (
     DifferentialPrivacyClientSideAdaptiveClipping,
@@ -62,6 +62,7 @@ from flwr.serverapp.strategy import (
 )
 
 from veil.errors import VeilError
+from veil.federated.client_secret import derive, round_secret
 
 KINDS = ("none", "client-fixed", "client-adaptive", "server-fixed", "server-adaptive", "local")
 WEIGHT_KEY = "dp-weight"  # the unit weight each reply carries under DP: uniform aggregation
@@ -168,29 +169,11 @@ def wrap_strategy(inner: Strategy, fed: Any) -> Strategy:
     )
 
 
-def clipping_mod(msg: Message, ctx: Context, call_next: ClientAppCallable) -> Message:
-    """The client's train mod: Flower's fixed / adaptive clipping mod when the run's spec asks for
-    client-side clipping, a pass-through otherwise."""
-    from veil.federated.fedavg.task import spec_from_text
-
-    spec = spec_from_text(str(msg.content["config"]["spec"]))
-    kind = spec.fed.dp
-    if kind == "client-fixed":
-        return fixedclipping_mod(msg, ctx, call_next)
-    if kind == "client-adaptive":
-        return adaptiveclipping_mod(msg, ctx, call_next)
-    if kind == "local":
-        return local_mod(spec.fed, spec.cfg.train.seed)(msg, ctx, call_next)
-    return call_next(msg, ctx)
-
-
 def local_mod(fed: Any, seed: int) -> Callable[[Message, Context, ClientAppCallable], Message]:
     """Flower's `LocalDpMod` with sensitivity 2C and noise std 2 z C, its numpy noise seeded from
     this (round, client)'s secret (`veil.federated.client_secret`; the server cannot regenerate it
     unless ``secret: seeded``). LocalDpMod takes (epsilon, delta) of the classical Gaussian
     mechanism, std = sensitivity sqrt(2 ln(1.25 / delta)) / epsilon: they are set to give 2 z C."""
-    from veil.federated.client_secret import derive, round_secret
-
     cal_delta = 1e-5
     eps = math.sqrt(2 * math.log(1.25 / cal_delta)) / fed.dp_noise if fed.dp_noise > 0 else math.inf
     dp_mod = LocalDpMod(fed.dp_clip, 2 * fed.dp_clip, eps, cal_delta)
@@ -228,7 +211,7 @@ def accounted_noise(fed: Any) -> float:
 
 def epsilon(fed: Any, rounds: int) -> float | None:
     """Epsilon after `rounds` rounds at `delta(fed)`; None when the noise is 0 (no guarantee)."""
-    from opacus.accountants import RDPAccountant
+    from opacus.accountants import RDPAccountant  # opacus loads only when an epsilon is asked for
 
     if fed.dp_noise == 0:
         return None
