@@ -44,7 +44,10 @@ from flwr.supercore.heartbeat import HeartbeatSender, make_task_heartbeat_fn_htt
 from flwr.supercore.interceptors import RuntimeTokenHttpInterceptor, RuntimeVersionHttpInterceptor
 from flwr.supercore.retry import make_simple_http_retry_invoker
 from flwr.supercore.runtime import RuntimeHttpClient
-from flwr.supernode.runtime.run_clientapp import pull_task_input, push_message, push_task_output
+from flwr.supernode.runtime import run_clientapp
+from flwr.supernode.runtime.run_clientapp import push_message, push_task_output
+
+from veil.federated.grid import quick_pulls
 
 
 class WarmExecutor:
@@ -95,7 +98,7 @@ class WarmExecutor:
         context, status, details = None, SubStatus.FAILED, "the ClientApp task failed"
         t = [time.perf_counter()]
         try:
-            message, context, run, fab = pull_task_input(client)
+            message, context, run, fab = run_clientapp.pull_task_input(client)
             t.append(time.perf_counter())
             try:
                 reply = self.app_for(run, fab)(message=message, context=context)
@@ -164,6 +167,7 @@ def main(argv: list[str] | None = None) -> None:
     threading.Thread(target=prewarm, daemon=True).start()
     threading.Thread(target=WarmExecutor(runtime_address(rest), a.tap).serve, daemon=True).start()
     fast_idle_poll(a.poll)
+    quick_pulls()
     from flwr.supernode.cli.flower_supernode import flower_supernode
 
     sys.argv = ["flower-supernode", *rest, "--isolation", "process"]

@@ -30,6 +30,7 @@ import random
 import statistics
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -39,6 +40,7 @@ from flwr.serverapp import Grid
 from flwr.serverapp.strategy import Strategy
 
 from veil.attacks import Attack, Knowledge, LocalTraining, Observation, Reconstruction, create_attack
+from veil.federated.fedavg import evidence
 from veil.federated.fedavg.task import (
     ClientWorld,
     batch_digest,
@@ -131,6 +133,7 @@ class Auditor:
             plan,
         )
         self.multi = any(getattr(a, "needs", "") == "rounds" for _, a in self.attacks)
+        self.evidence: Path | None = None  # without an oracle: where reconstructions are saved (`evidence`)
         self.sums: dict[int, dict[str, torch.Tensor]] = {}
         self.counts: dict[int, int] = {}
         self.prev: dict[str, Any] | None = None  # {"weights": state dict, "lr", "steps", "pids", "round"}
@@ -298,6 +301,12 @@ class Auditor:
             return {**ev, "error": f"{type(e).__name__}: {e}"[:300]}
         ev["seconds"] = round(float(rec.stats.get("seconds", 0.0)), 3)
         ev.update(score(rec))
+        if self.evidence is not None:  # no ground truth: keep the rebuild and what it says about itself
+            ev.update(evidence.signals(rec))
+            stem = self.evidence / f"round{int(ev['round']):03d}" / f"client{ev['client']}-{ev['attack']}"
+            ev["saved"] = [
+                str(Path(p).relative_to(self.evidence.parent)) for p in evidence.save(rec, stem, self.know.tokenizer)
+            ]
         return ev
 
     # ---- checkpoint ----------------------------------------------------------------------------

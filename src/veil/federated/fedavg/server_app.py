@@ -41,7 +41,7 @@ from veil.federated.fedavg.auditor import AuditedStrategy, Auditor, BatchOracle,
 from veil.federated.fedavg.membership import Membership
 from veil.federated.fedavg.silo import Schema
 from veil.federated.fedavg.task import Spec, client_world, load_arrays, load_spec, model_arrays, round_lr
-from veil.federated.grid import exchange
+from veil.federated.grid import exchange, quick_pulls
 from veil.io import (
     append_events,
     atomic_write_text,
@@ -214,6 +214,8 @@ def _rounds(grid: Grid, spec: Spec, run_dir: Path, oracle: bool, progress: bool,
     members = Membership(grid, spec.fed.clients, shared, min(spec.fed.timeout, 20.0))
     members.wait_for_all(spec.fed.timeout)
     auditor = make_auditor(spec, state, oracle, members.sizes)
+    if auditor is not None and not oracle:
+        auditor.evidence = run_dir / "reconstructions"
     state.attach_auditor(auditor)
     strategy = AuditedStrategy(
         make_strategy(spec), members.partition_of(), spec.fed.fraction, spec.cfg.train.seed, auditor
@@ -315,6 +317,7 @@ app = ServerApp()
 def main(grid: Grid, context: Context) -> None:
     """Reads `config` (YAML path), `run-dir` and optional `overrides` (space-separated key=value)
     from the Flower run config (pyproject `[tool.flwr.app.config]` or `--run-config`)."""
+    quick_pulls()
     rc = context.run_config
     spec = load_spec(str(rc["config"]), shlex.split(str(rc.get("overrides", ""))))
     run_dir = Path(str(rc.get("run-dir", "runs/flwr")))

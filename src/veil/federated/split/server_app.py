@@ -19,9 +19,9 @@ The body takes one Adam step per client batch with the gradient scaled by `task_
 from __future__ import annotations
 
 import json
-import shlex
 import math
 import random
+import shlex
 import time
 from collections import defaultdict
 from pathlib import Path
@@ -34,7 +34,7 @@ from torch import Tensor, nn
 
 from veil.errors import VeilError
 from veil.federated.comm import Ledger, array_of, content_bytes, message_bytes, tensor_of
-from veil.federated.grid import exchange, wait_for_nodes
+from veil.federated.grid import exchange, quick_pulls, wait_for_nodes
 from veil.federated.split.comm import paper_cost
 from veil.federated.split.models import build_body
 from veil.federated.split.multitask import TASK_DEFS, build_parts
@@ -283,8 +283,9 @@ def main(grid: Grid, context: Context) -> None:
     """Split learning under a SuperLink: reads `config` (YAML path), `run-dir` and optional
     `overrides` from the Flower run config; one SuperNode per client (`partition-id` in its node
     config: task-major, as `veil.federated.split.multitask.multitask_data` orders them). The server
-    holds the body only; each client's head, tail and permutation keys stay in its SuperNode's
-    worker (`veil.federated.relay`). RUN_DIR/status.json says how the run ended."""
+    holds the body only; each client's head, tail and permutation keys stay in its SuperNode
+    (`veil.federated.supernode`: the Context lives there). RUN_DIR/status.json says how the run ended."""
+    quick_pulls()
     rc = context.run_config
     spec = load_split_spec(str(rc["config"]), shlex.split(str(rc.get("overrides", ""))))
     if spec.split.protocol == "central":
