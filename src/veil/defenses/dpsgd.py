@@ -27,11 +27,7 @@ ICLR 2022); frozen parameters are restored on `detach`. Under ``ghost`` / ``hook
 loss is the model's task loss (`dpsgd_engines.per_sample_loss`; another defense's ``aux_loss`` is
 not included); ``functorch`` differentiates the whole client loss of each sample.
 
-Step time on MiniLM-L6 (batch 16, 32 tokens, one contended thread, medians of 6 interleaved steps,
-``benchmarks/dp_step.py``; all of MiniLM trained but the two raw-read tables and the unused
-pooler), relative to an undefended step: veil ghost 2.25x, Opacus' own ghost clipping 2.12x (veil
-/ Opacus 1.06), veil hooks 4.28x, Opacus hooks 4.35x, veil functorch 2.72x. (The old claim here,
-"torch.func ~2.3x vs Opacus ~4.2x", compared torch.func with Opacus' hooks, not its ghost clipping.)
+Step times against Opacus' own engines: docs/results.md (DP-SGD, `benchmarks/dp_step.py`).
 
 The hook replaces ``loss.backward()`` (`Defense.backward`): it sets ``p.grad`` for every trainable
 parameter to the noised clipped mean, which is both the local update and the exported update a

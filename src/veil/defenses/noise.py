@@ -1,13 +1,14 @@
-"""Seeded standard-normal noise for large gradient tables, fast on a CPU.
+"""Seeded standard-normal noise for large gradient tables, fast on a CPU (timings: docs/results.md,
+AEGIS section).
 
 A defense that noises a vocabulary-sized gradient table (AEGIS eq. (E): 30,522 x D entries every
 step) spends most of its time making Gaussian numbers. torch's CPU ``normal_`` draws them one by
-one from a single Mersenne-Twister stream (10.5 ms for 3.1 M values here, on any thread count).
+one from a single Mersenne-Twister stream, on any thread count.
 
 The draw:
 
 1. the random bits come from numpy's SFC64 (a small chaotic generator that passes PractRand and
-   BigCrush; 64 bits per call, ~3x torch's CPU generator here), one stream per call seeded from
+   BigCrush; 64 bits per call, faster than torch's CPU generator), one stream per call seeded from
    the call's key through ``numpy.random.SeedSequence``;
 2. Box-Muller turns them into Gaussians, the same transform torch's own ``normal_`` applies:
 
@@ -22,15 +23,11 @@ Where the transform runs (`noise_tables_`, which also takes each table's noise s
 clean values and adds the noise in place):
 
 * compiled (the default on a CPU): the scales, the transform and the adds are one torch.compile
-  graph — one pass over the tables, in registers, split over torch's OpenMP threads. The bits
-  stay serial (2.6 ms for transformer4's 1.55 M words). Measured on transformer4 (batch 16 x
-  48, `benchmarks/aegis_overhead.py`, docs/results.md): the AEGIS step costs 1.09x an
-  undefended one on one core and 1.03-1.13x on two, against 1.13-1.14x and 1.12-1.25x with
-  the numpy path. The first call in a process compiles (~17 s; ~2 s once torch's on-disk cache
-  holds it);
+  graph — one pass over the tables, in registers, split over torch's OpenMP threads; the bits
+  stay serial. The first call in a process compiles (torch's on-disk cache keeps the graph);
 * numpy (no working C++ compiler, or ``VEIL_COMPILE=0``): the transform in numpy's float32
-  ufuncs (its AVX-512 log / sin / cos are 2.5-2.9x faster than torch's eager ones on one core),
-  then torch adds the noise. Serial: splitting it over Python threads gained nothing inside a
+  ufuncs (vectorised log / sin / cos, faster than torch's eager ones on one core), then torch
+  adds the noise. Serial: splitting it over Python threads gained nothing inside a
   training step.
 
 Both paths take the same bits; their values differ only by the float32 rounding of log / sin /
