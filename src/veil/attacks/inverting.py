@@ -24,7 +24,9 @@ second-order gradient of every weight, which the search never reads), and the co
 autograd node (`_Cosine`): its forward reduces each dummy gradient with two dot products, no
 weight-sized temporaries, and its backward writes dF/dg_l = a t_l + b g_l in one tensor per layer,
 a = -1 / (||g|| ||t||), b = <g, t> / (||g||^3 ||t||), where autograd's elementwise graph would
-write five. `benchmarks/ig_vs_breaching.py` measures the step against breaching's.
+write five; in the search loop (`consume=True`) it writes them over the dummy gradients
+themselves, which nothing reads after that backward. `benchmarks/ig_vs_breaching.py` measures
+the step against breaching's.
 """
 
 from __future__ import annotations
@@ -71,12 +73,14 @@ class GradientTarget:
     def l2(self, grads: list[Tensor | None]) -> Tensor:
         return sum(((g - t) ** 2).sum() if g is not None else (t * t).sum() for g, t in zip(grads, self.target))
 
-    def cosine(self, grads: list[Tensor | None]) -> Tensor:
-        """1 - <g', g> / (||g'|| ||g||) over every compared tensor jointly (a missing g'_l counts as 0)."""
+    def cosine(self, grads: list[Tensor | None], consume: bool = False) -> Tensor:
+        """1 - <g', g> / (||g'|| ||g||) over every compared tensor jointly (a missing g'_l counts as 0).
+
+        consume: the backward may overwrite `grads` with its result (the caller never reads them again)."""
         pairs = [(g, t) for g, t in zip(grads, self._flat) if g is not None]
         if not pairs:
             return torch.ones((), dtype=self.target[0].dtype)
-        return _Cosine.apply([t for _, t in pairs], self._norm, *[g for g, _ in pairs])
+        return _Cosine.apply([t for _, t in pairs], self._norm, consume, *[g for g, _ in pairs])
 
     def layer_cosine(self, grads: list[Tensor | None]) -> Tensor:
         """Mean over layers of 1 - cos(g_l, g'_l): every exported tensor weighs the same."""
@@ -105,7 +109,9 @@ class _Cosine(torch.autograd.Function):
     once: the search differentiates F once, through g, to the image."""
 
     @staticmethod
-    def forward(ctx: FunctionCtx, flat_targets: list[Tensor], target_norm: float, *grads: Tensor) -> Tensor:
+    def forward(
+        ctx: FunctionCtx, flat_targets: list[Tensor], target_norm: float, consume: bool, *grads: Tensor
+    ) -> Tensor:
         dot = sq = 0.0
         targets = []
         for g, t in zip(grads, flat_targets):
@@ -118,6 +124,7 @@ class _Cosine(torch.autograd.Function):
         den = norm * target_norm + 1e-12
         ctx.save_for_backward(*grads)
         ctx.targets = targets
+        ctx.consume = consume
         # dF/dg = a t + b g: d(-dot/den)/dg = -t/den + dot * target_norm * g / (norm * den^2)
         ctx.coef = (-1.0 / den, dot * target_norm / (norm * den * den) if norm > 0 else 0.0)
         return grads[0].new_tensor(1.0 - dot / den)
@@ -127,8 +134,13 @@ class _Cosine(torch.autograd.Function):
     def backward(ctx: FunctionCtx, grad: Tensor) -> tuple[Tensor | None, ...]:
         a, b = ctx.coef
         s = float(grad)
-        out = [torch.add(t.view_as(g), g, alpha=b / a).mul_(a * s) for g, t in zip(ctx.saved_tensors, ctx.targets)]
-        return (None, None, *out)
+        out = []
+        for g, t in zip(ctx.saved_tensors, ctx.targets):
+            if ctx.consume and g.is_contiguous() and g._base is None:  # g's own storage: no fresh tensor
+                out.append(g.mul_(b / a).add_(t.view_as(g)).mul_(a * s))
+            else:
+                out.append(torch.add(t.view_as(g), g, alpha=b / a).mul_(a * s))
+        return (None, None, None, *out)
 
 
 def total_variation(x: Tensor) -> Tensor:
@@ -364,9 +376,10 @@ class InvertingGradients(_Inversion):
                 opt, milestones=[its * 3 // 8, its * 5 // 8, its * 7 // 8], gamma=0.1
             )
         for _ in range(its):
-            loss = target.distance(
-                dist, target.dummy_grads(_forward_loss(model, x, labels, None))
-            ) + tv * total_variation(x)
+            dummy = target.dummy_grads(_forward_loss(model, x, labels, None))
+            match = target.cosine(dummy, consume=True) if dist == "cosine" else target.distance(dist, dummy)
+            del dummy  # consumed by the backward below
+            loss = match + tv * total_variation(x)
             (grad,) = torch.autograd.grad(loss, [x])  # the image's gradient only (module docstring)
             x.grad = grad.sign_() if o.signed else grad
             opt.step()
