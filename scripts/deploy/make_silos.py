@@ -23,7 +23,7 @@ def main() -> None:
     p.add_argument("out", type=Path)
     p.add_argument("--config", default="configs/fedavg_deploy_digits.yaml")
     p.add_argument("overrides", nargs="*", help="key=value, e.g. federated.clients=5")
-    a = p.parse_args()
+    a = p.parse_intermixed_args()
     spec = load_spec(a.config, a.overrides)
     data = build_data(spec.cfg)
     for folder in export_silos(data, partitions(data, spec.fed, spec.cfg.train.seed), a.out):

@@ -196,3 +196,20 @@ def run_status(run_dir: Path) -> int:
     if not path.is_file():
         return 1
     return 0 if json.loads(path.read_text()).get("status") == "finished" else 1
+
+
+def main(argv: list[str] | None = None) -> int:
+    """`python -m veil.federated.cluster status RUN_DIR`: exit 0 when the run finished, else 1."""
+    args = sys.argv[1:] if argv is None else argv
+    if len(args) != 2 or args[0] != "status":
+        print("usage: python -m veil.federated.cluster status RUN_DIR", file=sys.stderr)
+        return 2
+    run = Path(args[1])
+    code = run_status(run)
+    path = run / "status.json"
+    print(path.read_text().strip() if path.is_file() else f"{run}: no status.json (the ServerApp never started)")
+    return code
+
+
+if __name__ == "__main__":
+    sys.exit(main())
