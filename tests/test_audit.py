@@ -8,6 +8,7 @@ import shutil
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 import yaml
@@ -170,16 +171,18 @@ def test_embedded_quickstart_parses() -> None:
     assert s.name == "quickstart" and {t.name for t in s.tasks} == {"digits-vit", "sst2-text"}
 
 
-def test_parallel_training_gives_the_same_runs(audit: tuple[Path, dict], tmp_path: Path) -> None:
-    """--jobs 2 trains the runs in two processes; every run's numbers equal the sequential audit's."""
-    from veil.experiments.audit import _train_all
+def test_a_parallel_audit_gives_the_sequential_numbers(audit: tuple[Path, dict], tmp_path: Path) -> None:
+    """--jobs 2 trains the runs and attacks the cells in two worker processes; every number but the
+    wall-clock timings equals the sequential audit's."""
+    out, summary = audit
+    par = run_audit(parse_scenario(TINY), tmp_path / "par", progress=False, jobs=2)
 
-    out, _ = audit
-    s = parse_scenario(TINY)
-    par = _train_all(s, tmp_path, progress=False, jobs=2)
-    seq = _train_all(s, out, progress=False, jobs=1)  # reuses the fixture's finished runs
-    acc = lambda u: {(t, d): [r["test_accuracy"] for r in rs] for t, ds in u.items() for d, rs in ds.items()}  # noqa: E731
-    assert acc(par) == acc(seq) and len(acc(par)) == 4
+    def numbers(x: Any) -> Any:
+        if isinstance(x, dict):
+            return {k: numbers(v) for k, v in x.items() if "second" not in k and k not in ("overhead", "versions")}
+        return [numbers(v) for v in x] if isinstance(x, list) else x
+
+    assert numbers(json.loads(json.dumps(par))["tasks"]) == numbers(json.loads(json.dumps(summary))["tasks"])
 
 
 def test_the_engine_writes_the_summary_and_no_report(audit: tuple[Path, dict], tmp_path: Path) -> None:

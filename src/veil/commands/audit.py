@@ -23,13 +23,14 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument(
         "--jobs",
         type=int,
-        default=1,
-        help="training runs in parallel processes (default 1); set train.threads to cores / jobs",
+        default=0,
+        help="worker processes for the training runs and attack cells, one torch thread each "
+        "(default 0: the cores the machine can give now); the numbers do not depend on it",
     )
     p.set_defaults(run=run)
 
 
-def audit(scenario: Any, out: str | Path, progress: bool = True, jobs: int = 1) -> dict[str, Any]:
+def audit(scenario: Any, out: str | Path, progress: bool = True, jobs: int = 0) -> dict[str, Any]:
     """Run (or resume) a parsed scenario into `out`, then render its report from the summary and
     the examples the engine hands over: what `veil audit` does. Returns the summary."""
     # torch and the packages load when the command runs, not when `veil --help` builds the parser
@@ -46,8 +47,8 @@ def run(args: argparse.Namespace) -> int:
     from veil.experiments.scenario import load_scenario  # the engine's parser: see audit()
     from veil.metrics.leakage import describe  # veil.metrics loads torch: see audit()
 
-    if args.jobs < 1:
-        raise VeilError(f"--jobs must be an integer >= 1, got {args.jobs}")
+    if args.jobs < 0:
+        raise VeilError(f"--jobs must be an integer >= 0 (0: the free cores), got {args.jobs}")
     scenario = load_scenario(args.scenario)
     summary = audit(scenario, args.out, progress=not args.quiet, jobs=args.jobs)
 

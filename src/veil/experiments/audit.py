@@ -9,16 +9,19 @@ name in `veil.registry.PROTOCOLS`; the engine imports none of them.
 
 from __future__ import annotations
 
+import contextlib
 import importlib.metadata as md
 import json
 import multiprocessing as mp
+import os
 import platform
 import sys
-from concurrent.futures import ProcessPoolExecutor
+from concurrent.futures import ProcessPoolExecutor, as_completed
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
+import torch
 from tqdm.auto import tqdm
 
 from veil.attacks.harness import private_batches
@@ -30,6 +33,7 @@ from veil.experiments.summary import build_summary
 from veil.io import atomic_write_text, intact, write_checked_text
 from veil.registry import PROTOCOLS
 from veil.runlock import holds_progress
+from veil.runtime import free_cores, use_threads
 from veil.training.loop import train
 
 
@@ -84,7 +88,9 @@ def run_dir(out: Path, task: Task, defense: dict[str, Any], seed: int) -> Path:
 
 
 def run_audit(s: Scenario, out: str | Path, progress: bool = True, jobs: int = 1) -> dict[str, Any]:
-    """Run (or resume) scenario `s` into `out`; returns the summary, also written to summary.json."""
+    """Run (or resume) scenario `s` into `out`; returns the summary, also written to summary.json.
+    ``jobs``: worker processes for the training runs and the attack cells (0: the free cores);
+    the numbers do not depend on it."""
     out = Path(out)
     cells = validate(s)
     marker = out / "scenario.yaml"
@@ -95,8 +101,10 @@ def run_audit(s: Scenario, out: str | Path, progress: bool = True, jobs: int = 1
     out.mkdir(parents=True, exist_ok=True)
     atomic_write_text(marker, dump_scenario(s))
     single = replace(s, tasks=[t for t in s.tasks if t.protocol == "single-step"])
-    utility = _train_all(single, out, progress, jobs)
-    _attack_all(cells, out, progress)
+    jobs = jobs or free_cores()
+    with _pool(jobs) if jobs > 1 else contextlib.nullcontext() as pool:  # one set of workers for both phases
+        utility = _train_all(single, out, progress, pool)
+        _attack_all(cells, out, progress, pool)
     overhead = {t.name: _overhead(t, out, s.seeds[0]) for t in single.tasks}
     summary = build_summary(single, out, cells, utility, overhead, versions())
     done = summary["tasks"]
@@ -112,19 +120,27 @@ def _train_one(cfg: Any, path: Path, progress: bool) -> dict[str, Any]:
     return train(cfg, path, progress=progress)
 
 
-def _train_all(s: Scenario, out: Path, progress: bool, jobs: int = 1) -> dict[str, dict[str, list[dict[str, Any]]]]:
-    """Every (task, defense, seed) run; with ``jobs`` > 1, that many in separate processes.
+def _one_thread_each() -> None:
+    """A worker of a parallel audit: one torch thread (``threads: 0`` resolves through the env)."""
+    os.environ["OMP_NUM_THREADS"] = "1"
+    torch.set_num_threads(1)
 
-    Each run owns its folder, so parallel runs never share a file; give each run
-    ``train.threads`` = cores / jobs (a run's own threads are not capped here).
-    """
+
+def _pool(jobs: int) -> ProcessPoolExecutor:
+    return ProcessPoolExecutor(jobs, mp_context=mp.get_context("spawn"), initializer=_one_thread_each)
+
+
+def _train_all(
+    s: Scenario, out: Path, progress: bool, pool: ProcessPoolExecutor | None = None
+) -> dict[str, dict[str, list[dict[str, Any]]]]:
+    """Every (task, defense, seed) run; with a `pool`, in its worker processes (one torch thread
+    each). Each run owns its folder, so parallel runs never share a file."""
     # seed-major: the first finished runs already cover every defense of every task
     todo = [(t, d, seed) for seed in s.seeds for t in s.tasks for d in t.defenses]
     args = [(t.run_for(d, seed), run_dir(out, t, d, seed)) for t, d, seed in todo]
-    if jobs > 1:
-        with ProcessPoolExecutor(jobs, mp_context=mp.get_context("spawn")) as pool:
-            futures = [pool.submit(_train_one, cfg, path, False) for cfg, path in args]
-            summaries = [f.result() for f in tqdm(futures, desc="train", disable=not progress, unit="run")]
+    if pool is not None and len(args) > 1:
+        futures = [pool.submit(_train_one, cfg, path, False) for cfg, path in args]
+        summaries = [f.result() for f in tqdm(futures, desc="train", disable=not progress, unit="run")]
     else:
         summaries = [
             _train_one(cfg, path, progress) for cfg, path in tqdm(args, desc="train", disable=not progress, unit="run")
@@ -135,14 +151,30 @@ def _train_all(s: Scenario, out: Path, progress: bool, jobs: int = 1) -> dict[st
     return utility
 
 
-def _attack_all(cells: list[Cell], out: Path, progress: bool) -> None:
+def _attack_all(cells: list[Cell], out: Path, progress: bool, pool: ProcessPoolExecutor | None = None) -> None:
+    """Every cell not cached yet, grouped by the run it attacks (each run is loaded once); with a
+    `pool`, the groups go to its worker processes. Cells are independent of one another
+    (`run_cell` restores the defenses' streams), so the numbers are the sequential audit's."""
     todo = [c for c in cells if c.skipped is None and not _reusable(cell_path(out, c))]
-    loaded: dict[tuple[str, str, int], Any] = {}
-    for c in tqdm(todo, desc="attack", disable=not progress, unit="cell"):
-        key = (c.task.name, label(c.defense), c.seed)
-        if key not in loaded:
-            loaded = {key: load_run(run_dir(out, c.task, c.defense, c.seed))}  # keep one run in memory
-        _, model, data, defenses = loaded[key]
+    groups: dict[tuple[str, str, int], list[Cell]] = {}
+    for c in todo:
+        groups.setdefault((c.task.name, label(c.defense), c.seed), []).append(c)
+    bar = tqdm(total=len(todo), desc="attack", disable=not progress, unit="cell")
+    if pool is not None and len(groups) > 1:
+        for f in as_completed([pool.submit(_attack_group, g, out) for g in groups.values()]):
+            bar.update(f.result())
+    else:
+        for g in groups.values():
+            bar.update(_attack_group(g, out))
+    bar.close()
+
+
+def _attack_group(cells: list[Cell], out: Path) -> int:
+    """Attack one run's cells, each written to its own file; returns how many."""
+    c0 = cells[0]
+    _, model, data, defenses = load_run(run_dir(out, c0.task, c0.defense, c0.seed))
+    use_threads(c0.task.run.train.threads)
+    for c in cells:
         try:
             result = run_cell(make_attack(c.attack), model, data, defenses, c.task.knowledge, c.task.samples, c.seed)
         except VeilError as e:  # the defense took away what the attack needs: that channel is closed
@@ -150,6 +182,7 @@ def _attack_all(cells: list[Cell], out: Path, progress: bool) -> None:
         path = cell_path(out, c)
         path.parent.mkdir(parents=True, exist_ok=True)
         write_checked_text(path, json.dumps(result))
+    return len(cells)
 
 
 def _reusable(path: Path) -> bool:
