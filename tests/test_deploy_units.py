@@ -109,6 +109,24 @@ def test_auditor_without_oracle_saves_reconstructions_and_signals(tmp_path: Path
     assert json.loads((run / "status.json").read_text()) == {"status": "finished"}
 
 
+def test_the_oracle_is_refused_when_silos_hold_their_own_data(tmp_path: Path) -> None:
+    """The oracle re-derives batches from the run's data set: against silos with their own data it
+    would score the wrong images, so the run refuses it with one line."""
+    from veil.federated.fedavg.client_app import app
+    from veil.federated.fedavg.server_app import server_main
+    from veil.federated.grid import LocalGrid
+
+    spec = spec_("federated.audit=[labels]")
+    data = build_data(spec.cfg)
+    folders = export_silos(data, [torch.arange(0, 40).numpy(), torch.arange(40, 80).numpy()], tmp_path / "s")
+    grid = LocalGrid(app, 2)
+    for i, ctx in enumerate(grid.nodes.values()):
+        ctx.node_config["data-path"] = str(folders[i])
+    with pytest.raises(VeilError, match="silo\\(s\\) 0, 1 train on their own data-path; set oracle=false"):
+        server_main(grid, spec, tmp_path / "run", oracle=True)
+    assert json.loads((tmp_path / "run" / "status.json").read_text())["status"] == "failed"
+
+
 @pytest.mark.xfail(
     strict=True,
     reason="Ray 2.55.1 (pinned) listens on every interface: its GCS and raylet bind 0.0.0.0 whatever "

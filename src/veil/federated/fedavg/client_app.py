@@ -78,7 +78,8 @@ def _inject_fault(spec_fail: dict, pid: int, rnd: int, timeout: float) -> None:
 @app.query()
 def query(msg: Message, ctx: Context) -> Message:
     world, pid = node_world(msg.content["config"], ctx)
-    info = MetricRecord({"partition-id": pid, "num-examples": int(len(world.parts[pid]))})
+    own = int(bool(world.data.meta.get("silo", False)))  # trains on its own data-path
+    info = MetricRecord({"partition-id": pid, "num-examples": int(len(world.parts[pid])), "own-data": own})
     return Message(RecordDict({"info": info}), reply_to=msg)
 
 

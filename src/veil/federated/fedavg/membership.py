@@ -29,6 +29,7 @@ class Membership:
         self.grid, self.clients, self.config, self.query_timeout = grid, clients, config, query_timeout
         self.node_of: dict[int, int] = {}  # partition id -> node id
         self.sizes: dict[int, int] = {}  # partition id -> its number of training samples
+        self.own_data: set[int] = set()  # partition ids that train on their own data-path
         self.dead: set[int] = set()
         self.events: list[dict[str, Any]] = []
 
@@ -67,6 +68,8 @@ class Membership:
             if before is not None and (before != node or node in self.dead):
                 self.events.append({"event": "client_rejoin", "round": rnd, "client": pid, "node": node})
             self.node_of[pid], self.sizes[pid] = node, int(m.content["info"]["num-examples"])
+            if int(m.content["info"].get("own-data", 0)):
+                self.own_data.add(pid)
             self.dead.discard(node)
 
     def wait_for_all(self, timeout: float) -> None:

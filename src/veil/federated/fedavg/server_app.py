@@ -213,6 +213,11 @@ def _rounds(grid: Grid, spec: Spec, run_dir: Path, oracle: bool, progress: bool,
     shared = {"spec": spec.text(), "schema": Schema.of(state.world.data).text()}
     members = Membership(grid, spec.fed.clients, shared, min(spec.fed.timeout, 20.0))
     members.wait_for_all(spec.fed.timeout)
+    if oracle and spec.fed.audit and members.own_data:
+        raise VeilError(
+            f"oracle=true scores reconstructions against the run's data set, but silo(s) "
+            f"{', '.join(map(str, sorted(members.own_data)))} train on their own data-path; set oracle=false"
+        )
     auditor = make_auditor(spec, state, oracle, members.sizes)
     if auditor is not None and not oracle:
         auditor.evidence = run_dir / "reconstructions"
