@@ -113,6 +113,10 @@ class _PresenceTest(Attack):
     options_type = PresenceTestOptions
     options: PresenceTestOptions
 
+    def budget(self) -> dict[str, int]:
+        """{}: closed form (one test per vocabulary row); the input fixes its work."""
+        return {}
+
     def _test(self, rows: Tensor, obs: Observation, know: Knowledge, rounds: int) -> Reconstruction:
         alpha = 1.0 / rows.shape[0] if self.options.alpha is None else self.options.alpha
         if self.options.source == "head" and not know.defense.get("head_noise"):
@@ -243,6 +247,10 @@ class SpanUnfrozen(Attack):
     options: SpanUnfrozenOptions
     knows = "the defense's frozen set and noised channels (Knowledge.defense); the gradients still exported in the first blocks"
     modality = "text"
+
+    def budget(self) -> dict[str, int]:
+        """{}: closed form (rank tests on the unfrozen blocks' gradients); the input fixes its work."""
+        return {}
 
     def _targets(self, model: VeilModel, blocks: int) -> dict[str, nn.Module]:
         out: dict[str, nn.Module] = {}

@@ -199,6 +199,9 @@ class AprilMJP(April):
             "dal_removed": bool(dal),
             "scale": scale,
             "iterations": 0,
+            "evaluations": 0,
+            "work": {"iterations": 0},
+            "budget_stopped": False,
         }
         batch = int(know.batch_size or 1)
         if self.options.iterations > 0 and batch == 1:
@@ -208,9 +211,16 @@ class AprilMJP(April):
                 solver = "lm" if X.numel() <= self.options.lm_max else "lbfgs"
             stats["solver"] = solver
             if solver == "lbfgs":
-                X, stats["match_loss"], stats["iterations"] = self._lbfgs(prob, self._start(X, masked, 0))
+                X, stats["match_loss"], stats["iterations"], stats["evaluations"] = self._lbfgs(
+                    prob, self._start(X, masked, 0)
+                )
+                stats["budget_stopped"] = stats["iterations"] >= self.options.iterations
             else:
-                X, stats["match_loss"], stats["iterations"], stats["restarts"] = self._lm(prob, X)
+                X, stats["match_loss"], stats["iterations"], stats["evaluations"], stats["restarts"], capped = self._lm(
+                    prob, X
+                )
+                stats["budget_stopped"] = capped
+            stats["work"] = {"iterations": stats["iterations"]}
         if place_how == "solver":
             X = X[place(X.view(-1, chans, p, p), masked, tuple(model.grid_shape))]
         img = unpatchify(X.unsqueeze(0), p, chans, size).float()
@@ -241,24 +251,33 @@ class AprilMJP(April):
         x[masked] += 0.05 * torch.randn(int(masked.sum()), x.shape[1], generator=gen, dtype=x.dtype)
         return x
 
-    def _lm(self, prob: Problem, X: Tensor) -> tuple[Tensor, float, int, int]:
+    def budget(self) -> dict[str, int]:
+        """Residual-solve iterations: Levenberg-Marquardt iterations over the restarts (L-BFGS, one
+        start, stays within them); 0 iterations leaves the closed form, whose work the input fixes."""
+        return {"iterations": self.options.iterations * max(1, self.options.restarts)}
+
+    def _lm(self, prob: Problem, X: Tensor) -> tuple[Tensor, float, int, int, int, bool]:
         """Step 4 for small inputs: Levenberg-Marquardt on every slot patch; restarts (new start
-        noise) while the cost stays above the rounding floor: a trained model has local minima."""
+        noise) while the cost stays above the rounding floor: a trained model has local minima.
+        Returns (X, cost, LM iterations, residual evaluations, restarts run, whether the budget
+        stopped it: a restart ran its iterations out, or every restart ran without reaching the floor)."""
         best: tuple[Tensor, float] | None = None
-        evals = 0
+        evals, iters, capped = 0, 0, False
         for r in range(max(1, self.options.restarts)):
             x0 = self._start(X, prob.masked, r)
-            x, cost, n = levenberg_marquardt(
+            x, cost, n, k = levenberg_marquardt(
                 lambda flat: prob.residual(flat.view(-1, *X.shape)), x0.flatten(), self.options.iterations
             )
-            evals += n
+            evals, iters, capped = evals + n, iters + k, capped or k >= self.options.iterations
             if best is None or cost < best[1]:
                 best = (x.view_as(X), cost)
             if cost < LM_FLOOR:
                 break
-        return best[0], best[1], evals, r + 1
+        else:
+            capped = True  # the restarts ran out above the floor
+        return best[0], best[1], iters, evals, r + 1, capped
 
-    def _lbfgs(self, prob: Problem, X0: Tensor) -> tuple[Tensor, float, int]:
+    def _lbfgs(self, prob: Problem, X0: Tensor) -> tuple[Tensor, float, int, int]:
         """Step 4 for large inputs: L-BFGS on ||r||^2 over the unknowns step 3b leaves (all of X when P <= m)."""
         keep, masked = ~prob.masked, prob.masked
         V = masked_span(prob.G[keep], prob.dW, int(masked.sum()))
@@ -301,7 +320,8 @@ class AprilMJP(April):
 
         lbfgs.step(closure)
         X = build().detach()
-        return X, float(prob.residual(X[None]).pow(2).sum()), evals
+        its_done = int(lbfgs.state[a].get("n_iter", 0))
+        return X, float(prob.residual(X[None]).pow(2).sum()), its_done, evals
 
 
 def masked_span(G_U: Tensor, dW: Tensor, m: int) -> Tensor | None:
@@ -327,17 +347,19 @@ def levenberg_marquardt(
     chunk: int = 128,
     h: float = 1e-7,
     floor: float = LM_FLOOR,
-) -> tuple[Tensor, float, int]:
+) -> tuple[Tensor, float, int, int]:
     """min ||r(x)||^2 by Levenberg-Marquardt (Marquardt's diagonal scaling); the Jacobian by forward
     differences, all n perturbed points in batched calls of `residual` ((B, n) -> (B, R)). Stops
     when no step lowers the cost, or when an iteration gains < 1% with the cost under `floor`.
-    Returns x, the final cost and the number of points evaluated."""
+    Returns x, the final cost, the number of points evaluated and of iterations run."""
     x = x0.clone()
     n = x.numel()
     r = residual(x[None])[0]
     cost, lam, evals = float(r @ r), 1e-3, 1
     eye = torch.eye(n, dtype=x.dtype)
+    done = 0
     for _ in range(iterations):
+        done += 1
         J = torch.cat([(residual(x + h * eye[i : i + chunk]) - r) / h for i in range(0, n, chunk)]).t()  # (R, n)
         evals += n
         A, g = J.t() @ J, J.t() @ r
@@ -355,7 +377,7 @@ def levenberg_marquardt(
             break  # no step lowers the cost: converged to rounding
         if cost < 1e-30 or (before - cost < 1e-2 * before and cost < floor):
             break  # at the rounding floor of the float32 update
-    return x, cost, evals
+    return x, cost, evals, done
 
 
 def structured_solve(G: Tensor, masked: Tensor, S: Tensor, dW: Tensor, rcond: float = 1e-7) -> Tensor:

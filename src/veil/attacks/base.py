@@ -5,7 +5,9 @@ receives the private batch; metrics compare against it afterwards, outside the a
 
 from __future__ import annotations
 
+import contextlib
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
@@ -96,7 +98,33 @@ class Reconstruction:
     token_ids: list[list[int]] | None = None  # text sequences (without padding)
     token_set: set[int] | None = None  # presence attacks: the bag of tokens
     labels: Tensor | None = None
-    stats: dict[str, Any] = field(default_factory=dict)  # seconds, iterations, loss, ...
+    #: seconds, iterations, loss, ...; and the budget's account (`Attack.reconstruct`): ``work``
+    #: (unit -> count done), ``budget`` (unit -> count allowed), ``budget_used``, ``budget_stopped``
+    stats: dict[str, Any] = field(default_factory=dict)
+
+
+_PROGRESS = {"on": False}
+
+
+@contextlib.contextmanager
+def attack_progress(on: bool = True) -> Iterator[None]:
+    """Within this block attacks show a progress bar over their counted work (IG, TAG, ...): the
+    caller turns it on where a terminal watches (`veil attack`, a sequential audit without
+    --quiet); off by default, so workers and library calls print nothing."""
+    was = _PROGRESS["on"]
+    _PROGRESS["on"] = bool(on)
+    try:
+        yield
+    finally:
+        _PROGRESS["on"] = was
+
+
+def work_bar(total: int, desc: str) -> Any:
+    """A tqdm bar over `total` units of an attack's counted work (`leave=False`), disabled unless
+    `attack_progress` is on."""
+    from tqdm.auto import tqdm
+
+    return tqdm(total=total, desc=desc, unit="it", leave=False, disable=not _PROGRESS["on"])
 
 
 class Attack:
@@ -105,6 +133,12 @@ class Attack:
     An attack declares its settings in `options_type` (a frozen dataclass, `veil.attacks.options`);
     `Attack(**settings)` checks them (unknown key or wrong type: one `VeilError` line) and keeps the
     resolved values in `self.options` and the keys as given in `self.settings`.
+
+    Bounded work: `budget()` declares, in counted units (iterations, sentences scored, training
+    steps), how much work the options allow; `{}` for a closed-form attack whose work the input
+    fixes. `_reconstruct` reports what it did in the same units (``stats["work"]``) and whether the
+    budget stopped it (``stats["budget_stopped"]``); `reconstruct` adds ``budget_used``, the largest
+    work / budget over the units (1.0: the whole budget spent).
     """
 
     name: str = "attack"
@@ -125,6 +159,11 @@ class Attack:
         """The declared options (name, type, default, help): what `veil list --details` shows."""
         return describe(cls.options_type)
 
+    def budget(self) -> dict[str, int] | None:
+        """Unit -> amount of counted work the options allow; `{}` when the input fixes the work
+        (closed form); None (the base) when the attack declares none, which the tests refuse."""
+        return None
+
     def applies_to(self, model: VeilModel) -> str | None:
         """None if the attack applies to `model`, else the reason it is skipped."""
         if self.modality != "any" and model.modality != self.modality:
@@ -138,10 +177,24 @@ class Attack:
         t0 = time.perf_counter()
         rec = self._reconstruct(obs, know)
         rec.stats.setdefault("seconds", time.perf_counter() - t0)
+        account(rec.stats, self.budget())
         return rec
 
     def _reconstruct(self, obs: Observation, know: Knowledge) -> Reconstruction:
         raise NotImplementedError
+
+
+def account(stats: dict[str, Any], budget: dict[str, int] | None) -> None:
+    """Fill the budget's account in an attack's `stats`: ``budget``, ``work`` (what the attack
+    reported, `{}` if nothing), ``budget_used`` = max over the budget's units of work / budget (0.0
+    for a closed-form attack) and ``budget_stopped`` (False unless the attack said so)."""
+    if budget is None:
+        return
+    work = {str(k): int(v) for k, v in dict(stats.get("work") or {}).items()}
+    stats["work"] = work
+    stats["budget"] = dict(budget)
+    stats["budget_used"] = max((work.get(u, 0) / b for u, b in budget.items() if b > 0), default=0.0)
+    stats["budget_stopped"] = bool(stats.get("budget_stopped", False))
 
 
 def observe(model: VeilModel, batch: dict[str, Tensor], defenses: list | None = None, step: int = 0) -> Observation:

@@ -103,6 +103,14 @@ class _FeatureAttack(Attack):
     def applies_to(self, model: Any) -> str | None:
         return None if model is None else super().applies_to(model)
 
+    def budget(self) -> dict[str, int]:
+        """Training steps of the attacker's networks (the work is the same for any input)."""
+        return {"steps": int(getattr(self.options, "steps", 0))}
+
+    def spent(self) -> dict[str, Any]:
+        """The account of a run that trained for all its steps."""
+        return {"work": {"steps": int(getattr(self.options, "steps", 0))}, "budget_stopped": True}
+
 
 def _batches(n: int, bs: int, g: torch.Generator) -> Tensor:
     return torch.randint(0, n, (bs,), generator=g)
@@ -147,7 +155,7 @@ class FeatureInversion(_FeatureAttack):
             loss.backward()
             opt.step()
         with torch.no_grad():
-            return Reconstruction(images=dec(f), stats={"train_mse": float(loss)})
+            return Reconstruction(images=dec(f), stats={"train_mse": float(loss), **self.spent()})
 
 
 @torch.no_grad()
@@ -212,7 +220,9 @@ class FeatureHijack(_FeatureAttack):
             g_loss.backward()
             opt_g.step()
         with torch.no_grad():
-            return Reconstruction(images=dec(f), stats={"d_loss": float(d_loss), "g_loss": float(g_loss)})
+            return Reconstruction(
+                images=dec(f), stats={"d_loss": float(d_loss), "g_loss": float(g_loss), **self.spent()}
+            )
 
 
 ATTACKS.register(

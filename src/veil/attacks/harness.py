@@ -213,6 +213,9 @@ def score(rec: Reconstruction, ref: dict[str, Tensor], data: Any) -> dict[str, f
     out["seconds"] = float(rec.stats.get("seconds", 0.0))
     if "iterations_per_second" in rec.stats:
         out["iterations_per_second"] = float(rec.stats["iterations_per_second"])
+    if rec.stats.get("budget"):  # a budgeted attack (closed-form ones declare {}: their input fixes the work)
+        out["budget_used"] = float(rec.stats["budget_used"])
+        out["budget_stopped"] = float(bool(rec.stats["budget_stopped"]))
     return out
 
 
@@ -240,6 +243,20 @@ def special_ids(data: Any) -> list[int]:
     return list(data.meta.get("special_ids", [])) if data is not None else []
 
 
+#: metrics rolled up over a cell's samples by another rule than the mean: the budget stopped any of
+#: them (1.0 / 0.0); the most of its budget one sample spent (beside the mean `budget_used`)
+_ANY, _MAX = ("budget_stopped",), {"budget_used_max": "budget_used"}
+
+
 def mean_metrics(rows: list[dict[str, float]]) -> dict[str, float]:
+    """The mean of each metric over the samples; ``budget_stopped`` is any over them, and
+    ``budget_used_max`` the largest ``budget_used``."""
     keys = sorted({k for r in rows for k in r})
-    return {k: sum(r[k] for r in rows if k in r) / sum(1 for r in rows if k in r) for k in keys}
+    out = {k: sum(r[k] for r in rows if k in r) / sum(1 for r in rows if k in r) for k in keys}
+    for k in _ANY:
+        if k in out:
+            out[k] = float(any(r.get(k, 0.0) for r in rows))
+    for k, src in _MAX.items():
+        if src in out:
+            out[k] = max(r[src] for r in rows if src in r)
+    return out

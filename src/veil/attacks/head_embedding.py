@@ -69,6 +69,10 @@ class HeadEmbedding(Attack):
     options: HeadEmbeddingOptions
     needs_pool = True  # veil's harness grants the test split's inputs, which hold the attacked batch
 
+    def budget(self) -> dict[str, int]:
+        """{}: closed form (one read of the head's gradient, one scan of the pool); the input fixes its work."""
+        return {}
+
     def _reconstruct(self, obs: Observation, know: Knowledge) -> Reconstruction:
         pool = (know.aux_data or {}).get("candidates") if isinstance(know.aux_data, dict) else None
         if pool is None:

@@ -42,7 +42,7 @@ from torch import Tensor
 from torch.autograd.function import FunctionCtx, once_differentiable
 
 from veil.attacks import ATTACKS
-from veil.attacks.base import Attack, Knowledge, Observation, Reconstruction
+from veil.attacks.base import Attack, Knowledge, Observation, Reconstruction, work_bar
 from veil.attacks.labels import recover_labels
 from veil.attacks.options import Options, option
 from veil.errors import VeilError
@@ -211,6 +211,7 @@ class _Inversion(Attack):
         model.eval()
         best: tuple[float, Tensor, Tensor | None] | None = None
         steps, t0 = 0, time.perf_counter()
+        self._bar = work_bar(self.options.iterations * self.options.restarts, self.name)
         try:
             for restart in range(self.options.restarts):
                 loss, x, y, n = self.run_once(model, target, shape, labels, gen, restart)
@@ -218,6 +219,7 @@ class _Inversion(Attack):
                 if best is None or loss < best[0]:
                     best = (loss, x, y)
         finally:
+            self._bar.close()
             model.train(was_training)
         elapsed = time.perf_counter() - t0
         assert best is not None
@@ -230,8 +232,15 @@ class _Inversion(Attack):
                 "restarts": self.options.restarts,
                 "iterations_per_second": steps / max(elapsed, 1e-9),
                 "matched": len(target.names),
+                "work": {"iterations": steps},
+                # every restart ran its iterations out (L-BFGS may converge before: then it did not)
+                "budget_stopped": steps >= self.options.iterations * self.options.restarts,
             },
         )
+
+    def budget(self) -> dict[str, int]:
+        """Optimiser iterations over all restarts."""
+        return {"iterations": self.options.iterations * self.options.restarts}
 
     def target_for(self, model: VeilModel, obs: Observation) -> GradientTarget:
         return GradientTarget(model, obs.grads)
@@ -281,6 +290,7 @@ class DLG(_Inversion):
 
         o = self.options
         n = _optimise(params, objective, o.optimizer, o.lr, o.iterations)
+        self._bar.update(n)
         with torch.enable_grad():
             final = float(objective().detach())
         rec_labels = labels if y is None else y.detach().argmax(-1)
@@ -288,7 +298,8 @@ class DLG(_Inversion):
 
 
 def _optimise(params: list[Tensor], objective: Callable[[], Tensor], kind: str, lr: float, iterations: int) -> int:
-    """Run `iterations` optimiser steps; returns how many gradient evaluations were made."""
+    """Run at most `iterations` optimiser steps; returns how many ran (L-BFGS may converge first;
+    its line search makes up to 5/4 evaluations per iteration, `max_eval`)."""
     evals = 0
     if kind == "lbfgs":
         # One call runs all the iterations: with max_iter=1 per call, torch's strong-Wolfe search
@@ -314,7 +325,7 @@ def _optimise(params: list[Tensor], objective: Callable[[], Tensor], kind: str, 
 
         if iterations > 0:
             opt.step(closure)
-        return evals
+        return int(opt.state[params[0]].get("n_iter", 0)) if evals else 0
     if kind != "adam":
         raise VeilError(f"dlg: optimizer must be 'lbfgs' or 'adam', got {kind!r}")
     opt = torch.optim.Adam(params, lr=lr)
@@ -386,6 +397,7 @@ class InvertingGradients(_Inversion):
             sched.step()
             with torch.no_grad():
                 x.clamp_(0.0, 1.0)
+            self._bar.update(1)
         final = float(target.distance(dist, target.dummy_grads(_forward_loss(model, x, labels, None))).detach())
         return final, x.detach(), labels, its
 

@@ -241,8 +241,14 @@ class MultiStepInvertingGradients(Attack):
                 "samples": local.samples,
                 "iterations_per_second": its / max(time.perf_counter() - t0, 1e-9),
                 "matched": len(names),
+                "work": {"iterations": its},  # every restart runs its iterations out
+                "budget_stopped": True,
             },
         )
+
+    def budget(self) -> dict[str, int]:
+        """Unrolled-training evaluations (Adam iterations) over all restarts."""
+        return {"iterations": self.options.iterations * self.options.restarts}
 
     def run_once(
         self,

@@ -76,6 +76,10 @@ class LabelRecovery(Attack):
     knows = "the last layer's gradient and the batch size; not the defense (naive)"
     modality = "any"
 
+    def budget(self) -> dict[str, int]:
+        """{}: closed form (signs of the head's gradient); the input fixes its work."""
+        return {}
+
     def applies_to(self, model: VeilModel) -> str | None:
         if model.task != "classification":
             return f"labels recovers class labels; {type(model).__name__} is a {model.task} model"

@@ -74,6 +74,10 @@ class MultiRound(Attack):
     def applies_to(self, model: VeilModel) -> str | None:
         return self.inner.applies_to(model)
 
+    def budget(self) -> dict[str, int] | None:
+        """The inner attack's budget: the wrapper adds no work of its own."""
+        return self.inner.budget()
+
     def _reconstruct(self, obs: Observation, know: Knowledge) -> Reconstruction:
         if obs.kind not in ("delta", "gradient"):
             raise VeilError(

@@ -93,6 +93,10 @@ class PresenceAttack(Attack):
     knows = "the token-embedding gradient and the public vocabulary; not the defense (naive)"
     modality = "text"
 
+    def budget(self) -> dict[str, int]:
+        """{}: closed form (one pass over the embedding rows); the input fixes its work."""
+        return {}
+
     def _reconstruct(self, obs: Observation, know: Knowledge) -> Reconstruction:
         rel_tol, abs_tol = self.options.rel_tol, self.options.abs_tol
         norms = embedding_row_norms(obs)

@@ -46,7 +46,7 @@ from torch import Tensor, nn
 from torch.func import functional_call, grad, vmap
 
 from veil.attacks import ATTACKS
-from veil.attacks.base import Attack, Knowledge, Observation, Reconstruction, set_seed
+from veil.attacks.base import Attack, Knowledge, Observation, Reconstruction, set_seed, work_bar
 from veil.attacks.options import Options, option
 from veil.attacks.presence import embedding_row_norms, present_tokens
 from veil.errors import VeilError
@@ -356,7 +356,9 @@ class TextOptimisation(Attack):
         history: list[float] = []
         state: dict[str, Any] = {"moves": 0}
         t0 = time.perf_counter()
+        bar = work_bar(iters, self.name)
         for it in range(iters):
+            bar.update(1)
             opt.zero_grad(set_to_none=True)
             loss = self._objective(s, self._embed(s, z), y)
             loss.backward()
@@ -367,6 +369,7 @@ class TextOptimisation(Attack):
                     new = self.discrete_step(s, self._embed(s, z), y.detach(), gen, state)
                     if new is not None:
                         z.copy_(new * math.sqrt(D) / s.mu)
+        bar.close()
         elapsed = time.perf_counter() - t0
         with torch.no_grad():
             idx, decoded = self.decode(s, self._embed(s, z), y.detach(), state)
@@ -385,8 +388,14 @@ class TextOptimisation(Attack):
                 "discrete_moves": state["moves"],
                 "labels_learnt": learn_y,
                 "matched_parameters": len(s.names),
+                "work": {"iterations": iters},  # the loop runs its iterations out
+                "budget_stopped": True,
             },
         )
+
+    def budget(self) -> dict[str, int]:
+        """Adam iterations on the dummy embeddings (LAMP's discrete steps ride on them)."""
+        return {"iterations": self.options.iterations}
 
     def _sequences(self, ids: Tensor, s: _Setup, know: Knowledge, model: VeilModel) -> list[list[int]]:
         """Pinned tokens back in place, cut after the first [SEP]; a causal LM's [SEP] appended."""
