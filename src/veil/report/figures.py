@@ -1,7 +1,17 @@
-"""Figures for reports: reconstruction grids, privacy-utility scatter (matplotlib, Agg)."""
+"""Figures for reports: reconstruction grids and the privacy-utility plot (matplotlib, Agg).
+
+Both are drawn to be read at a glance and checked by machine (tests/test_report_figures.py): no
+text leaves the canvas, no two texts overlap, and no text covers a plotted point. Hence the rules
+here: long labels are wrapped (`wrap`), the privacy-utility plot names defenses and attacks in
+legends beside the axes instead of annotations at the points, and images are drawn at a fixed
+physical size with nearest-neighbour upsampling, so an 8x8 digit is over 100 pixels wide.
+"""
 
 from __future__ import annotations
 
+import math
+import re
+import textwrap
 from pathlib import Path
 from typing import Any
 
@@ -10,46 +20,167 @@ import matplotlib
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
+from matplotlib.lines import Line2D  # noqa: E402
+from matplotlib.patches import Patch  # noqa: E402
+from matplotlib.ticker import FuncFormatter, MaxNLocator  # noqa: E402
+
+DPI = 100
+CELL_IN = 1.25  #: one image of a grid, inches (125 px at DPI: an 8x8 digit upsampled 15x)
+COLUMNS = 6  #: images per band of a grid; more wrap into another band (original row + rebuilt row)
+CAP_DB = 100.0  #: PSNR drawn at this height and above: an exact copy (inf included)
+MIN_ACC_SPAN = 0.05  #: the accuracy axis spans at least 5 points, never a fraction of one
+#: verdict colours, shared with the report's headline (veil.report.headline)
+COLOURS = {"leaks": "#c62828", "partly": "#ef8f00", "holds": "#2e7d32", "untested": "#757575"}
+MARKERS = "os^Dv<>pP*Xh"
+
+
+def wrap(text: str, width: int) -> str:
+    """`text` in lines of at most `width` characters, broken at spaces, then after the commas of a
+    long word (`ig(iterations=150,restarts=1) vs mjp(gamma=0.1)` keeps its options whole where it can),
+    then anywhere."""
+    lines: list[str] = []
+    for word in text.split():
+        parts = [p for p in re.split(r"(?<=,)", word) if p] if len(word) > width else [word]
+        for k, part in enumerate(parts):
+            glue = "" if k else " "
+            if lines and len(lines[-1]) + len(glue) + len(part) <= width:
+                lines[-1] += glue + part
+            else:
+                lines += textwrap.wrap(part, width, break_long_words=True) or [part]
+    return "\n".join(lines)
 
 
 def _save(fig: plt.Figure, path: Path) -> Path:
-    fig.tight_layout()
     path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=90)
+    fig.savefig(path, dpi=DPI)
     plt.close(fig)
     return path
 
 
-def image_grid(original: Any, reconstruction: Any, path: Path, title: str = "") -> Path:
-    """Originals (top row) above reconstructions (bottom row)."""
-    o, r = np.asarray(original), np.asarray(reconstruction)
-    n = max(len(o), 1)
-    fig, axes = plt.subplots(2, n, figsize=(1.6 * n + 0.6, 3.4), squeeze=False)
-    for i in range(n):
-        for row, imgs in enumerate((o, r)):
-            ax = axes[row][i]
-            ax.axis("off")
-            if i < len(imgs):
-                img = np.transpose(imgs[i], (1, 2, 0))
-                ax.imshow(img.squeeze(-1) if img.shape[-1] == 1 else img, cmap="gray", vmin=0, vmax=1)
-    axes[0][0].set_title("original", fontsize=8, loc="left")
-    axes[1][0].set_title("rebuilt", fontsize=8, loc="left")
+def _hwc(img: Any) -> np.ndarray:
+    """One image (C, H, W) or (H, W) as what imshow takes: (H, W) grey or (H, W, 3), in [0, 1]."""
+    a = np.clip(np.nan_to_num(np.asarray(img, dtype=np.float32)), 0.0, 1.0)
+    if a.ndim == 3:
+        a = np.transpose(a, (1, 2, 0))
+        a = a[..., 0] if a.shape[-1] == 1 else a
+    return a
+
+
+def reconstruction_grid(columns: list[tuple[str, Any, Any]], path: Path, title: str = "") -> Path:
+    """Several samples side by side: each column one (label, original, reconstruction), the
+    original above its reconstruction; bands of `COLUMNS` columns, one under another."""
+    cols = columns or [("", np.zeros((1, 8, 8)), np.zeros((1, 8, 8)))]
+    n = len(cols)
+    per = min(n, COLUMNS)
+    bands = math.ceil(n / per)
+    lines = max((label.count("\n") + 1 if label else 0) for label, _, _ in cols)
+    head_in = 0.16 * lines + 0.08  # room for a column's label above its original
+    title = wrap(title, int(12 * (per * CELL_IN + 0.9))) if title else ""
+    title_in = 0.22 * (title.count("\n") + 1) + 0.12 if title else 0.1
+    left_in, gap_in = 0.75, 0.12
+    band_in = head_in + 2 * CELL_IN + gap_in + 0.15
+    width = left_in + per * (CELL_IN + gap_in) + 0.1
+    height = title_in + bands * band_in
+    fig = plt.figure(figsize=(width, height), dpi=DPI)
     if title:
-        fig.suptitle(title, fontsize=9)
+        fig.text(0.5, 1 - 0.1 / height, title, ha="center", va="top", fontsize=9)
+    for i, (label, orig, rec) in enumerate(cols):
+        band, col = divmod(i, per)
+        x = (left_in + col * (CELL_IN + gap_in)) / width
+        top = height - title_in - band * band_in - head_in
+        for row, img in enumerate((orig, rec)):
+            y = (top - (row + 1) * CELL_IN - row * gap_in) / height
+            ax = fig.add_axes((x, y, CELL_IN / width, CELL_IN / height))
+            ax.imshow(_hwc(img), cmap="gray", vmin=0, vmax=1, interpolation="nearest")
+            ax.set_xticks([])
+            ax.set_yticks([])
+            if col == 0:
+                ax.set_ylabel("original" if row == 0 else "rebuilt", fontsize=8)
+            if row == 0 and label:
+                ax.set_title(label, fontsize=7, pad=3)
     return _save(fig, path)
 
 
-def privacy_utility(points: list[tuple[str, str, float, float]], ylabel: str, path: Path, title: str) -> Path:
-    """x = accuracy, y = worst-case leakage: one point per defense, labelled with the attack that won there."""
-    defenses = sorted({d for d, _, _, _ in points})
+def image_grid(original: Any, reconstruction: Any, path: Path, title: str = "") -> Path:
+    """Originals (top row) above reconstructions (bottom row), one column per image."""
+    o, r = np.asarray(original), np.asarray(reconstruction)
+    return reconstruction_grid([(f"#{i}", o[i], r[i]) for i in range(min(len(o), len(r)))], path, title)
+
+
+def _accuracy_limits(xs: list[float]) -> tuple[float, float]:
+    lo, hi = min(xs), max(xs)
+    span = max(hi - lo, MIN_ACC_SPAN)
+    mid = (lo + hi) / 2
+    lo, hi = mid - 0.6 * span, mid + 0.6 * span
+    if lo < 0:
+        lo, hi = 0.0, hi - lo
+    if hi > 1:
+        lo, hi = max(0.0, lo - (hi - 1)), 1.0
+    return lo, hi
+
+
+def privacy_utility(
+    points: list[tuple[str, str, float, float, bool]],
+    path: Path,
+    title: str,
+    image: bool,
+    bands: tuple[float, float],
+) -> Path:
+    """One task's privacy-utility plot: every (defense, attack, accuracy, leakage, is_worst_case).
+
+    x = test accuracy of the defense, y = what the attack rebuilt (images: PSNR in dB of the best
+    region, drawn at `CAP_DB` from there up; text: words + words in place, 0-2). Colour names the
+    defense, the marker the attack (legends beside the axes, labels wrapped); the worst case per
+    defense is filled, the other attacks hollow. Points of equal value coincide by design: markers
+    shrink with the defense's rank so each stays visible. `bands` = (partly, leaks) thresholds,
+    shaded in the headline's verdict colours."""
+    defenses = list(dict.fromkeys(d for d, *_ in points))
+    attacks = list(dict.fromkeys(a for _, a, *_ in points))
     colour = {d: f"C{i % 10}" for i, d in enumerate(defenses)}
-    fig, ax = plt.subplots(figsize=(5.6, 3.6))
-    for d, a, x, y in points:
-        ax.scatter([x], [y], color=colour[d])
-        ax.annotate(f"{d}\n({a})", (x, y), fontsize=7, xytext=(3, 3), textcoords="offset points")
-    ax.margins(x=0.35, y=0.15)  # room for the labels
-    ax.set_xlabel("test accuracy (higher: more utility)", fontsize=7)
-    ax.set_ylabel(f"{ylabel} (higher: more leakage)", fontsize=7)
-    ax.tick_params(labelsize=7)
-    ax.set_title(title, fontsize=9)
+    marker = {a: MARKERS[i % len(MARKERS)] for i, a in enumerate(attacks)}
+    size = {d: max(150.0 - 35.0 * i, 30.0) for i, d in enumerate(defenses)}
+    fig, ax = plt.subplots(figsize=(9.6, 4.6), dpi=DPI, layout="constrained")
+    ys = [min(y, CAP_DB) if image else y for *_, y, _ in points]
+    top = (max(max(ys, default=0.0), bands[1] + 5.0) + 8.0) if image else 2.1
+    lo_y = 0.0
+    ax.axhspan(lo_y, bands[0], color=COLOURS["holds"], alpha=0.07, lw=0)
+    ax.axhspan(bands[0], bands[1], color=COLOURS["partly"], alpha=0.09, lw=0)
+    ax.axhspan(bands[1], top, color=COLOURS["leaks"], alpha=0.07, lw=0)
+    for d, a, x, y, worst in points:
+        c = colour[d]
+        ax.scatter(
+            [x],
+            [min(y, CAP_DB) if image else y],
+            s=size[d],
+            marker=marker[a],
+            facecolors=c if worst else "none",
+            edgecolors=c,
+            linewidths=1.6,
+            zorder=3 if worst else 2,
+        )
+    ax.set_xlim(*_accuracy_limits([x for _, _, x, _, _ in points] or [0.5]))
+    ax.set_ylim(lo_y, top)
+    ax.xaxis.set_major_locator(MaxNLocator(6))
+    ax.yaxis.set_major_locator(MaxNLocator(6))
+    if image and any(y >= CAP_DB for *_, y, _ in points):
+        ax.yaxis.set_major_formatter(FuncFormatter(lambda v, _: "≥100" if v >= CAP_DB else f"{v:g}"))
+        ax.set_yticks([t for t in ax.get_yticks() if lo_y <= t < CAP_DB - 10] + [CAP_DB])
+    ax.set_xlabel("test accuracy of the defended model (right: more utility)", fontsize=8)
+    ax.set_ylabel(
+        "PSNR of the rebuilt image, dB\n(up: more leakage; ≥100 = exact copy)"
+        if image
+        else "words + words in place, 0-2\n(up: more leakage)",
+        fontsize=8,
+    )
+    ax.tick_params(labelsize=8)
+    ax.grid(alpha=0.25)
+    ax.set_title(wrap(title, 70), fontsize=9)
+    blank = Line2D([], [], ls="", marker="")
+    handles = [blank] + [Line2D([], [], ls="", marker="o", color=colour[d]) for d in defenses]
+    labels = ["defense"] + [wrap(d, 26) for d in defenses]
+    handles += [blank] + [Line2D([], [], ls="", marker=marker[a], color="#444", mfc="none") for a in attacks]
+    labels += ["attack (filled: worst case)"] + [wrap(a, 26) for a in attacks]
+    handles += [blank] + [Patch(color=COLOURS[v], alpha=0.3) for v in ("leaks", "partly", "holds")]
+    labels += ["verdict band", "leaks", "partly", "holds"]
+    fig.legend(handles, labels, loc="outside right upper", fontsize=7, ncols=1 if len(labels) <= 20 else 2)
     return _save(fig, path)

@@ -8,8 +8,6 @@ example}); a protocol's own blocks come from the protocol registered under its n
 
 from __future__ import annotations
 
-import base64
-import html
 import json
 from pathlib import Path
 from typing import Any
@@ -17,9 +15,11 @@ from typing import Any
 import yaml
 
 from veil.io import atomic_write_text
-from veil.metrics.leakage import describe, fmt, leak_text
+from veil.metrics.leakage import cell_leakage, describe, fmt, leak_text
 from veil.registry import PROTOCOLS
-from veil.report.figures import image_grid, privacy_utility
+from veil.report.figures import CAP_DB, privacy_utility, reconstruction_grid, wrap
+from veil.report.headline import IMAGE_BANDS, TEXT_BANDS, glance_blocks
+from veil.report.markup import to_html, to_markdown
 
 Block = tuple  # ("h2", text) | ("p", text) | ("table", header, rows) | ("img", path, caption) | ("tokens", rows)
 
@@ -121,39 +121,69 @@ def task_blocks(name: str, t: dict[str, Any], out: Path, examples: list[dict[str
             )
     for a, why in t["skipped"].items():
         blocks.append(("p", f"Skipped `{a}`: {why}"))
-    points = [
-        (d, wc["attack"], t["utility"][d]["test_accuracy_mean"], min(float(wc["score"]), 100.0))
-        for d, wc in t.get("worst_case", {}).items()
-        if wc.get("attack") and d in t["utility"]
-    ]
+    blocks += figure_blocks(name, t, out, examples)
+    for record in examples or []:
+        d, a, ex = record["defense"], record["attack"], record["example"]
+        if "references" in ex:
+            rows = [(" ".join(r), aligned(r, h)) for r, h in zip(ex["references"], ex["reconstructions"])]
+            blocks.append(("tokens", f"{a} against defense {d}", rows))
+    return blocks
+
+
+def figure_blocks(name: str, t: dict[str, Any], out: Path, examples: list[dict[str, Any]] | None) -> list[Block]:
+    """The task's privacy-utility figure (every attack that rebuilt input, at each defense's accuracy)
+    and one grid of what the image attacks rebuilt (one column per cell, originals above)."""
+    blocks: list[Block] = []
+    worst = {d: (wc or {}).get("attack") for d, wc in t.get("worst_case", {}).items()}
+    points, labels_only = [], []
+    for d, att in t["leakage"].items():
+        for a, m in att.items():
+            cl = cell_leakage(m)
+            if cl is None or d not in t["utility"]:
+                continue
+            if cl["tier"] == 0:
+                labels_only.append(f"{a} vs {d} {fmt(float(cl['value']))}")
+                continue
+            points.append((d, a, float(t["utility"][d]["test_accuracy_mean"]), float(cl["score"]), worst.get(d) == a))
     if points:
-        image = any(t["worst_case"][d]["metric"].startswith("psnr") for d, *_ in points)
-        ylabel = "worst-case PSNR, dB (capped at 100: an exact copy)" if image else "worst-case words + in place (0-2)"
+        image = any(m.startswith("psnr") for metrics in t["leakage"].values() for c in metrics.values() for m in c)
         path = privacy_utility(
-            points, ylabel, out / "figures" / f"{slug(name)}_privacy_utility.png", f"{name}: privacy vs utility"
+            points,
+            out / "figures" / f"{slug(name)}_privacy_utility.png",
+            f"{name}: privacy vs utility, every attack at each defense",
+            image,
+            IMAGE_BANDS if image else TEXT_BANDS,
         )
+        capped = [f"{a} vs {d}" for d, a, _, y, _ in points if image and y >= CAP_DB]
+        caption = (
+            "Privacy-utility: one point per defense x attack (colour: defense, marker: attack; filled: the worst case); "
+            "up is more leakage, right is more accuracy; shaded bands: the verdicts of the headline."
+        )
+        if capped:
+            caption += f" Drawn at 100 dB (an exact copy; inf included): {', '.join(capped)}."
+        if labels_only:
+            caption += f" Labels only, not on the axis (label accuracy): {', '.join(labels_only)}."
+        blocks.append(("img", path, caption))
+    columns = []
+    for record in examples or []:
+        d, a, ex = record["defense"], record["attack"], record["example"]
+        if "original" in ex:
+            n = min(len(ex["original"]), len(ex["reconstruction"]), 4)
+            for i in range(n):
+                label = wrap(a, 18) + "\n" + wrap(f"vs {d}", 18) + (f" #{i}" if n > 1 else "")
+                columns.append((label, ex["original"][i], ex["reconstruction"][i]))
+    if examples:
+        blocks.append(("h3", "What the server rebuilt"))
+    if columns:
+        path = reconstruction_grid(columns[:24], out / "figures" / f"{slug(name)}_reconstructions.png")
         blocks.append(
             (
                 "img",
                 path,
-                "Privacy-utility: each point is a defense at its worst case (the strongest attack, named); "
-                "up is more leakage, right is more accuracy.",
+                "Originals (top row of each band) above what each attack rebuilt against each defense "
+                "(first attacked sample of the first seed; pixels upsampled, nearest neighbour).",
             )
         )
-    blocks.append(("h3", "What the server rebuilt"))
-    for record in examples or []:
-        d, a, ex = record["defense"], record["attack"], record["example"]
-        if "original" in ex:
-            path = image_grid(
-                ex["original"],
-                ex["reconstruction"],
-                out / "figures" / f"{slug(name)}_{slug(d)}_{slug(a)}.png",
-                f"{a} vs {d}",
-            )
-            blocks.append(("img", path, f"{a} against defense {d}: originals (top), reconstructions (bottom)."))
-        elif "references" in ex:
-            rows = [(" ".join(r), aligned(r, h)) for r, h in zip(ex["references"], ex["reconstructions"])]
-            blocks.append(("tokens", f"{a} against defense {d}", rows))
     return blocks
 
 
@@ -186,10 +216,8 @@ def worst_case_blocks(t: dict[str, Any]) -> list[Block]:
 
 def summary_blocks(summary: dict[str, Any], out: Path, examples: Examples | None = None) -> list[Block]:
     """The whole report's blocks: every task, the software versions, the scenario."""
-    blocks: list[Block] = [
-        ("h1", f"veil audit: {summary['scenario']}"),
-        ("p", f"Seeds: {summary['seeds']}. Numbers: summary.json (same keys as below)."),
-    ]
+    blocks: list[Block] = [("h1", f"veil audit: {summary['scenario']}"), *glance_blocks(summary)]
+    blocks.append(("p", f"Seeds: {summary['seeds']}. Numbers: summary.json (same keys as below)."))
     for name, t in summary["tasks"].items():
         blocks += task_blocks(name, t, out, (examples or {}).get(name))
     blocks.append(("h2", "Software"))
@@ -197,66 +225,6 @@ def summary_blocks(summary: dict[str, Any], out: Path, examples: Examples | None
     blocks.append(("h2", "Scenario"))
     blocks.append(("pre", yaml.safe_dump(summary["config"], sort_keys=False)))
     return blocks
-
-
-def to_markdown(blocks: list[Block], out: Path) -> str:
-    lines: list[str] = []
-    for b in blocks:
-        kind = b[0]
-        if kind in ("h1", "h2", "h3"):
-            lines += ["#" * int(kind[1]) + " " + b[1], ""]
-        elif kind == "p":
-            lines += [b[1], ""]
-        elif kind == "pre":
-            lines += ["```yaml", b[1].rstrip(), "```", ""]
-        elif kind == "table":
-            lines += ["| " + " | ".join(b[1]) + " |", "|" + "---|" * len(b[1])]
-            lines += ["| " + " | ".join(str(c) for c in row) + " |" for row in b[2]] + [""]
-        elif kind == "img":
-            lines += [f"![{b[2]}]({Path(b[1]).relative_to(out)})", "", f"*{b[2]}*", ""]
-        elif kind == "tokens":
-            lines += [f"**{b[1]}** (wrong tokens struck through)", ""]
-            for ref, toks in b[2]:
-                lines += [f"- true: {ref}", "  rebuilt: " + " ".join(t if ok else f"~~{t}~~" for t, ok in toks)]
-            lines.append("")
-    return "\n".join(lines)
-
-
-def to_html(blocks: list[Block]) -> str:
-    e = html.escape
-    parts = [
-        "<!doctype html><html><head><meta charset='utf-8'><title>veil audit</title><style>",
-        "body{font-family:system-ui,sans-serif;max-width:1100px;margin:2em auto;padding:0 1em;color:#222}",
-        "table{border-collapse:collapse;margin:.5em 0 1.2em}td,th{border:1px solid #ccc;padding:3px 8px;font-size:13px;text-align:right}",
-        "th{background:#f3f3f3}td:first-child,td:nth-child(2){text-align:left}.bad{color:#b00;text-decoration:line-through}",
-        "pre{background:#f6f6f6;padding:1em;font-size:12px}figure{margin:1em 0}figcaption{font-size:12px;color:#555}",
-        "</style></head><body>",
-    ]
-    for b in blocks:
-        kind = b[0]
-        if kind in ("h1", "h2", "h3"):
-            parts.append(f"<{kind}>{e(b[1]).replace('`', '')}</{kind}>")
-        elif kind == "p":
-            parts.append(f"<p>{e(b[1]).replace('`', '')}</p>")
-        elif kind == "pre":
-            parts.append(f"<pre>{e(b[1])}</pre>")
-        elif kind == "table":
-            head = "".join(f"<th>{e(h)}</th>" for h in b[1])
-            body = "".join("<tr>" + "".join(f"<td>{e(str(c))}</td>" for c in row) + "</tr>" for row in b[2])
-            parts.append(f"<table><tr>{head}</tr>{body}</table>")
-        elif kind == "img":
-            data = base64.b64encode(Path(b[1]).read_bytes()).decode()
-            parts.append(
-                f"<figure><img src='data:image/png;base64,{data}' alt='{e(b[2])}'><figcaption>{e(b[2])}</figcaption></figure>"
-            )
-        elif kind == "tokens":
-            parts.append(f"<p><b>{e(b[1])}</b> (wrong tokens in red)</p><ul>")
-            for ref, toks in b[2]:
-                rebuilt = " ".join(e(t) if ok else f"<span class='bad'>{e(t)}</span>" for t, ok in toks)
-                parts.append(f"<li>true: {e(ref)}<br>rebuilt: {rebuilt}</li>")
-            parts.append("</ul>")
-    parts.append("</body></html>")
-    return "\n".join(parts)
 
 
 def write_reports(summary: dict[str, Any], out: Path, examples: Examples | None = None) -> None:

@@ -1,0 +1,103 @@
+"""The report's first section, "At a glance": per task, per defense one line with its accuracy
+cost against `none` and its worst-case leakage (the strongest attack that ran, its figure, and a
+plain verdict, coloured in the HTML).
+
+The verdict reads the worst case the audit already chose (`veil.metrics.leakage.worst_case`):
+
+- images, by the PSNR (dB, pixels in [0, 1]) of the best-rebuilt region: `leaks` from
+  `IMAGE_BANDS[1]` up (the image is recognisable: RMS error about 0.1 of the pixel range or less),
+  `partly` from `IMAGE_BANDS[0]` (blurred or partial: strokes, unshuffled patches), `holds`
+  below (about what an image of the data's mean pixels scores);
+- text, by the worst case's score, the share of the client's words the server holds plus the share
+  rebuilt in place (0-2): `leaks` from `TEXT_BANDS[1]` up (most words known), `partly` from
+  `TEXT_BANDS[0]`, `holds` below;
+- labels only (no attack rebuilt any input): `partly`, the labels leak;
+- no attack measured anything: `holds` when the defense blocked the attacks, `untested` otherwise.
+
+`holds` is never "protected": it says these attacks, at these budgets and with this knowledge,
+failed; a stronger attacker (more iterations or restarts, a larger batch of guesses, knowledge of
+the defense, a malicious server) may not, and the line says so.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+from veil.metrics.leakage import fmt
+
+IMAGE_BANDS = (12.0, 20.0)  #: PSNR dB: (partly from, leaks from)
+TEXT_BANDS = (0.3, 0.8)  #: words + words in place: (partly from, leaks from)
+
+SAYS = {
+    "leaks": "the server rebuilds the client's data",
+    "partly": "part of the client's data comes back; a stronger attacker may get more",
+    "holds": "holds against the attacks run; a stronger or adaptive attacker may still get through",
+    "untested": "no attack measured leakage here: untested, not safe",
+}
+
+
+def verdict(wc: dict[str, Any] | None) -> str:
+    """leaks / partly / holds / untested for one worst-case entry (see the module doc)."""
+    if not wc or wc.get("attack") is None:
+        return "holds" if wc and wc.get("blocked") else "untested"
+    if wc["metric"] == "label_accuracy":
+        return "partly"
+    score = float(wc["score"])
+    lo, hi = IMAGE_BANDS if wc["metric"].startswith("psnr") else TEXT_BANDS
+    return "leaks" if score >= hi else "partly" if score >= lo else "holds"
+
+
+def reference(t: dict[str, Any]) -> str | None:
+    """The defense the accuracy cost is measured against: `none`, else the first one listed."""
+    return "none" if "none" in t["utility"] else next(iter(t["utility"]), None)
+
+
+def cost_text(t: dict[str, Any], d: str) -> str:
+    """Accuracy and its change against the reference, in points: `accuracy 0.915 (-1.2 pts vs none)`."""
+    acc = float(t["utility"][d]["test_accuracy_mean"])
+    ref = reference(t)
+    if d == ref:
+        return f"accuracy {acc:.3f} (the reference)"
+    delta = 100 * (acc - float(t["utility"][ref]["test_accuracy_mean"]))
+    return f"accuracy {acc:.3f} ({'±0.0' if abs(delta) < 0.05 else f'{delta:+.1f}'} pts vs {ref})"
+
+
+def leak_line(wc: dict[str, Any] | None) -> str:
+    """The worst case in a few words: `april`: psnr 119.1 dB (whole image)."""
+    if not wc or wc.get("attack") is None:
+        blocked = ", ".join((wc or {}).get("blocked") or {})
+        return f"every attack blocked ({blocked})" if blocked else "no attack measured leakage"
+    v = float(wc["value"])
+    if wc["metric"].startswith("psnr"):
+        region = f"{wc['region']}: an identical copy" if math.isinf(v) else wc["region"]
+        return f"`{wc['attack']}`: {wc['metric']} {fmt(v, 1)} dB ({region})"
+    if wc["metric"] == "label_accuracy":
+        return f"`{wc['attack']}`: label accuracy {fmt(v)} (labels only)"
+    in_place = wc["beside"].get("token_recovery")
+    extra = f", {fmt(float(in_place))} in place" if in_place is not None and wc["metric"] != "token_recovery" else ""
+    return f"`{wc['attack']}`: {wc['metric']} {fmt(v)} ({wc['region']}{extra})"
+
+
+def glance_blocks(summary: dict[str, Any]) -> list[tuple]:
+    """("h2", "At a glance"), a key to the verdicts, then per task ("glance", title, rows) with
+    rows = [defense, cost, leakage, verdict, what the verdict says]."""
+    blocks: list[tuple] = [
+        ("h2", "At a glance"),
+        (
+            "p",
+            "Per task and defense: the accuracy cost against `none` and the worst case, the attack that rebuilt the "
+            "most of a client's data. Verdicts: leaks (images from "
+            f"{IMAGE_BANDS[1]:g} dB PSNR, text from {TEXT_BANDS[1]:g} of words + words in place), partly (from "
+            f"{IMAGE_BANDS[0]:g} dB / {TEXT_BANDS[0]:g}, or labels only), holds (below: these attacks failed at these "
+            "budgets, which a stronger attacker may not).",
+        ),
+    ]
+    for name, t in summary["tasks"].items():
+        rows = []
+        for d in t["utility"]:
+            wc = t.get("worst_case", {}).get(d)
+            v = verdict(wc)
+            rows.append([d, cost_text(t, d), leak_line(wc), v, SAYS[v]])
+        blocks.append(("glance", f"`{name}` — {t['model']} on {t['data']}", rows))
+    return blocks
