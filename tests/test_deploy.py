@@ -6,6 +6,7 @@ SuperLink killed and restarted on its database, failed runs exiting non-zero, no
 from __future__ import annotations
 
 import json
+import re
 import statistics
 import time
 from pathlib import Path
@@ -135,7 +136,10 @@ def test_superlink_restart_resumes_to_identical_weights(tmp_path: Path, silos: l
         assert all(f"supernode{i}" in c.procs and c.procs[f"supernode{i}"].poll() is None for i in range(3))
     a, b = load_file(ref / "checkpoints" / "model.safetensors"), load_file(run / "checkpoints" / "model.safetensors")
     assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
-    print("nodes before", nodes_before[:300], "after", nodes_after[:300])
+    ids = lambda text: set(re.findall(r'"node[-_]id":\s*"?(\d+)', text))  # noqa: E731
+    assert len(ids(nodes_before)) == 3 and ids(nodes_after) >= ids(nodes_before), (nodes_before, nodes_after)
+    resumed = [e for e in events(run) if e["event"] == "round"]
+    assert [e["round"] for e in resumed] == [1, 2, 3, 4]  # rounds 1-2 before the restart, 3-4 after
     assert not c.alive()
 
 

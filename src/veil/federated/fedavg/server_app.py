@@ -37,9 +37,10 @@ from veil.attacks import Knowledge
 from veil.errors import VeilError
 from veil.federated.comm import message_bytes
 from veil.federated.fedavg import dp
-from veil.federated.fedavg.auditor import AuditedStrategy, Auditor, BatchOracle, LocalPlan
+from veil.federated.fedavg.auditor import Auditor, BatchOracle, LocalPlan
 from veil.federated.fedavg.membership import Membership
 from veil.federated.fedavg.silo import Schema
+from veil.federated.fedavg.strategy import AuditedStrategy
 from veil.federated.fedavg.task import Spec, client_world, load_arrays, load_spec, model_arrays, round_lr
 from veil.federated.grid import exchange, quick_pulls
 from veil.io import (
