@@ -24,6 +24,7 @@ from typing import Any
 import torch
 from tqdm.auto import tqdm
 
+from veil.attacks.base import attack_progress
 from veil.attacks.harness import private_batches
 from veil.build import build_data, build_defenses, build_model, build_run, load_run
 from veil.errors import VeilError
@@ -164,8 +165,9 @@ def _attack_all(cells: list[Cell], out: Path, progress: bool, pool: ProcessPoolE
         for f in as_completed([pool.submit(_attack_group, g, out) for g in groups.values()]):
             bar.update(f.result())
     else:
-        for g in groups.values():
-            bar.update(_attack_group(g, out))
+        with attack_progress(progress):  # an attack's bar over its work inside the cell (workers: none)
+            for g in groups.values():
+                bar.update(_attack_group(g, out))
     bar.close()
 
 

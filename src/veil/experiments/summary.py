@@ -12,18 +12,31 @@ summary["tasks"][task]:
   attacker_knows[attack]    what each attack uses (its `knows`: naive, or which part of the mechanism)
   worst_case[defense]       the verdict: the attack that rebuilt the most (veil.metrics.leakage),
                             keys attack, knows, metric, value, region, score, beside, ranking, blocked
+  budget[defense][attack]   a budgeted attack's account (`veil.attacks.base.Attack.budget`):
+                            budget_used (mean over samples and seeds; 1.0 = the whole budget),
+                            budget_used_max (the most one sample spent), budget_stopped (any)
+summary["over_budget"]      the cells whose budget_used_max exceeds OVER_BUDGET (`over_budget`)
+
+`python -m veil.experiments.summary AUDIT_DIR` prints every budgeted cell's account from its
+summary.json and exits 1 when a cell is over budget.
 """
 
 from __future__ import annotations
 
 import json
 import statistics
+import sys
 from pathlib import Path
 from typing import Any
 
 from veil.experiments.cells import cell_path, make_attack
 from veil.experiments.scenario import Scenario, label
 from veil.metrics.leakage import worst_case
+
+#: a cell whose attack did more than this many times its stated budget is over budget (issue 23:
+#: no cell may exceed its budget by more than 20 %)
+OVER_BUDGET = 1.2
+_BUDGET_KEYS = ("budget_used", "budget_used_max", "budget_stopped")
 
 
 def _mean_std(values: list[float]) -> tuple[float, float]:
@@ -56,6 +69,7 @@ def build_summary(
             "step_seconds": {},
             "attacker_knows": {},
             "worst_case": {},
+            "budget": {},
         }
         for d, runs in utility[task.name].items():
             u: dict[str, Any] = {}
@@ -84,10 +98,58 @@ def build_summary(
             by_cell.setdefault((label(c.defense), label(c.attack)), []).append(result["metrics"])
         for (d, a), rows in by_cell.items():
             keys = sorted(set().union(*rows))
-            t["leakage"].setdefault(d, {})[a] = {k: statistics.fmean(r[k] for r in rows if k in r) for k in keys}
+            t["leakage"].setdefault(d, {})[a] = m = {k: statistics.fmean(r[k] for r in rows if k in r) for k in keys}
+            for k in ("budget_used_max", "budget_stopped"):  # over seeds as over samples: the most, any
+                if k in m:
+                    m[k] = max(r[k] for r in rows if k in r)
+            if "budget_used" in m:
+                t["budget"].setdefault(d, {})[a] = {k: m[k] for k in _BUDGET_KEYS if k in m}
         for d in t["utility"]:
             t["worst_case"][d] = worst_case(t["leakage"].get(d, {}), t["attacker_knows"], t["blocked"].get(d))
         t["overhead"] = overhead[task.name]["ratio"]
         t["step_seconds"] = overhead[task.name]["seconds"]
         tasks[task.name] = t
-    return {"scenario": s.name, "seeds": s.seeds, "tasks": tasks, "versions": versions, "config": s.raw}
+    out = {"scenario": s.name, "seeds": s.seeds, "tasks": tasks, "versions": versions, "config": s.raw}
+    out["over_budget"] = over_budget(out)
+    return out
+
+
+def over_budget(summary: dict[str, Any], limit: float = OVER_BUDGET) -> list[str]:
+    """'task / defense / attack: budget_used X' for every cell whose attack spent more than `limit`
+    times its stated budget on some sample (none, when every attack keeps its budget)."""
+    return [
+        f"{task} / {d} / {a}: budget_used {acc.get('budget_used_max', acc['budget_used']):.3f}"
+        for task, t in summary.get("tasks", {}).items()
+        for d, row in (t.get("budget") or {}).items()
+        for a, acc in row.items()
+        if acc.get("budget_used_max", acc["budget_used"]) > limit
+    ]
+
+
+def budget_table(summary: dict[str, Any]) -> str:
+    """A markdown table of every budgeted cell's account (task, defense, attack, mean / max
+    budget_used, stopped by the budget), then one line naming the cells over budget, if any."""
+    lines = [
+        "| task | defense | attack | budget_used (mean) | budget_used (max) | stopped by the budget |",
+        "|---|---|---|---|---|---|",
+    ]
+    for task, t in summary.get("tasks", {}).items():
+        for d, row in (t.get("budget") or {}).items():
+            for a, acc in row.items():
+                mx = acc.get("budget_used_max", acc["budget_used"])
+                stop = "yes" if acc.get("budget_stopped") else "no"
+                lines.append(f"| {task} | {d} | {a} | {acc['budget_used']:.3f} | {mx:.3f} | {stop} |")
+    over = over_budget(summary)
+    lines.append(
+        f"over budget (> {OVER_BUDGET:g}x): " + "; ".join(over) if over else f"no cell over budget (> {OVER_BUDGET:g}x)"
+    )
+    return "\n".join(lines)
+
+
+if __name__ == "__main__":  # python -m veil.experiments.summary AUDIT_DIR
+    if len(sys.argv) != 2 or not (Path(sys.argv[1]) / "summary.json").is_file():
+        print("usage: python -m veil.experiments.summary AUDIT_DIR (a folder holding summary.json)", file=sys.stderr)
+        sys.exit(2)
+    found = json.loads((Path(sys.argv[1]) / "summary.json").read_text())
+    print(budget_table(found))
+    sys.exit(1 if over_budget(found) else 0)

@@ -67,6 +67,11 @@ class SpanAttack(Attack):
             return "span needs at least two attention layers to resolve positions"
         return reason
 
+    def budget(self) -> dict[str, int]:
+        """Candidate sentences scored (decoders: prefixes), all searches together; checked between
+        sweeps of a walker, so a search may pass it by one sweep."""
+        return {"sentences_scored": self.options.budget}
+
     def _reconstruct(self, obs: Observation, know: Knowledge) -> Reconstruction:
         model, o = obs.model, self.options
         tol1, tol2, rank_tol = o.tol1, o.tol2, o.rank_tol
@@ -90,7 +95,7 @@ class SpanAttack(Attack):
 
                 cands = candidates(span1)
                 specials = Specials.of(model, know)
-                found, budget = None, o.budget
+                found, budget, peeled = None, o.budget, 0
                 if model.task != "lm" and o.peel and know.batch_size:
                     found = peel_search(
                         obs,
@@ -108,7 +113,7 @@ class SpanAttack(Attack):
                     if found is not None and not found[1]["sentences_exact"] and left > 0:
                         # no sentence passed the exact [CLS] check (e.g. the client shuffled its tokens):
                         # the assignment search below still rebuilds what layer 2 supports, in the budget left
-                        budget, found = left, None
+                        budget, found, peeled = left, None, found[1]["sentences_scored"]
                 if found is not None:
                     seqs, info = found
                     info = {"search": "peel", **info}
@@ -122,6 +127,7 @@ class SpanAttack(Attack):
                         tol2=tol2,
                         seed=seed,
                         batch_size=know.batch_size,
+                        budget=budget,
                     )
                 else:
                     if o.layernorm_positions:
@@ -153,6 +159,8 @@ class SpanAttack(Attack):
             "candidates_per_position": [len(c) for c in cands if len(c)],
             **info,
         }
+        scored = peeled + int(info.get("sentences_scored", info.get("prefixes_tested", 0)))
+        stats.update(work={"sentences_scored": scored}, budget_stopped=scored >= o.budget)
         if not seqs:  # nothing passed: say so with empty sentences rather than an empty batch
             seqs = [[] for _ in range(know.batch_size or 1)]
         return Reconstruction(token_ids=seqs, token_set={int(v) for c in cands for v in c.tolist()}, stats=stats)

@@ -164,6 +164,10 @@ class SpanMJPAttack(Attack):
     def applies_to(self, model: VeilModel) -> str | None:
         return self._span().applies_to(model)
 
+    def budget(self) -> dict[str, int]:
+        """The span attack's (`SpanAttack.budget`): the n-gram reordering's work is fixed by `beam`."""
+        return self._span().budget()
+
     def _span(self) -> SpanAttack:
         own = {"corpus", "order", "discount", "beam", "zero_tol"}  # SpanMJPOptions' own (beam: the reordering's)
         return SpanAttack(**{k: v for k, v in self.settings.items() if k not in own})

@@ -219,6 +219,12 @@ class SpanRobustAttack(Attack):
             return "span-robust needs at least two attention layers to order tokens into sentences"
         return reason
 
+    def budget(self) -> dict[str, int]:
+        """{}: no open-ended search; the work is fixed by the input and the options (layer 1:
+        vocabulary x positions, refused above `max_pairs`; layer 2: `restarts` x `sweeps` over at
+        most a few length layouts, then `refine` rounds)."""
+        return {}
+
     def _reconstruct(self, obs: Observation, know: Knowledge) -> Reconstruction:
         model, o = obs.model, self.options
         B = int(know.batch_size) if know.batch_size else None

@@ -51,8 +51,10 @@ def decoder_search(
     seed: int,
     batch_size: int | None,
     beam: int | None = None,
+    budget: int = 500_000,
 ) -> tuple[list[list[int]], dict[str, Any]]:
-    """Greedy left-to-right extension of prefixes (see the module docstring)."""
+    """Greedy left-to-right extension of prefixes (see the module docstring); stops extending once
+    `budget` prefixes are scored (checked per position)."""
     T = last_position(cands)
     if T == 0:
         return [], {"prefixes_tested": 0, "note": "no token passes layer 1 (dropout or noise? raise tol1)"}
@@ -65,7 +67,7 @@ def decoder_search(
     for t in range(T):
         toks = cands[t].tolist()
         ext = [p + [v] for p in active for v in toks]
-        if not ext:
+        if not ext or tested >= budget:
             break
         ids = torch.tensor(ext)
         d = sentence_costs(model, span2, ids, torch.ones_like(ids))[:, -1]
