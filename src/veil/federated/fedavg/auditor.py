@@ -109,7 +109,7 @@ class Auditor:
         """How client `pid` trained in round `rnd`, from public values only: the configured optimiser
         (veil's AdamW groups, clipping), lr, batch size and epochs, the reply's step count, the
         partition size from its query reply, and the batch schedule seeded by (seed, round, client)
-        (`veil.federated.task.local_slots`)."""
+        (`veil.federated.fedavg.task.local_slots`)."""
         from veil.attacks.inverting_fedavg import optimizer_groups
 
         p = self.plan
