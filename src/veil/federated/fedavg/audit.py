@@ -1,5 +1,5 @@
 """`protocol: fedavg` in `veil audit` scenarios: the task trains on Flower (veil's ServerApp +
-ClientApp, `veil.federated.runner.federate`) once per defense and seed, the defenses on the
+ClientApp, `veil.federated.fedavg.runner.federate`) once per defense and seed, the defenses on the
 clients, and the live auditor (`veil.federated.fedavg.auditor`) — the honest-but-curious server — runs
 the task's attacks on the updates it really receives, at the rounds and clients the task names.
 
