@@ -73,10 +73,9 @@ def run(args: argparse.Namespace) -> int:
     # the attack's name and options, checked against the catalog before torch loads: a typo fails at once
     check_listed(args.attack, attack_over, load_catalog()["kinds"]["attacks"])
     model, data, defenses, cfg = load_target(args.source, cfg_over)
-    if cfg.train.threads > 0:  # as `veil train`: 0 keeps torch's default (one per core)
-        import torch
+    from veil.runtime import use_threads  # as `veil train`: 0 is what the machine can give now
 
-        torch.set_num_threads(cfg.train.threads)
+    use_threads(cfg.train.threads)
     summary = attack_run(
         model,
         data,

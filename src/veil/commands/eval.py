@@ -58,11 +58,13 @@ def evaluate_shuffled(
     from veil.build import load_run
     from veil.defenses.base import check_unit_interval
     from veil.defenses.mjp import MJP
+    from veil.runtime import use_threads
     from veil.training.loop import evaluate, pick_device
 
     gamma = check_unit_interval("--shuffle-gamma", gamma)
     MJP(window=window if window is not None else 32, selection=selection or "block")  # one-line errors first
     cfg, model, data, defenses = load_run(run_dir)
+    use_threads(cfg.train.threads)  # as `veil train`: 0 is what the machine can give now
     mjp = next((d for d in defenses if isinstance(d, MJP)), None)
     if mjp is None:  # an undefended (or otherwise defended) run: plain shuffle, PEs kept
         if model._embedding_transform is not None:
