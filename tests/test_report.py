@@ -1,0 +1,311 @@
+"""The report reads at a glance: a headline first, and nothing clipped or overlapping, checked on
+every figure the report draws (matplotlib's own text extents) and on report.html in a real
+headless browser (chromium through selenium; skipped with its reason where chromium is absent).
+
+Both build the report from a small summary written here (the quickstart's defenses and attacks
+with their long labels, an inf PSNR, equal accuracies, a blocked attack), never from training."""
+
+from __future__ import annotations
+
+import math
+import shutil
+from pathlib import Path
+from typing import Any
+
+import matplotlib
+import numpy as np
+import pytest
+from matplotlib.collections import PathCollection
+from matplotlib.figure import Figure
+from matplotlib.text import Text
+
+from veil.metrics.leakage import worst_case
+from veil.report.render import write_reports
+
+IMAGE_ATTACKS = ("april", "april-mjp", "ig(iterations=150,restarts=1)", "head-embedding", "labels")
+
+
+def _digits(n: int) -> np.ndarray:
+    from sklearn.datasets import load_digits
+
+    return (load_digits().images[:n] / 16.0).astype(np.float32)[:, None]  # (n, 1, 8, 8) in [0, 1]
+
+
+def _task(model: str, data: str, util: dict[str, float], leak: dict, blocked: dict) -> dict[str, Any]:
+    knows = {a: f"{a}: the update and the weights; not the defense (naive)" for m in leak.values() for a in m}
+    return {
+        "model": model,
+        "data": data,
+        "protocol": "single-step",
+        "dropout": 0.0,
+        "knowledge": {"batch_size": 1},
+        "samples": 2,
+        "utility": {
+            d: {"test_accuracy_mean": a, "test_accuracy_std": 0.0, "test_accuracy_values": [a]} for d, a in util.items()
+        },
+        "leakage": leak,
+        "skipped": {},
+        "blocked": blocked,
+        "overhead": dict.fromkeys(util, 1.0),
+        "step_seconds": dict.fromkeys(util, 0.01),
+        "attacker_knows": knows,
+        "worst_case": {d: worst_case(leak.get(d, {}), knows, blocked.get(d)) for d in util},
+    }
+
+
+def summary_and_examples() -> tuple[dict[str, Any], dict[str, list[dict[str, Any]]]]:
+    """Two tasks like the quickstart's: digits (none / MJP / DP-SGD at equal accuracies) and SST-2."""
+    m = {"psnr": 10.2, "ssim": 0.53, "psnr_unshuffled": 12.1, "ssim_unshuffled": 0.77, "masked_patches": 2.0}
+    digits_leak = {
+        "none": {
+            "april": {"psnr": 119.06, "ssim": 1.0},
+            "april-mjp": {"psnr": 111.6, "ssim": 1.0},
+            "ig(iterations=150,restarts=1)": {"psnr": 7.23, "ssim": 0.23, "label_accuracy": 1.0},
+            "head-embedding": {"psnr": math.inf, "ssim": 1.0},
+            "labels": {"label_accuracy": 1.0},
+        },
+        "mjp(gamma=0.1)": {
+            "april": m,
+            "april-mjp": {**m, "psnr": 66.4, "psnr_unshuffled": 66.3},
+            "ig(iterations=150,restarts=1)": {"psnr": 6.98, "ssim": 0.09, "label_accuracy": 1.0},
+            "head-embedding": {"psnr": math.inf, "ssim": 1.0},
+            "labels": {"label_accuracy": 1.0},
+        },
+        "dpsgd(target_epsilon=3.0,clip=1.0)": {
+            "april": {"psnr": 7.9, "ssim": 0.1},
+            "ig(iterations=150,restarts=1)": {"psnr": 7.0, "ssim": 0.08},
+            "labels": {"label_accuracy": 0.5},
+        },
+    }
+    digits = _task(
+        "vit-digits",
+        "digits",
+        {"none": 0.9276, "mjp(gamma=0.1)": 0.9276, "dpsgd(target_epsilon=3.0,clip=1.0)": 0.9271},
+        digits_leak,
+        {},
+    )
+    text_leak = {
+        "none": {
+            "presence": {"presence_f1": 1.0},
+            "span": {"token_recovery": 1.0, "rouge1": 1.0, "presence_f1": 0.97},
+            "tag(iterations=100)": {"token_recovery": 0.1, "rouge1": 0.3},
+        },
+        "mjp(gamma=0.5,window=8)": {
+            "presence": {"presence_f1": 0.98},
+            "span-mjp": {"token_recovery": 0.7, "rouge1": 0.96, "presence_f1": 0.98},
+            "tag(iterations=100)": {"token_recovery": 0.0, "rouge1": 0.2},
+        },
+        "aegis": {
+            "presence-adaptive": {"presence_f1": 0.35},
+            "tag(iterations=100)": {"token_recovery": 0.0, "rouge1": 0.01},
+        },
+    }
+    blocked = {"aegis": {"span": "the observation has no gradient for blocks.0.attn.qkv.weight (frozen)"}}
+    text = _task(
+        "transformer4", "sst2", {"none": 0.68, "mjp(gamma=0.5,window=8)": 0.66, "aegis": 0.55}, text_leak, blocked
+    )
+    summary = {
+        "scenario": "report-check",
+        "seeds": [0],
+        "tasks": {"digits-vit": digits, "sst2-text": text},
+        "versions": {"torch": "2.13.0", "platform": "Linux-x86_64"},
+        "config": {"name": "report-check", "tasks": [{"name": "digits-vit", "attacks": list(IMAGE_ATTACKS)}]},
+    }
+    orig = _digits(4)
+    rng = np.random.default_rng(0)
+    records = []
+    for d, attacks in digits_leak.items():
+        for a in attacks:
+            if a != "labels":
+                n = 2 if a == "april-mjp" else 1  # a cell with a batch of two
+                rec = np.clip(orig[:n] + rng.normal(0, 0.3, orig[:n].shape), 0, 1)
+                records.append({"defense": d, "attack": a, "example": {"original": orig[:n], "reconstruction": rec}})
+    tokens = {"references": [["the", "film", "works"]], "reconstructions": [["the", "film", "fails"]]}
+    text_records = [{"defense": "none", "attack": "span", "example": tokens}]
+    return summary, {"digits-vit": records, "sst2-text": text_records}
+
+
+def text_problems(fig: Figure, drawn: list[Text]) -> list[str]:
+    """Texts outside the canvas, pairs of overlapping texts, texts over a plotted point."""
+    renderer = fig.canvas.get_renderer()
+    canvas = fig.bbox
+    boxes = [(t.get_text().replace("\n", " ")[:40], t.get_window_extent(renderer)) for t in drawn]
+    problems = [
+        f"outside the canvas: {s!r}"
+        for s, b in boxes
+        if b.x0 < canvas.x0 - 0.5 or b.y0 < canvas.y0 - 0.5 or b.x1 > canvas.x1 + 0.5 or b.y1 > canvas.y1 + 0.5
+    ]
+    for i, (s, b) in enumerate(boxes):
+        for s2, b2 in boxes[i + 1 :]:
+            if min(b.x1, b2.x1) - max(b.x0, b2.x0) > 1 and min(b.y1, b2.y1) - max(b.y0, b2.y0) > 1:
+                problems.append(f"overlap: {s!r} and {s2!r}")
+    for ax in fig.axes:
+        for c in ax.collections:
+            if not isinstance(c, PathCollection) or not len(c.get_offsets()):
+                continue
+            xy = c.get_offset_transform().transform(c.get_offsets())
+            r = np.sqrt(np.resize(c.get_sizes(), len(xy))) / 2 * fig.dpi / 72
+            for (x, y), rad in zip(xy, r):
+                hit = [s for s, b in boxes if b.x0 < x + rad and x - rad < b.x1 and b.y0 < y + rad and y - rad < b.y1]
+                problems += [f"text over a point: {s!r}" for s in hit]
+    return problems
+
+
+def test_every_figure_keeps_its_texts_inside_and_apart(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Every figure the report draws, and the grid of `veil attack`: no text clipped by the canvas,
+    no two texts overlapping, no text on a point; images drawn at >= 96 px, originals above."""
+    import matplotlib.pyplot as plt
+
+    from veil.report.figures import image_grid
+
+    saved: list[tuple[Figure, Path]] = []
+    drawn: dict[int, list[Text]] = {}
+    savefig, text_draw = Figure.savefig, Text.draw
+
+    def keep(fig: Figure, path: Any, *a: Any, **k: Any) -> None:
+        saved.append((fig, Path(path)))
+        savefig(fig, path, *a, **k)
+
+    def record(self: Text, renderer: Any) -> None:
+        if self.get_visible() and self.get_text() and self.figure is not None:
+            drawn.setdefault(id(self.figure.get_figure(root=True)), []).append(self)
+        text_draw(self, renderer)
+
+    monkeypatch.setattr(Figure, "savefig", keep)
+    monkeypatch.setattr(Text, "draw", record)
+    monkeypatch.setattr(plt, "close", lambda *a, **k: None)  # keep the figures to inspect them
+    summary, examples = summary_and_examples()
+    write_reports(summary, tmp_path, examples)
+    digits = _digits(16)
+    image_grid(digits, digits[::-1], tmp_path / "attack.png", "ig(iterations=150,restarts=1) vs mjp(gamma=0.1)")
+    try:
+        names = sorted(p.name for _, p in saved)
+        assert any("privacy_utility" in n for n in names) and any("digits" in n for n in names), names
+        problems = []
+        for fig, path in saved:
+            drawn.pop(id(fig), None)
+            fig.canvas.draw()
+            texts = drawn.get(id(fig), [])
+            assert len(texts) >= 3, f"{path.name}: only {len(texts)} texts drawn"  # the check has something to check
+            problems += [f"{path.name}: {p}" for p in text_problems(fig, texts)]
+            for ax in fig.axes:
+                for im in ax.get_images():
+                    shown = ax.get_window_extent()
+                    h, w = im.get_array().shape[:2]
+                    if h <= 32 and min(shown.width, shown.height) < 96:  # small images: upsampled to be read
+                        problems.append(
+                            f"{path.name}: a {h}x{w} image drawn at {shown.width:.0f}x{shown.height:.0f} px"
+                        )
+            if "privacy_utility" in path.name:
+                lo, hi = fig.axes[0].get_xlim()
+                if hi - lo < 0.05:
+                    problems.append(f"{path.name}: the accuracy axis spans {hi - lo:.4f}, a fraction of a point")
+        assert not problems, "\n".join(problems)
+    finally:
+        plt.close("all")
+        matplotlib.rcdefaults()
+
+
+def test_the_report_opens_with_the_headline(tmp_path: Path) -> None:
+    summary, examples = summary_and_examples()
+    write_reports(summary, tmp_path, examples)
+    md = (tmp_path / "report.md").read_text()
+    glance = md.index("## At a glance")
+    assert glance < md.index("## Task `digits-vit`")
+    lines = md[glance : md.index("## Task")].splitlines()
+    mine = [s for s in lines if s.startswith("- ")]
+    assert len(mine) == 6  # one line per task x defense
+    assert "- **LEAKS** `none` — accuracy 0.928 (the reference); worst case `april`: psnr 119.1 dB (whole image)" in md
+    assert (
+        "- **LEAKS** `mjp(gamma=0.1)` — accuracy 0.928 (±0.0 pts vs none); worst case `head-embedding`: psnr inf dB"
+        in md
+    )
+    assert (
+        "- **HOLDS** `dpsgd(target_epsilon=3.0,clip=1.0)` — accuracy 0.927 (±0.0 pts vs none); worst case `april`" in md
+    )
+    assert "- **PARTLY** `aegis` — accuracy 0.550 (-13.0 pts vs none); worst case `presence-adaptive`" in md
+    assert "holds against the attacks run; a stronger or adaptive attacker may still get through" in md
+    assert "protected" not in md[glance:]
+    html = (tmp_path / "report.html").read_text()
+    assert html.index("At a glance") < html.index("Task <code>digits-vit")
+    assert html.count("<span class='verdict leaks'>") == 4 and "<span class='verdict holds'>" in html
+
+
+# --- the page in a real browser ---------------------------------------------------------------
+
+CHECK = """
+const out = [];
+const root = document.documentElement;
+if (root.scrollWidth > root.clientWidth + 1) out.push(`page wider than the window: ${root.scrollWidth} > ${root.clientWidth}`);
+const name = (e) => `${e.tagName.toLowerCase()} '${(e.textContent || e.alt || '').trim().slice(0, 40)}'`;
+for (const e of document.body.querySelectorAll('*')) {
+  const st = getComputedStyle(e);
+  if (st.display === 'inline' || e.clientWidth === 0) continue;
+  if (e.scrollWidth > e.clientWidth + 1) out.push(`clipped or overflowing: ${name(e)} (${e.scrollWidth} > ${e.clientWidth})`);
+}
+const boxes = [...document.body.querySelectorAll('h1,h2,h3,p,th,td,li,figcaption,img,pre,span.verdict')];
+const rects = boxes.map((e) => e.getBoundingClientRect());
+for (let i = 0; i < boxes.length; i++) for (let j = i + 1; j < boxes.length; j++) {
+  const a = rects[i], b = rects[j];
+  if (boxes[i].contains(boxes[j]) || boxes[j].contains(boxes[i])) continue;
+  const w = Math.min(a.right, b.right) - Math.max(a.left, b.left), h = Math.min(a.bottom, b.bottom) - Math.max(a.top, b.top);
+  if (w > 1.5 && h > 1.5) out.push(`overlap: ${name(boxes[i])} and ${name(boxes[j])}`);
+}
+for (const im of document.images) {
+  if (!im.complete || im.naturalWidth === 0) out.push(`image not loaded: ${name(im)}`);
+  else if (im.clientWidth < im.naturalWidth || im.clientHeight < im.naturalHeight)
+    out.push(`image shown below its size: ${im.clientWidth}x${im.clientHeight} < ${im.naturalWidth}x${im.naturalHeight}`);
+}
+return out;
+"""
+
+#: a clipped cell, two overlapping headings and a shrunk image, to show the check can fail
+BROKEN = """
+const d = document.createElement('div');
+d.innerHTML = "<table><tr><td style='width:20px;max-width:20px;white-space:nowrap;overflow:hidden'>aVeryLongUnbrokenWord</td></tr></table>"
+  + "<h3 style='position:relative'>first</h3><h3 style='position:relative;top:-30px'>second</h3>"
+  + "<img style='width:10px' src='" + document.images[0].src + "'>";
+document.body.prepend(d);
+"""
+
+
+def _browser() -> Any:
+    chromium = shutil.which("chromium") or shutil.which("chromium-browser") or shutil.which("google-chrome")
+    driver = shutil.which("chromedriver")
+    if not chromium or not driver:
+        pytest.skip("no chromium / chromedriver on PATH (apt-get install chromium chromium-driver)")
+    webdriver = pytest.importorskip("selenium.webdriver", reason="selenium is not installed (pip install -e '.[dev]')")
+    from selenium.webdriver.chrome.service import Service
+
+    options = webdriver.ChromeOptions()
+    options.binary_location = chromium
+    for arg in (
+        "--headless=new",
+        "--no-sandbox",
+        "--disable-gpu",
+        "--disable-dev-shm-usage",
+        "--force-device-scale-factor=1",
+    ):
+        options.add_argument(arg)
+    return webdriver.Chrome(service=Service(driver), options=options)
+
+
+def test_report_html_has_no_clipped_or_overlapping_text_in_a_browser(tmp_path: Path) -> None:
+    summary, examples = summary_and_examples()
+    write_reports(summary, tmp_path, examples)
+    browser = _browser()
+    try:
+        for width in (1280, 1024):  # a laptop's window, and a narrower one
+            browser.set_window_size(width, 900)
+            browser.get((tmp_path / "report.html").as_uri())
+            browser.execute_script("return document.fonts.ready")
+            problems = browser.execute_script(CHECK)
+            assert not problems, f"at {width} px:\n" + "\n".join(problems)
+            assert browser.execute_script("return document.querySelector('h2').textContent") == "At a glance"
+            assert len(browser.execute_script("return document.images")) == 3
+        browser.execute_script(BROKEN)
+        caught = "\n".join(browser.execute_script(CHECK))
+        assert "clipped or overflowing: td 'aVeryLongUnbrokenWord'" in caught
+        assert "overlap: h3 'first' and h3 'second'" in caught and "image shown below its size: 10x" in caught
+    finally:
+        browser.quit()
