@@ -170,7 +170,7 @@ def figure_blocks(name: str, t: dict[str, Any], out: Path, examples: list[dict[s
         if "original" in ex:
             n = min(len(ex["original"]), len(ex["reconstruction"]), 4)
             for i in range(n):
-                label = wrap(a, 18) + "\n" + wrap(f"vs {d}", 18) + (f" #{i}" if n > 1 else "")
+                label = wrap(a, 22) + "\n" + wrap(f"vs {d}", 22) + (f" #{i}" if n > 1 else "")
                 columns.append((label, ex["original"][i], ex["reconstruction"][i]))
     if examples:
         blocks.append(("h3", "What the server rebuilt"))
