@@ -142,7 +142,7 @@ def privacy_utility(
     fig, ax = plt.subplots(figsize=(9.6, 4.6), dpi=DPI, layout="constrained")
     ys = [min(y, CAP_DB) if image else y for *_, y, _ in points]
     top = (max(max(ys, default=0.0), bands[1] + 5.0) + 8.0) if image else 2.1
-    lo_y = 0.0
+    lo_y = -0.03 * top  # a point at 0 shows whole
     ax.axhspan(lo_y, bands[0], color=COLOURS["holds"], alpha=0.07, lw=0)
     ax.axhspan(bands[0], bands[1], color=COLOURS["partly"], alpha=0.09, lw=0)
     ax.axhspan(bands[1], top, color=COLOURS["leaks"], alpha=0.07, lw=0)
@@ -164,7 +164,7 @@ def privacy_utility(
     ax.yaxis.set_major_locator(MaxNLocator(6))
     if image and any(y >= CAP_DB for *_, y, _ in points):
         ax.yaxis.set_major_formatter(FuncFormatter(lambda v, _: "≥100" if v >= CAP_DB else f"{v:g}"))
-        ax.set_yticks([t for t in ax.get_yticks() if lo_y <= t < CAP_DB - 10] + [CAP_DB])
+        ax.set_yticks([t for t in ax.get_yticks() if 0 <= t < CAP_DB - 10] + [CAP_DB])
     ax.set_xlabel("test accuracy of the defended model (right: more utility)", fontsize=8)
     ax.set_ylabel(
         "PSNR of the rebuilt image, dB\n(up: more leakage; ≥100 = exact copy)"
