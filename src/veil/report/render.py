@@ -21,7 +21,7 @@ from veil.report.figures import CAP_DB, privacy_utility, reconstruction_grid, wr
 from veil.report.headline import IMAGE_BANDS, TEXT_BANDS, glance_blocks
 from veil.report.markup import to_html, to_markdown
 
-Block = tuple  # ("h2", text) | ("p", text) | ("table", header, rows) | ("img", path, caption) | ("tokens", rows)
+Block = tuple  # the kinds are listed in veil.report.markup (h1-h3, p, pre, table, img, tokens, glance)
 
 SHOWN = (
     "psnr",
@@ -215,7 +215,7 @@ def worst_case_blocks(t: dict[str, Any]) -> list[Block]:
 
 
 def summary_blocks(summary: dict[str, Any], out: Path, examples: Examples | None = None) -> list[Block]:
-    """The whole report's blocks: every task, the software versions, the scenario."""
+    """The whole report's blocks: the headline (veil.report.headline), every task, the software, the scenario."""
     blocks: list[Block] = [("h1", f"veil audit: {summary['scenario']}"), *glance_blocks(summary)]
     blocks.append(("p", f"Seeds: {summary['seeds']}. Numbers: summary.json (same keys as below)."))
     for name, t in summary["tasks"].items():
