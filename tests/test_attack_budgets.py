@@ -44,7 +44,7 @@ CLOSED = {
     "span-robust",
 }
 RUN_CLOSED = {"april": "image", "labels": "image", "head-embedding": "image", "presence": "text"}
-#: the span search checks its budget between a walker's sweeps: it may pass it by one sweep
+#: the span search's peeling walkers check the budget between sweeps: they may pass it by one sweep
 ONE_SWEEP = {"span", "span-mjp"}
 #: may stop before the budget on their own test (L-BFGS tolerances, LM at the rounding floor, an exact sentence)
 EARLY = ONE_SWEEP | {"dlg", "april-mjp"}

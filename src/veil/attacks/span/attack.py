@@ -68,8 +68,9 @@ class SpanAttack(Attack):
         return reason
 
     def budget(self) -> dict[str, int]:
-        """Candidate sentences scored (decoders: prefixes), all searches together; checked between
-        sweeps of a walker, so a search may pass it by one sweep."""
+        """Candidate sentences scored (decoders: prefixes), all searches together. The assignment
+        search checks it at every position, the peeling walkers between their sweeps: a search may
+        pass it by one walker sweep."""
         return {"sentences_scored": self.options.budget}
 
     def _reconstruct(self, obs: Observation, know: Knowledge) -> Reconstruction:

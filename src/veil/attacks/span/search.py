@@ -181,11 +181,15 @@ def sweep(
     rng: np.random.Generator,
     pinned: set[int],
     frozen: set[int],
+    limit: int | None = None,
 ) -> tuple[bool, int]:
     """One pass over ambiguous positions re-assigning the unsolved sentences' tokens; returns whether
-    anything changed and how many sentences were scored."""
+    anything changed and how many sentences were scored. Stops after the position at which `limit`
+    sentences are scored (the search's budget left)."""
     changed, scored = False, 0
     for t in rng.permutation(ids.shape[1]).tolist():
+        if limit is not None and scored >= limit:
+            break
         conts, toks = [b for b in lay.continuing(t) if b not in frozen], content[t]
         if not conts or not toks or (len(toks) == 1 and all(int(ids[b, t]) == toks[0] for b in conts)):
             continue
@@ -256,7 +260,7 @@ def encoder_search(
         frozen = carry(ids, lay, kept)
         tries += 1
         for _ in range(sweeps):
-            changed, n = sweep(model, span2, ids, mask, lay, content, rng, pinned, frozen)
+            changed, n = sweep(model, span2, ids, mask, lay, content, rng, pinned, frozen, budget - scored)
             scored += n
             frozen |= solved_rows(model, span2, ids, mask, tol2)
             if not changed or len(frozen) == B or scored >= budget:
