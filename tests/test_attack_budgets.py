@@ -148,3 +148,18 @@ def test_over_budget_names_the_cells_past_the_margin() -> None:
     assert over_budget({"tasks": {"t": {"budget": {"none": {"ig": row}}}}}) == []
     table = budget_table(summary)
     assert "| t | none | ig | 1.000 | 1.000 | yes |" in table and table.endswith("t / none / span: budget_used 1.250")
+
+
+def test_ig_and_tag_show_progress_over_their_work_only_when_asked(scenes: dict, capsys: pytest.CaptureFixture) -> None:
+    """A bar over the counted work inside one update (`attack_progress`: a terminal run); none by
+    default (library calls, the audit's workers, --quiet)."""
+    from veil.attacks.base import attack_progress
+
+    for name, scene in (("ig", "image"), ("tag", "text")):
+        obs, know = scenes[scene]
+        create_attack(name, iterations=2, **({"restarts": 1} if name == "ig" else {})).reconstruct(obs, know)
+        assert capsys.readouterr().err == ""
+        with attack_progress(True):
+            create_attack(name, iterations=2, **({"restarts": 1} if name == "ig" else {})).reconstruct(obs, know)
+        err = capsys.readouterr().err
+        assert f"{name}:" in err and "/2" in err, err  # the bar: the attack, its units done of 2
