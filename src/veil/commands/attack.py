@@ -141,6 +141,7 @@ def attack_run(
     import torch
 
     from veil.attacks import create_attack
+    from veil.attacks.base import attack_progress
     from veil.attacks.harness import attack_once, mean_metrics, private_batches, score
 
     if reference not in REFERENCES:
@@ -153,7 +154,8 @@ def attack_run(
     rows, shown = [], []
     for i, batch in enumerate(_progress(batches, progress, name)):
         torch.manual_seed(seed + i)
-        rec, ref, _ = attack_once(attack, model, batch, defenses, data, reference, seed + i)
+        with attack_progress(progress):  # a bar over the attack's work inside the update
+            rec, ref, _ = attack_once(attack, model, batch, defenses, data, reference, seed + i)
         rows.append(score(rec, ref, data))
         shown.append((ref, rec))
     means = mean_metrics(rows)
