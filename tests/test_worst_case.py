@@ -167,3 +167,25 @@ def test_report_shows_the_examples_it_is_handed_and_reads_no_audit_files(tmp_pat
     assert "stray" not in md
     write_reports(_summary(), tmp_path)  # no examples handed: no example section, and no error
     assert "the film" not in (tmp_path / "report.md").read_text()
+
+
+def test_one_identified_image_among_missed_ones_is_a_share_not_an_inf_mean() -> None:
+    """Two samples, one identified exactly (inf) and one at 18 dB: the cell reads 59 dB (each
+    exact sample counted at 100 dB) with psnr_exact 0.5 beside it, and the headline says so."""
+    from veil.attacks.harness import mean_metrics
+    from veil.report.headline import leak_line, verdict
+
+    cell = mean_metrics([{"psnr": math.inf, "ssim": 1.0}, {"psnr": 18.0, "ssim": 0.5}])
+    assert cell == {"psnr": 59.0, "psnr_exact": 0.5, "ssim": 0.75}
+    wc = worst_case({"head-embedding": cell, "ig": {"psnr": 25.0, "ssim": 0.7}}, KNOWS)
+    assert (wc["attack"], wc["value"], wc["beside"]["psnr_exact"]) == ("head-embedding", 59.0, 0.5)
+    assert "50 % of samples exact" in leak_line(wc) and "inf" not in leak_line(wc)
+    assert verdict(wc) == "leaks"
+
+
+def test_psnr_means_are_unchanged_when_no_sample_or_every_sample_is_exact() -> None:
+    from veil.attacks.harness import mean_metrics
+
+    assert mean_metrics([{"psnr": 20.0}, {"psnr": 30.0}]) == {"psnr": 25.0}
+    assert mean_metrics([{"psnr": 119.0}, {"psnr": 121.0}]) == {"psnr": 120.0, "psnr_exact": 1.0}
+    assert mean_metrics([{"psnr": math.inf}, {"psnr": math.inf}])["psnr"] == math.inf

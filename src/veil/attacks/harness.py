@@ -21,6 +21,7 @@ from torch import Tensor
 
 from veil.attacks.base import Attack, Knowledge, Observation, Reconstruction, observe
 from veil.errors import VeilError
+from veil.metrics.leakage import EXACT_DB
 from veil.models.base import VeilModel
 
 REFERENCES = ("original", "shuffled")
@@ -246,11 +247,23 @@ def special_ids(data: Any) -> list[int]:
 #: metrics rolled up over a cell's samples by another rule than the mean: the budget stopped any of
 #: them (1.0 / 0.0); the most of its budget one sample spent (beside the mean `budget_used`)
 _ANY, _MAX = ("budget_stopped",), {"budget_used_max": "budget_used"}
+#: image PSNR keys: a sample above EXACT_DB is an exact copy (an identified image scores inf)
+_PSNR = ("psnr", "psnr_unshuffled", "psnr_masked_set")
+
+
+def _psnr_mean(values: list[float]) -> tuple[float, float]:
+    """(mean PSNR, share of exact samples). When only some samples are exact, each counts at
+    EXACT_DB: one identified image (inf) beside one missed must not read as an inf mean."""
+    exact = [v >= EXACT_DB for v in values]
+    if any(exact) and not all(exact):
+        values = [min(v, EXACT_DB) for v in values]
+    return sum(values) / len(values), sum(exact) / len(exact)
 
 
 def mean_metrics(rows: list[dict[str, float]]) -> dict[str, float]:
     """The mean of each metric over the samples; ``budget_stopped`` is any over them, and
-    ``budget_used_max`` the largest ``budget_used``."""
+    ``budget_used_max`` the largest ``budget_used``. A PSNR key gets ``KEY_exact``, the share of
+    samples rebuilt exactly, whenever one was (see `_psnr_mean`)."""
     keys = sorted({k for r in rows for k in r})
     out = {k: sum(r[k] for r in rows if k in r) / sum(1 for r in rows if k in r) for k in keys}
     for k in _ANY:
@@ -259,4 +272,9 @@ def mean_metrics(rows: list[dict[str, float]]) -> dict[str, float]:
     for k, src in _MAX.items():
         if src in out:
             out[k] = max(r[src] for r in rows if src in r)
+    for k in _PSNR:
+        if k in out:
+            out[k], share = _psnr_mean([float(r[k]) for r in rows if k in r])
+            if share:
+                out[f"{k}_exact"] = share
     return out

@@ -10,7 +10,9 @@ ran, naive or adaptive, never a chosen one. Attacks of one task share a modality
 Images — the PSNR (dB, pixels in [0, 1]) of what the attacker rebuilt, in the best region the
   attack scores: ``psnr_unshuffled`` (the patches the defense left in place, rebuilt at their own
   positions) or ``psnr`` (the whole image, bounded by any order the defense hides). The higher
-  wins; the region is named, with its SSIM and the patch counts beside it.
+  wins; the region is named, with the share of samples rebuilt exactly (``psnr_exact``), its SSIM
+  and the patch counts beside it. A cell where only some samples are exact averages them at
+  ``EXACT_DB`` (the harness's rule), so one identified image never reads as an inf mean.
 Text — the client's words plus their positions: ``bag`` = max(rouge1, presence_f1) (the share of
   the client's words the server holds, order ignored) plus ``token_recovery`` (the share rebuilt at
   its own position). A sentence rebuilt exactly scores 2, its bag of words alone 1, nothing 0.
@@ -52,7 +54,7 @@ def cell_leakage(metrics: dict[str, Any]) -> dict[str, Any] | None:
     images = [(v, p, s, name) for p, s, name in IMAGE_REGIONS if (v := _num(metrics, p)) is not None]
     if images:
         v, p, s, region = max(images, key=lambda r: r[0])  # max keeps the first (unshuffled) on a tie
-        beside = {k: metrics[k] for k in (s, *IMAGE_BESIDE) if k != p and _num(metrics, k) is not None}
+        beside = {k: metrics[k] for k in (f"{p}_exact", s, *IMAGE_BESIDE) if k != p and _num(metrics, k) is not None}
         return {"tier": 1, "score": v, "metric": p, "value": v, "region": region, "beside": beside}
     bags = [(v, k) for k in BAG if (v := _num(metrics, k)) is not None]
     in_place = _num(metrics, "token_recovery")

@@ -24,7 +24,7 @@ from __future__ import annotations
 import math
 from typing import Any
 
-from veil.metrics.leakage import fmt
+from veil.metrics.leakage import EXACT_DB, fmt
 
 IMAGE_BANDS = (12.0, 20.0)  #: PSNR dB: (partly from, leaks from)
 TEXT_BANDS = (0.3, 0.8)  #: words + words in place: (partly from, leaks from)
@@ -70,7 +70,10 @@ def leak_line(wc: dict[str, Any] | None) -> str:
         return f"every attack blocked ({blocked})" if blocked else "no attack measured leakage"
     v = float(wc["value"])
     if wc["metric"].startswith("psnr"):
+        share = wc["beside"].get(f"{wc['metric']}_exact")
         region = f"{wc['region']}: an identical copy" if math.isinf(v) else wc["region"]
+        if share is not None and 0 < float(share) < 1:
+            region += f"; {100 * float(share):.0f} % of samples exact, averaged at {fmt(EXACT_DB, 0)} dB"
         return f"`{wc['attack']}`: {wc['metric']} {fmt(v, 1)} dB ({region})"
     if wc["metric"] == "label_accuracy":
         return f"`{wc['attack']}`: label accuracy {fmt(v)} (labels only)"
