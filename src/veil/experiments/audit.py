@@ -106,7 +106,7 @@ def run_audit(s: Scenario, out: str | Path, progress: bool = True, jobs: int = 1
     with _pool(jobs) if jobs > 1 else contextlib.nullcontext() as pool:  # one set of workers for both phases
         utility = _train_all(single, out, progress, pool)
         _attack_all(cells, out, progress, pool)
-    overhead = {t.name: _overhead(t, out, s.seeds[0]) for t in single.tasks}
+    overhead = {t.name: _overhead(t, out, s.seeds[0]) for t in single.tasks if t.weights == "trained"}
     summary = build_summary(single, out, cells, utility, overhead, versions())
     done = summary["tasks"]
     protocol = {
@@ -137,7 +137,7 @@ def _train_all(
     """Every (task, defense, seed) run; with a `pool`, in its worker processes (one torch thread
     each). Each run owns its folder, so parallel runs never share a file."""
     # seed-major: the first finished runs already cover every defense of every task
-    todo = [(t, d, seed) for seed in s.seeds for t in s.tasks for d in t.defenses]
+    todo = [(t, d, seed) for seed in s.seeds for t in s.tasks for d in t.defenses if t.weights == "trained"]
     args = [(t.run_for(d, seed), run_dir(out, t, d, seed)) for t, d, seed in todo]
     if pool is not None and len(args) > 1:
         futures = [pool.submit(_train_one, cfg, path, False) for cfg, path in args]
@@ -146,7 +146,9 @@ def _train_all(
         summaries = [
             _train_one(cfg, path, progress) for cfg, path in tqdm(args, desc="train", disable=not progress, unit="run")
         ]
-    utility: dict[str, dict[str, list[dict[str, Any]]]] = {}
+    utility: dict[str, dict[str, list[dict[str, Any]]]] = {
+        t.name: {label(d): [] for d in t.defenses} for t in s.tasks if t.weights == "init"
+    }  # attacked at init: nothing trained, no utility
     for (t, d, _), summary in zip(todo, summaries):
         utility.setdefault(t.name, {}).setdefault(label(d), []).append(summary)
     return utility
@@ -174,11 +176,15 @@ def _attack_all(cells: list[Cell], out: Path, progress: bool, pool: ProcessPoolE
 def _attack_group(cells: list[Cell], out: Path) -> int:
     """Attack one run's cells, each written to its own file; returns how many."""
     c0 = cells[0]
-    _, model, data, defenses = load_run(run_dir(out, c0.task, c0.defense, c0.seed))
+    if c0.task.weights == "init":  # the seeded initial weights, as `veil attack` builds them
+        model, data, defenses = build_run(c0.task.run_for(c0.defense, c0.seed))
+    else:
+        _, model, data, defenses = load_run(run_dir(out, c0.task, c0.defense, c0.seed))
     use_threads(c0.task.run.train.threads)
     for c in cells:
         try:
-            result = run_cell(make_attack(c.attack), model, data, defenses, c.task.knowledge, c.task.samples, c.seed)
+            t = c.task
+            result = run_cell(make_attack(c.attack), model, data, defenses, t.knowledge, t.samples, c.seed, t.reference)
         except VeilError as e:  # the defense took away what the attack needs: that channel is closed
             result = {"metrics": {}, "blocked": str(e), "example": None}
         path = cell_path(out, c)

@@ -49,8 +49,10 @@ def run_cell(
     knowledge: dict[str, Any],
     samples: int,
     seed: int,
+    reference: str = "original",
 ) -> dict[str, Any]:
-    """Attack `samples` client steps of one trained run; mean of every metric, first example kept."""
+    """Attack `samples` client steps of one trained run; mean of every metric, first example kept.
+    `reference`: score against the private input, or against it as MJP shuffled it ("shuffled")."""
     batch_size = int(knowledge.get("batch_size", 1)) if not isinstance(knowledge.get("batch_size"), bool) else 1
     grant = {k: bool(v) for k, v in knowledge.items()}
     model.train()  # the client trains: defenses such as MJP act in training mode, dropout as configured
@@ -63,7 +65,7 @@ def run_cell(
         torch.manual_seed(seed * 1000 + k)
         for d, state in zip(defenses, start):
             d.load_state_dict(state)
-        rec, ref, _ = attack_once(attack, model, batch, defenses, data, "original", seed * 1000 + k, grant)
+        rec, ref, _ = attack_once(attack, model, batch, defenses, data, reference, seed * 1000 + k, grant)
         rows.append(score(rec, ref, data))
         example = example or example_of(ref, rec, data.meta.get("tokenizer"))
     for d, state in zip(defenses, start):

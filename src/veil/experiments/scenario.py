@@ -12,6 +12,8 @@ and seeds. Everything is validated before any training — a bad scenario fails 
         attacks: [april, {name: ig, iterations: 200}]   # must apply to this task
         knowledge: {labels: true, batch_size: 1}
         samples: 4                       # attacked client steps per cell
+        weights: trained                 # trained | init: attack the seeded initial weights (no training)
+        reference: original              # original | shuffled: score against the input MJP's shuffle made
 """
 
 from __future__ import annotations
@@ -27,7 +29,20 @@ from veil.config import RunConfig, from_dict, read_yaml
 from veil.errors import VeilError
 from veil.registry import PROTOCOLS
 
-TASK_KEYS = {"name", "run", "protocol", "defenses", "attacks", "knowledge", "samples", "federated"}
+TASK_KEYS = {
+    "name",
+    "run",
+    "protocol",
+    "defenses",
+    "attacks",
+    "knowledge",
+    "samples",
+    "federated",
+    "weights",
+    "reference",
+}
+WEIGHTS = ("trained", "init")
+REFERENCES = ("original", "shuffled")
 SCENARIO_KEYS = {"name", "seeds", "tasks", "description", "attacks"}
 KNOWLEDGE_KEYS = {"labels", "batch_size", "seq_len", "defense"}
 
@@ -42,6 +57,10 @@ class Task:
     knowledge: dict[str, Any] = field(default_factory=dict)
     samples: int = 2
     federated: dict[str, Any] = field(default_factory=dict)
+    #: "init": the cells attack the run's seeded initial weights, nothing is trained (no utility)
+    weights: str = "trained"
+    #: what a reconstruction is scored against: the private input, or the input as MJP shuffled it
+    reference: str = "original"
 
     def run_for(self, defense: dict[str, Any], seed: int) -> RunConfig:
         """The task's run with one defense and one seed."""
@@ -107,6 +126,11 @@ def parse_task(raw: Any, index: int) -> Task:
     samples = raw.get("samples", 2)
     if not isinstance(samples, int) or samples < 1:
         raise VeilError(f"{where}.samples must be a positive integer, got {samples!r}")
+    for key, allowed in (("weights", WEIGHTS), ("reference", REFERENCES)):
+        if raw.get(key, allowed[0]) not in allowed:
+            raise VeilError(f"{where}.{key} must be one of {', '.join(allowed)}, got {raw[key]!r}")
+    if raw.get("weights") == "init" and protocol != "single-step":
+        raise VeilError(f"{where}.weights: init applies to single-step tasks only (a {protocol} task trains)")
     try:
         run = from_dict(raw["run"])
     except VeilError as e:
@@ -120,6 +144,8 @@ def parse_task(raw: Any, index: int) -> Task:
         knowledge=dict(knowledge),
         samples=samples,
         federated=dict(raw.get("federated") or {}),
+        weights=raw.get("weights", "trained"),
+        reference=raw.get("reference", "original"),
     )
 
 

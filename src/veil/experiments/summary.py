@@ -2,7 +2,8 @@
 from this alone (`veil.report`), with the examples the engine hands beside it.
 
 summary["tasks"][task]:
-  utility[defense]          test_accuracy_mean / _std / values (+ test_perplexity_* for LMs;
+  utility[defense]          test_accuracy_mean / _std / values (+ test_perplexity_* for LMs,
+                            test_miou_* / test_macc_* for segmentation, where test_accuracy is pixel accuracy;
                             + privacy: DP-SGD's epsilon, delta, noise multiplier, mode, accountant)
   leakage[defense][attack]  every metric, mean over seeds (each cell already averages samples)
   skipped[attack]           why an attack did not apply (to the model: decided before training)
@@ -61,6 +62,8 @@ def build_summary(
             "dropout": float(task.run.model.get("dropout", 0.0) or 0.0),
             "knowledge": task.knowledge,
             "samples": task.samples,
+            "weights": task.weights,
+            "reference": task.reference,
             "utility": {},
             "leakage": {},
             "skipped": {},
@@ -73,7 +76,10 @@ def build_summary(
         }
         for d, runs in utility[task.name].items():
             u: dict[str, Any] = {}
-            for key in ("test_accuracy", "test_perplexity"):
+            if not runs:  # attacked at its initial weights: nothing trained
+                t["utility"][d] = u
+                continue
+            for key in ("test_accuracy", "test_perplexity", "test_miou", "test_macc"):
                 vals = [r[key] for r in runs if key in r]
                 if vals:
                     m, sd = _mean_std(vals)
@@ -106,8 +112,8 @@ def build_summary(
                 t["budget"].setdefault(d, {})[a] = {k: m[k] for k in _BUDGET_KEYS if k in m}
         for d in t["utility"]:
             t["worst_case"][d] = worst_case(t["leakage"].get(d, {}), t["attacker_knows"], t["blocked"].get(d))
-        t["overhead"] = overhead[task.name]["ratio"]
-        t["step_seconds"] = overhead[task.name]["seconds"]
+        t["overhead"] = overhead.get(task.name, {}).get("ratio", {})
+        t["step_seconds"] = overhead.get(task.name, {}).get("seconds", {})
         tasks[task.name] = t
     out = {"scenario": s.name, "seeds": s.seeds, "tasks": tasks, "versions": versions, "config": s.raw}
     out["over_budget"] = over_budget(out)

@@ -1,0 +1,105 @@
+"""docs/results.md is rendered from collected audit summaries (`veil.report.results`): one section
+renders to a hand-written expectation, the repository's document is what its caches render, a
+collected summary is hashed and a damaged one refused, and rewriting keeps every other section."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from veil.errors import VeilError
+from veil.report.results import CACHE, DOC, all_sections, check, collect, load, render_doc, splice
+from veil.report.results.__main__ import main
+from veil.report.results.sections import budgets, span_robust
+
+
+def _summary() -> dict:
+    """A two-task span-robust summary, as the engine writes it (only the keys the section reads)."""
+    task = {"name": "minilm-b1", "run": {"data": {"max_len": 32}}}
+    other = {"name": "gpt-tiny-b2", "run": {"data": {"max_len": 16}}}
+    leak = {
+        "span-robust": {
+            "token_recovery": 0.9,
+            "rouge1": 0.95,
+            "presence_f1": 1.0,
+            "exact_recovery": 0.5,
+            "seconds": 4.24,
+        },
+        "span": {"token_recovery": 0.0, "rouge1": 0.0, "presence_f1": 0.0, "exact_recovery": 0.0, "seconds": 0.06},
+    }
+    entry = {"model": "minilm", "dropout": 0.1, "knowledge": {"batch_size": 1}, "samples": 8, "leakage": {"none": leak}}
+    gpt = {**entry, "model": "gpt-tiny", "knowledge": {"batch_size": 2}}
+    budget = {"none": {"span": {"budget_used": 0.25, "budget_used_max": 1.25, "budget_stopped": 1.0}}}
+    gpt["budget"] = budget
+    return {
+        "scenario": "span-robust",
+        "config": {"tasks": [task, other]},
+        "tasks": {"minilm-b1": entry, "gpt-tiny-b2": gpt},
+        "over_budget": ["gpt-tiny-b2 / none / span: budget_used 1.250"],
+    }
+
+
+EXPECTED = """### Span attack under client dropout (`span-robust`), SST-2, 8 updates per cell
+
+| model (width) | batch | max_len | client dropout | attack | token_recovery | ROUGE-1 | presence F1 | exact | s/update | goal |
+|---|---|---|---|---|---|---|---|---|---|---|
+| minilm (384) | 1 | 32 | 0.1 | span-robust | 0.900 | 0.950 | 1.000 | 0.50 | 4.2 | ≥ 0.8 met |
+| minilm (384) | 1 | 32 | 0.1 | span | 0.000 | 0.000 | 0.000 | 0.00 | 0.1 | reported |
+| gpt-tiny (128) | 2 | 16 | 0.1 | span-robust | 0.900 | 0.950 | 1.000 | 0.50 | 4.2 | reported |
+| gpt-tiny (128) | 2 | 16 | 0.1 | span | 0.000 | 0.000 | 0.000 | 0.00 | 0.1 | reported |"""
+
+
+def test_a_section_renders_its_summary_as_written_by_hand() -> None:
+    text = span_robust.render(_summary())
+    assert text.split("\n\nRegenerated")[0] == EXPECTED
+    assert "`span`'s 0.000 under dropout is its exact check failing, not protection" in text
+
+
+def test_the_budget_section_names_every_cell_and_the_ones_over_budget() -> None:
+    text = budgets.render({"span-robust": _summary(), "empty": {"tasks": {}, "over_budget": []}})
+    assert "| span-robust | gpt-tiny-b2 | none | span | 0.250 | 1.250 | yes |" in text
+    assert "Over budget (> 1.2x): span-robust: gpt-tiny-b2 / none / span: budget_used 1.250." in text
+    assert "No budgeted cell in: empty." in text
+
+
+def test_docs_results_md_is_what_its_cached_summaries_render() -> None:
+    diff = check(DOC, CACHE)
+    assert diff == "", f"docs/results.md differs from its rendering (python -m veil.report.results):\n{diff[:3000]}"
+    assert main(["--check"]) == 0
+
+
+def test_collect_hashes_the_summary_and_a_damaged_cache_is_refused(tmp_path: Path, capsys) -> None:
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / "summary.json").write_text(json.dumps({**_summary(), "versions": {"torch": "x"}}))
+    dest = collect(run, None, tmp_path / "cache")
+    assert dest.name == "span-robust.json" and dest.with_name(dest.name + ".sha256").is_file()
+    assert "versions" not in load("span-robust", tmp_path / "cache")  # what no section renders is dropped
+    doc = tmp_path / "results.md"
+    doc.write_text(
+        "# r\n\n<!-- other:start -->\nkept as is\n<!-- other:end -->\n\n<!-- span-robust:start -->\nold\n<!-- span-robust:end -->\n"
+    )
+    new, done = render_doc(doc.read_text(), tmp_path / "cache")
+    assert "span-robust" in done and "budgets" in done
+    assert "kept as is" in new and "old" not in new and EXPECTED in new
+    assert main(["--check", "--doc", str(doc), "--cache", str(tmp_path / "cache")]) == 1
+    assert "+| minilm (384) | 1 | 32" in capsys.readouterr().out
+    dest.write_text(dest.read_text().replace("0.9", "0.1"))
+    with pytest.raises(VeilError, match="does not match its recorded hash"):
+        load("span-robust", tmp_path / "cache")
+    assert main(["collect", str(tmp_path / "nothing")]) == 2
+    assert "holds no summary.json" in capsys.readouterr().err
+
+
+def test_splice_replaces_only_its_own_markers_and_appends_a_new_one() -> None:
+    text = "a\n<!-- x:start -->\nold\n<!-- x:end -->\nb\n"
+    assert splice(text, "x", "new") == "a\n<!-- x:start -->\nnew\n<!-- x:end -->\nb\n"
+    assert splice(text, "y", "more").endswith("<!-- y:start -->\nmore\n<!-- y:end -->\n")
+
+
+def test_every_section_module_renders_a_marker_of_the_document() -> None:
+    text = DOC.read_text()
+    for s in all_sections():
+        assert f"<!-- {s.name}:start -->" in text and callable(s.module.render), s.name
