@@ -68,9 +68,9 @@ class SpanAttack(Attack):
         return reason
 
     def budget(self) -> dict[str, int]:
-        """Candidate sentences scored (decoders: prefixes), all searches together. The assignment
-        search checks it at every position, the peeling walkers between their sweeps: a search may
-        pass it by one walker sweep."""
+        """Candidate sentences scored (decoders: prefixes), all searches together. Every search
+        checks it at every scoring call and cuts the call at what is left: the work never passes
+        it, and a binding budget is spent exactly."""
         return {"sentences_scored": self.options.budget}
 
     def _reconstruct(self, obs: Observation, know: Knowledge) -> Reconstruction:

@@ -122,7 +122,7 @@ def search_stage(
             if shorter:
                 w.seed(shorter[-1].best[2][0, 1:-1].tolist())
         before = w.work
-        _, dc, ids = w.step(stage.score)
+        _, dc, ids = w.step(stage.score, budget - stage.scored)  # never past the budget
         w.last = w.work - before
         used[i] += w.last
         stage.rounds += 1

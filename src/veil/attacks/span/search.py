@@ -54,7 +54,7 @@ def decoder_search(
     budget: int = 500_000,
 ) -> tuple[list[list[int]], dict[str, Any]]:
     """Greedy left-to-right extension of prefixes (see the module docstring); stops extending once
-    `budget` prefixes are scored (checked per position)."""
+    `budget` prefixes are scored (a position's extensions are cut at what is left of it)."""
     T = last_position(cands)
     if T == 0:
         return [], {"prefixes_tested": 0, "note": "no token passes layer 1 (dropout or noise? raise tol1)"}
@@ -66,8 +66,8 @@ def decoder_search(
     tested = 0
     for t in range(T):
         toks = cands[t].tolist()
-        ext = [p + [v] for p in active for v in toks]
-        if not ext or tested >= budget:
+        ext = [p + [v] for p in active for v in toks][: budget - tested]  # never past the budget
+        if not ext:
             break
         ids = torch.tensor(ext)
         d = sentence_costs(model, span2, ids, torch.ones_like(ids))[:, -1]
@@ -184,8 +184,9 @@ def sweep(
     limit: int | None = None,
 ) -> tuple[bool, int]:
     """One pass over ambiguous positions re-assigning the unsolved sentences' tokens; returns whether
-    anything changed and how many sentences were scored. Stops after the position at which `limit`
-    sentences are scored (the search's budget left)."""
+    anything changed and how many sentences were scored. Never scores more than `limit` sentences
+    (the search's budget left): where a position's variants do not fit, the first ones that do are
+    scored, only the sentences scored with every candidate are re-assigned, and the pass ends."""
     changed, scored = False, 0
     for t in rng.permutation(ids.shape[1]).tolist():
         if limit is not None and scored >= limit:
@@ -194,11 +195,16 @@ def sweep(
         if not conts or not toks or (len(toks) == 1 and all(int(ids[b, t]) == toks[0] for b in conts)):
             continue
         held = {int(ids[b, t]) for b in frozen if b in lay.continuing(t)}
-        variants = ids[conts].repeat_interleave(len(toks), dim=0)
-        variants[:, t] = torch.tensor(toks).repeat(len(conts))
-        vmask = mask[conts].repeat_interleave(len(toks), dim=0)
-        cost = sentence_costs(model, span2, variants, vmask).sum(1).view(len(conts), len(toks)).double().numpy()
+        room = len(conts) * len(toks) if limit is None else min(len(conts) * len(toks), limit - scored)
+        variants = ids[conts].repeat_interleave(len(toks), dim=0)[:room]
+        variants[:, t] = torch.tensor(toks).repeat(len(conts))[:room]
+        vmask = mask[conts].repeat_interleave(len(toks), dim=0)[:room]
+        costs = sentence_costs(model, span2, variants, vmask).sum(1)
         scored += len(variants)
+        conts = conts[: room // len(toks)]  # the sentences whose every candidate was scored
+        if not conts:
+            break
+        cost = costs[: len(conts) * len(toks)].view(len(conts), len(toks)).double().numpy()
         pick = assign(cost, np.array([v in pinned and v not in held for v in toks]))
         for b, j in zip(conts, pick.tolist()):
             if int(ids[b, t]) != toks[j]:

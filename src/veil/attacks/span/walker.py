@@ -72,6 +72,7 @@ class Walker:
         self.last: float | None = None  # work of the last sweep
         self.narrow: int | None = None  # sweeps try each position's `narrow` best tokens by the prior first
         self._wide = False  # the next sweep tries every candidate (a narrow sweep stalled)
+        self.stopped = False  # a step's `limit` ran out inside its sweep
 
     def random(self) -> Tensor:
         return torch.tensor([[int(s[self.rng.integers(len(s))]) for s in self.sets]])
@@ -146,19 +147,37 @@ class Walker:
             var[r, i], var[r, j] = x[j], x[i]
         return var
 
-    def step(self, score: SentenceScore) -> tuple[float, float, Tensor]:
+    def step(self, score: SentenceScore, limit: int | None = None) -> tuple[float, float, Tensor]:
         """One sweep (every position, then the swaps); at a local minimum the next step kicks.
         Returns (objective, [CLS] distance, ids) of the current sentence (the [CLS] distance is
-        only computed at local minima when the objective does not include it)."""
+        only computed at local minima when the objective does not include it).
+
+        `limit` caps the sentences this step scores: each scoring call takes at most what is left
+        of it (the first candidates in the sweep's fixed order), and where nothing is left the sweep
+        ends there (`stopped`; the current sentence becomes `best` if it is better), so a caller's
+        budget is met exactly."""
+        start = self.steps
+
+        def room(n: int) -> int:  # of n candidates, how many this step may still score
+            return n if limit is None else max(0, min(n, limit - (self.steps - start)))
+
+        def spent() -> bool:
+            return limit is not None and self.steps - start >= limit
+
         if self.cur is None:
+            if spent():
+                self.stopped = True
+                return (float("inf"), float("inf"), self.x.clone())
             f, dc, self._pc = self._objective(score, self.x)
             self.cur = (float(f[0]), float(dc[0]))
         improved = False
         for t in self.rng.permutation(self.free).tolist():
             moves = self._moves(t)
+            if spent():
+                return self._stop()
             var = self.x.repeat(len(moves), 1)
             var[:, t] = moves
-            f, dc, pc = self._objective(score, var)
+            f, dc, pc = self._objective(score, var[: room(len(var))])
             j = pick(f, self.cur[0])
             if j is not None:
                 self.x, self.cur, self._pc, improved = (
@@ -168,8 +187,11 @@ class Walker:
                     True,
                 )
         var = self._swaps()
+        if len(var) and spent():
+            return self._stop()
         if len(var):
-            f, dc, pc = self._objective(score, var)
+            cut = room(len(var)) < len(var)
+            f, dc, pc = self._objective(score, var[: room(len(var))])
             j = pick(f, self.cur[0])
             if j is not None:
                 self.x, self.cur, self._pc, improved = (
@@ -178,6 +200,8 @@ class Walker:
                     pc[j : j + 1],
                     True,
                 )
+            if cut:  # not every swap was tried: not a sweep
+                return self._stop()
         self.sweeps += 1
         out = (self.cur[0], self.cur[1], self.x.clone())
         if improved:
@@ -201,3 +225,13 @@ class Walker:
                 self.x[0, t] = self._draw(t)
         self.cur = None
         return out
+
+    def _stop(self) -> tuple[float, float, Tensor]:
+        """The budget ran out inside a sweep: keep the current sentence as the best guess if it is
+        better than the best local minimum (no kick, the sweep is not counted)."""
+        self.stopped = True
+        assert self.cur is not None
+        if self.best is None or self.cur[0] < self.best[0] - margin(self.best[0]):
+            self.best = (self.cur[0], self.cur[1], self.x.clone())
+            self._best_pc = self._pc
+        return (self.cur[0], self.cur[1], self.x.clone())
