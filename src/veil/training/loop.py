@@ -29,6 +29,7 @@ from tqdm.auto import tqdm
 from veil.build import build_run
 from veil.config import RunConfig, dump_config, same_config
 from veil.data import DataSplits, iterate_batches
+from veil.data.segmentation import confusion_matrix, segmentation_scores
 from veil.defenses.base import Defense
 from veil.errors import VeilError
 from veil.io import append_events, atomic_write_text, intact, save_model_weights, truncate_events
@@ -92,14 +93,19 @@ def to_device(batch: Batch, device: torch.device) -> Batch:
 def evaluate(
     model: VeilModel, split: dict[str, Tensor], batch_size: int = 256, device: torch.device | str = "cpu"
 ) -> dict[str, float]:
-    """Top-1 accuracy (classification) or next-token accuracy and perplexity (LM)."""
+    """Top-1 accuracy (classification), next-token accuracy and perplexity (LM), or pixel accuracy
+    (as test_accuracy), mIoU and mAcc over one confusion matrix of every pixel (segmentation)."""
     was = model.training
     model.eval()
     correct, count, nll = 0.0, 0.0, 0.0
+    confusion = None
     for batch in iterate_batches(split, batch_size, shuffle=False):
         batch = to_device(batch, device)
         logits = model(batch)
-        if model.task == "lm":
+        if model.task == "segmentation":
+            c = confusion_matrix(logits.argmax(1), batch["labels"], logits.shape[1]).cpu()
+            confusion = c if confusion is None else confusion + c
+        elif model.task == "lm":
             mask = batch["attention_mask"][:, 1:].bool()
             target = batch["input_ids"][:, 1:]
             lp = logits[:, :-1].log_softmax(-1)
@@ -110,6 +116,13 @@ def evaluate(
             correct += float((logits.argmax(-1) == batch["labels"]).sum())
             count += len(batch["labels"])
     model.train(was)
+    if confusion is not None:
+        scores = segmentation_scores(confusion)
+        return {
+            "test_accuracy": scores["pixel_accuracy"],
+            "test_miou": scores["miou"],
+            "test_macc": scores["mean_accuracy"],
+        }
     out = {"test_accuracy": correct / max(count, 1)}
     if model.task == "lm":
         out["test_perplexity"] = math.exp(nll / max(count, 1))
