@@ -166,3 +166,57 @@ def test_make_certs_writes_a_ca_a_superlink_certificate_and_node_keys(tmp_path: 
     assert check.returncode == 0, check.stderr
     assert (out / "node0.pub").read_text().startswith("ecdsa-sha2-nistp384 ")
     assert oct((out / "ca.key").stat().st_mode)[-3:] == "600"
+
+
+def test_a_message_of_a_run_no_longer_running_is_dropped_with_its_task(monkeypatch: pytest.MonkeyPatch) -> None:
+    """After a SuperLink restart its database still holds the killed run's next-round message; the
+    SuperNode pulls it and the SuperLink answers that the run is not RUNNING. Flower 1.42 then
+    leaves the message's task pending with empty preregistered objects (the warm executor took it
+    and waited 131 s for them, ahead of the resumed run's query: `only 2 of 3 silos joined`).
+    With `drop_stale_messages` the task is finished and the message and its objects are gone."""
+    import flwr.supernode.start_client_internal as sci
+    from flwr.app import ConfigRecord, Message, RecordDict
+    from flwr.common.constant import SUPERLINK_NODE_ID, Status
+    from flwr.supercore.inflatable.inflatable_object import get_object_tree
+    from flwr.supercore.object_store import ObjectStoreFactory
+    from flwr.supercore.run import Run, RunNotRunningException
+    from flwr.supercore.task_identity import TaskIdentity
+    from flwr.supernode.nodestate import NodeStateFactory
+
+    from veil.federated.supernode import drop_stale_messages
+
+    monkeypatch.setattr(sci, "_pull_and_store_message", sci._pull_and_store_message)  # restored after
+    monkeypatch.setattr(TaskIdentity, "_task_id", 1)
+    monkeypatch.setattr(TaskIdentity, "_run_id", 5)
+    monkeypatch.setattr(TaskIdentity, "_node_id", SUPERLINK_NODE_ID)
+
+    def pull_stale(patched: bool) -> tuple[list[str], int, int]:
+        factory = ObjectStoreFactory()
+        state, store = NodeStateFactory(factory).state(), factory.store()
+        state.set_node_id(7)
+        state.store_run(Run.create_empty(run_id=5))  # the node knew the run before the restart
+        msg = Message(RecordDict({"config": ConfigRecord({"lr": 0.1})}), dst_node_id=7, message_type="train")
+        msg.metadata.__dict__["_run_id"] = 5
+        msg.metadata.__dict__["_message_id"] = msg.object_id
+
+        def not_running(run_id: int, object_id: str) -> bytes:
+            raise RunNotRunningException
+
+        if patched:
+            drop_stale_messages()
+        out = sci._pull_and_store_message(
+            state=state,
+            object_store=store,
+            node_config={},
+            receive=lambda: (msg, get_object_tree(msg)),
+            get_run=None,
+            get_fab=None,
+            pull_object=not_running,
+            confirm_message_received=None,
+            trusted_entities=None,
+        )
+        assert out is None
+        return [t.status.status for t in state.get_tasks(run_ids=[5])], len(state.msg_store), len(store.store)
+
+    assert pull_stale(patched=False) == ([Status.PENDING], 1, 3)  # Flower 1.42 alone: the stale task waits
+    assert pull_stale(patched=True) == ([Status.FINISHED], 0, 0)

@@ -17,6 +17,12 @@ The SuperNode itself runs in this process too (its command line is Flower's, pas
 idle interval between asking the SuperLink for messages (Flower 1.42 waits 3 s; 0.2 s here, which
 keeps a round from waiting on the poll).
 
+A message of a run that is no longer RUNNING (round k+1's messages that a SuperLink restart
+kept in its database for the killed run) is dropped with its task (`drop_stale_messages`: Flower
+1.42 leaves that task queued, and a sequential executor then waits minutes for its objects ahead
+of the resumed run's messages); a task that cannot be pulled is finished failed and the executor
+goes on to the next one.
+
 `--tap DIR` (tests, audits of what leaves the silo): write every message the node receives and
 sends, as protobuf bytes, and its Context after every message, under DIR.
 """
@@ -43,6 +49,7 @@ from flwr.supercore.constant import TaskType
 from flwr.supercore.heartbeat import HeartbeatSender, make_task_heartbeat_fn_http
 from flwr.supercore.interceptors import RuntimeTokenHttpInterceptor, RuntimeVersionHttpInterceptor
 from flwr.supercore.retry import make_simple_http_retry_invoker
+from flwr.supercore.run import RunNotRunningException
 from flwr.supercore.runtime import RuntimeHttpClient
 from flwr.supernode.runtime import run_clientapp
 from flwr.supernode.runtime.run_clientapp import push_message, push_task_output
@@ -77,7 +84,10 @@ class WarmExecutor:
                 time.sleep(0.5)
                 continue
             if res.HasField("task") and res.token:
-                self.run_task(res.token)
+                try:
+                    self.run_task(res.token)
+                except (Exception, RunNotRunningException) as e:  # noqa: BLE001 - the next task still runs
+                    print(f"veil executor: task skipped: {type(e).__name__}: {e}"[:300], file=sys.stderr, flush=True)
             else:
                 time.sleep(self.poll)
 
@@ -128,6 +138,60 @@ class WarmExecutor:
         state.write_bytes(context_to_proto(context).SerializeToString())
 
 
+class _TaskRecorder:
+    """A NodeState seen through a proxy that remembers the ids of the tasks it creates."""
+
+    def __init__(self, state: Any) -> None:
+        self._state, self.task_ids = state, []
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._state, name)
+
+    def create_task(self, *args: Any, **kwargs: Any) -> int | None:
+        task_id = self._state.create_task(*args, **kwargs)
+        if task_id is not None:
+            self.task_ids.append(task_id)
+        return task_id
+
+
+def drop_stale_messages() -> None:
+    """Drop a pulled message whose run is no longer RUNNING, with the task made for it.
+
+    Flower 1.42's SuperNode (`_pull_and_store_message`) creates the message's task, stores the
+    message and preregisters its objects before it pulls them; when the SuperLink then answers that
+    the run is not RUNNING (a SuperLink restarted on its database still holds the killed run's
+    next-round messages) it only logs "Ignoring message": the task stays queued with objects that
+    never come, and an executor that takes it waits ~2 min (500 pull tries) before it gives up,
+    while the resumed run's messages queue behind it. Here the task is finished (stopped) and the
+    message and its objects deleted, as Flower does when a pull fails for another reason."""
+    import flwr.supernode.start_client_internal as sci
+
+    original = sci._pull_and_store_message
+    if getattr(original, "__veil__", False):
+        return
+
+    def pull_and_store(*, state: Any, object_store: Any, receive: Any, **kw: Any) -> int | None:
+        recorder, seen = _TaskRecorder(state), {}
+
+        def receive_() -> Any:
+            got = receive()
+            if got is not None:
+                seen["message"] = got[0]
+            return got
+
+        out = original(state=recorder, object_store=object_store, receive=receive_, **kw)
+        if out is None and "message" in seen and recorder.task_ids:  # stored, then given up: drop it
+            for task_id in recorder.task_ids:
+                state.finish_task(task_id, sub_status=SubStatus.STOPPED, details="the run is no longer running")
+            message_id = seen["message"].metadata.message_id
+            state.delete_messages(message_ids=[message_id])
+            object_store.delete(message_id)
+        return out
+
+    pull_and_store.__veil__ = True  # type: ignore[attr-defined]
+    sci._pull_and_store_message = pull_and_store  # type: ignore[assignment]
+
+
 def runtime_address(args: list[str]) -> str:
     """The SuperNode's Runtime API address from its --host / --port (Flower's defaults otherwise)."""
     host, port = "127.0.0.1", "9094"
@@ -167,6 +231,7 @@ def main(argv: list[str] | None = None) -> None:
     threading.Thread(target=prewarm, daemon=True).start()
     threading.Thread(target=WarmExecutor(runtime_address(rest), a.tap).serve, daemon=True).start()
     fast_idle_poll(a.poll)
+    drop_stale_messages()
     quick_pulls()
     from flwr.supernode.cli.flower_supernode import flower_supernode
 
