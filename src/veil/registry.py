@@ -100,8 +100,10 @@ class Registry(Generic[T]):
 
 
 #: the registries and the modules that fill them
-MODELS: Registry[VeilModel] = Registry("model", modules=("veil.models", "veil.models.hf"))
-DATASETS: Registry[DataSplits] = Registry("dataset", modules=("veil.data.images", "veil.data.text"))
+MODELS: Registry[VeilModel] = Registry("model", modules=("veil.models", "veil.models.hf", "veil.models.vit_seg"))
+DATASETS: Registry[DataSplits] = Registry(
+    "dataset", modules=("veil.data.images", "veil.data.text", "veil.data.segmentation")
+)
 DEFENSES: Registry[Defense] = Registry(
     "defense",
     modules=(
