@@ -73,95 +73,38 @@ def register_hf_builder(name: str, builder: Callable[..., VeilModel], help: str)
     MODELS.register(name, help)(build)
 
 
-_preset(
-    "vit-digits",
-    ViT,
-    ViTConfig,
-    "ViT for 8x8 grey digits: patch 2, width 64, depth 4",
-    image_size=8,
-    patch_size=2,
-    in_chans=1,
-    dim=64,
-    depth=4,
-    heads=4,
-    mlp_ratio=2.0,
-)
-_preset(
-    "vit-tiny",
-    ViT,
-    ViTConfig,
-    "ViT-Tiny width (192, 3 heads) for 32x32 inputs, patch 4, depth 6 (scaled from 12 for CPU)",
-    image_size=32,
-    patch_size=4,
-    in_chans=3,
-    dim=192,
-    depth=6,
-    heads=3,
-)
-_preset(
-    "transformer4",
-    TextEncoder,
-    TextEncoderConfig,
-    "4-layer width-96 text encoder (the attack model of the MJP paper)",
-    dim=96,
-    depth=4,
-    heads=4,
-)
-_preset(
-    "bert-mini",
-    TextEncoder,
-    TextEncoderConfig,
-    "BERT-mini-like encoder: 4 layers, width 256, 4 heads",
-    dim=256,
-    depth=4,
-    heads=4,
-)
-_preset(
-    "gpt-tiny",
-    Decoder,
-    DecoderConfig,
-    "GPT-style causal LM: 4 layers, width 128, learned positions",
-    dim=128,
-    depth=4,
-    heads=4,
-)
-
-_preset(
-    "resnet-tiny",
-    CNN,
-    CNNConfig,
-    "ResNet-style CNN (GroupNorm, 2 stages of 1 basic block, width 32-64); MJP on it is the patch shuffle",
-    image_size=32,
-    patch_size=2,
-    in_chans=3,
-    base_width=32,
-    stages=2,
-    blocks=1,
-)
-_preset(
-    "swin-tiny",
-    Swin,
-    SwinConfig,
-    "Swin-style ViT: absolute position embeddings, 2x2-patch windows (shifted every 2nd block), 2 stages of 2",
-    image_size=32,
-    patch_size=2,
-    in_chans=3,
-    dim=64,
-    depth=2,
-    stages=2,
-    heads=4,
-    window=2,
-)
-_preset(
-    "llama-tiny",
-    Llama,
-    LlamaConfig,
-    "LLaMA-style causal LM: RoPE (no position table), RMSNorm, SwiGLU; 4 layers, width 128",
-    dim=128,
-    depth=4,
-    heads=4,
-    mlp_hidden=352,
-)
+#: veil's own presets: name -> (model class, its config dataclass, the config fields it sets)
+PRESETS: dict[str, tuple[type[VeilModel], type, dict[str, Any]]] = {
+    "vit-digits": (
+        ViT,
+        ViTConfig,
+        dict(image_size=8, patch_size=2, in_chans=1, dim=64, depth=4, heads=4, mlp_ratio=2.0),
+    ),
+    "vit-tiny": (ViT, ViTConfig, dict(image_size=32, patch_size=4, in_chans=3, dim=192, depth=6, heads=3)),
+    "transformer4": (TextEncoder, TextEncoderConfig, dict(dim=96, depth=4, heads=4)),
+    "bert-mini": (TextEncoder, TextEncoderConfig, dict(dim=256, depth=4, heads=4)),
+    "gpt-tiny": (Decoder, DecoderConfig, dict(dim=128, depth=4, heads=4)),
+    "resnet-tiny": (CNN, CNNConfig, dict(image_size=32, patch_size=2, in_chans=3, base_width=32, stages=2, blocks=1)),
+    "swin-tiny": (
+        Swin,
+        SwinConfig,
+        dict(image_size=32, patch_size=2, in_chans=3, dim=64, depth=2, stages=2, heads=4, window=2),
+    ),
+    "llama-tiny": (Llama, LlamaConfig, dict(dim=128, depth=4, heads=4, mlp_hidden=352)),
+}
+#: each preset's one-line help (`veil list`)
+PRESET_HELP: dict[str, str] = {
+    "vit-digits": "ViT for 8x8 grey digits: patch 2, width 64, depth 4",
+    "vit-tiny": "ViT-Tiny width (192, 3 heads) for 32x32 inputs, patch 4, depth 6 (scaled from 12 for CPU)",
+    "transformer4": "4-layer width-96 text encoder (the attack model of the MJP paper)",
+    "bert-mini": "BERT-mini-like encoder: 4 layers, width 256, 4 heads",
+    "gpt-tiny": "GPT-style causal LM: 4 layers, width 128, learned positions",
+    "resnet-tiny": "ResNet-style CNN (GroupNorm, 2 stages of 1 basic block, width 32-64); MJP on it is the patch shuffle",
+    "swin-tiny": "Swin-style ViT: absolute position embeddings, 2x2-patch windows (shifted every 2nd block), 2 stages of 2",
+    "llama-tiny": "LLaMA-style causal LM: RoPE (no position table), RMSNorm, SwiGLU; 4 layers, width 128",
+}
+for _name, (_cls, _cfg, _defaults) in PRESETS.items():
+    _preset(_name, _cls, _cfg, PRESET_HELP[_name], **_defaults)
 
 
 def create_model(name: str, **overrides: Any) -> VeilModel:

@@ -179,6 +179,12 @@ def padding_bias(mask: Tensor, causal: bool, dtype: torch.dtype) -> Tensor:
     return torch.zeros(B, 1, T, T, dtype=dtype, device=mask.device).masked_fill(~allowed, torch.finfo(dtype).min)
 
 
+def attention_mask(batch: Batch, h: Tensor) -> Tensor:
+    """The batch's ``attention_mask``, or all ones over `h`'s (B, T) when it has none."""
+    mask = batch.get("attention_mask")
+    return torch.ones(h.shape[:2], dtype=torch.long, device=h.device) if mask is None else mask
+
+
 def special_tokens_movable(ids: Tensor, mask: Tensor, special_ids: list[int]) -> Tensor:
     """True for real, non-special tokens: [CLS], [SEP] and padding never move."""
     special = torch.isin(ids, torch.tensor(special_ids, device=ids.device))

@@ -14,6 +14,7 @@ import torch
 from torch import Tensor, nn
 
 from veil.errors import VeilError
+from veil.models.base import AttentionHandles
 
 
 class Attention(nn.Module):
@@ -50,6 +51,14 @@ class MLP(nn.Module):
     def forward(self, x: Tensor) -> Tensor:
         return self.drop(self.fc2(self.act(self.fc1(x))))
 
+    def expansion(self) -> nn.Module:
+        """The layer that widens D to the hidden width (the MLP's `mlp_up` handle)."""
+        return self.fc1
+
+    def contraction(self) -> nn.Module:
+        """The layer back to D (`mlp_down`)."""
+        return self.fc2
+
 
 class Block(nn.Module):
     """Pre-LN (ViT / GPT) or post-LN (BERT) Transformer block."""
@@ -76,20 +85,20 @@ class Block(nn.Module):
 
 
 class BlockHandles:
-    """The handles of a model built from veil `Block`s in ``self.blocks`` (a mixin)."""
+    """The handles of a model whose ``self.blocks`` are Transformer blocks (a mixin): each block has
+    ``attn`` with ``q``/``k``/``v``/``o`` linears, ``mlp`` with ``expansion()`` / ``contraction()``
+    and ``input_norm()`` (veil's `Block`; LLaMA's block with its SwiGLU)."""
 
     blocks: nn.ModuleList
 
-    def attention_layers(self) -> list:
-        from veil.models.base import AttentionHandles
-
+    def attention_layers(self) -> list[AttentionHandles]:
         return [AttentionHandles(b.attn.q, b.attn.k, b.attn.v, b.attn.o) for b in self.blocks]
 
     def mlp_up(self) -> list[nn.Module]:
-        return [b.mlp.fc1 for b in self.blocks]
+        return [b.mlp.expansion() for b in self.blocks]
 
     def mlp_down(self) -> list[nn.Module]:
-        return [b.mlp.fc2 for b in self.blocks]
+        return [b.mlp.contraction() for b in self.blocks]
 
     def layer_input_norms(self) -> list[nn.Module]:
         return [b.input_norm() for b in self.blocks]

@@ -9,27 +9,22 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-import torch
 from torch import Tensor, nn
 
-from veil.models.base import Batch, VeilModel, padding_bias
+from veil.models.base import Batch, VeilModel, attention_mask, padding_bias
 from veil.models.blocks import Block, BlockHandles, Table
+from veil.models.embedding import TokenConfig, TokenEmbedding
 
 
 @dataclass
-class DecoderConfig:
-    vocab_size: int = 30522
-    max_len: int = 128
-    dim: int = 128
-    depth: int = 4
-    heads: int = 4
+class DecoderConfig(TokenConfig):  # vocab_size, max_len, dim, depth, heads first (TokenConfig)
     mlp_ratio: float = 4.0
     dropout: float = 0.0
     tie_weights: bool = False
     pad_id: int = 0
 
 
-class Decoder(BlockHandles, VeilModel):
+class Decoder(TokenEmbedding, BlockHandles, VeilModel):
     modality = "text"
     task = "lm"
     causal = True
@@ -49,12 +44,6 @@ class Decoder(BlockHandles, VeilModel):
         if cfg.tie_weights:
             self.lm_head.weight = self.tok.weight
 
-    def embed_tokens(self, batch: Batch) -> Tensor:
-        return self.tok(batch["input_ids"])
-
-    def position_embeddings(self, tok: Tensor) -> Tensor:
-        return self.pos.weight[: tok.shape[1]].unsqueeze(0)
-
     def movable(self, batch: Batch) -> Tensor:
         return batch["attention_mask"].bool() & (batch["input_ids"] != self.cfg.pad_id)
 
@@ -62,19 +51,11 @@ class Decoder(BlockHandles, VeilModel):
         return self.drop(tok + pos)
 
     def forward_from_embeddings(self, h: Tensor, batch: Batch) -> Tensor:
-        mask = batch.get("attention_mask")
-        if mask is None:
-            mask = torch.ones(h.shape[:2], dtype=torch.long, device=h.device)
-        bias = padding_bias(mask, causal=self.causal, dtype=h.dtype)
+        bias = padding_bias(attention_mask(batch, h), causal=self.causal, dtype=h.dtype)
         for blk in self.blocks:
             h = blk(h, bias)
         return self.lm_head(self.norm(h))
 
-    def token_embedding(self) -> nn.Module:
-        return self.tok
-
-    def position_table(self) -> nn.Parameter:
-        return self.pos.weight
-
+    # handles (token_embedding, position_table: TokenEmbedding)
     def classifier(self) -> nn.Module:
         return self.lm_head

@@ -22,16 +22,13 @@ import torch
 from torch import Tensor, nn
 
 from veil.errors import VeilError
-from veil.models.base import AttentionHandles, Batch, NoPositionTable, VeilModel, padding_bias
+from veil.models.base import Batch, NoPositionTable, VeilModel, attention_mask, padding_bias
+from veil.models.blocks import BlockHandles
+from veil.models.embedding import TokenConfig, TokenEmbedding
 
 
 @dataclass
-class LlamaConfig:
-    vocab_size: int = 30522
-    max_len: int = 128  # the longest sequence RoPE's cached angles cover
-    dim: int = 128
-    depth: int = 4
-    heads: int = 4
+class LlamaConfig(TokenConfig):  # vocab_size, max_len, dim, depth, heads first (TokenConfig)
     mlp_hidden: int = 352  # SwiGLU hidden width (LLaMA: about 8/3 of dim, rounded)
     rope_theta: float = 10000.0
     norm_eps: float = 1e-6
@@ -89,6 +86,12 @@ class SwiGLU(nn.Module):
         gate, up = self.w13(x).chunk(2, dim=-1)
         return self.drop(self.w2(nn.functional.silu(gate) * up))
 
+    def expansion(self) -> nn.Module:
+        return self.w13
+
+    def contraction(self) -> nn.Module:
+        return self.w2
+
 
 class LlamaBlock(nn.Module):
     def __init__(self, cfg: LlamaConfig) -> None:
@@ -102,8 +105,11 @@ class LlamaBlock(nn.Module):
         x = x + self.attn(self.ln1(x), bias, cos, sin)
         return x + self.mlp(self.ln2(x))
 
+    def input_norm(self) -> nn.Module:
+        return self.ln1
 
-class Llama(VeilModel):
+
+class Llama(TokenEmbedding, BlockHandles, VeilModel):
     modality = "text"
     task = "lm"
     causal = True
@@ -126,9 +132,6 @@ class Llama(VeilModel):
         self.register_buffer("rope_cos", cos, persistent=False)
         self.register_buffer("rope_sin", sin, persistent=False)
 
-    def embed_tokens(self, batch: Batch) -> Tensor:
-        return self.tok(batch["input_ids"])
-
     def position_embeddings(self, tok: Tensor) -> Tensor:
         """No absolute positions: zeros, so a transform that moves tokens moves only content."""
         return tok.new_zeros(1, tok.shape[1], tok.shape[2])
@@ -143,36 +146,19 @@ class Llama(VeilModel):
         length = h.shape[1]
         if length > self.cfg.max_len:
             raise VeilError(f"llama: a sequence of {length} tokens is longer than max_len {self.cfg.max_len}")
-        mask = batch.get("attention_mask")
-        if mask is None:
-            mask = torch.ones(h.shape[:2], dtype=torch.long, device=h.device)
-        bias = padding_bias(mask, causal=True, dtype=h.dtype)
+        bias = padding_bias(attention_mask(batch, h), causal=True, dtype=h.dtype)
         cos, sin = self.rope_cos[:length].to(h.dtype), self.rope_sin[:length].to(h.dtype)
         for blk in self.blocks:
             h = blk(h, bias, cos, sin)
         return self.lm_head(self.norm(h))
 
-    # handles
-    def token_embedding(self) -> nn.Module:
-        return self.tok
-
+    # handles (token_embedding: TokenEmbedding; attention_layers, mlp_up, mlp_down, layer_input_norms:
+    # BlockHandles over the blocks' attention, SwiGLU and ln1)
     def position_table(self) -> nn.Parameter:
         raise NoPositionTable("llama", "RoPE rotates queries and keys instead")
 
     def max_positions(self) -> int:
         return self.cfg.max_len
-
-    def attention_layers(self) -> list[AttentionHandles]:
-        return [AttentionHandles(b.attn.q, b.attn.k, b.attn.v, b.attn.o) for b in self.blocks]
-
-    def mlp_up(self) -> list[nn.Module]:
-        return [b.mlp.w13 for b in self.blocks]
-
-    def mlp_down(self) -> list[nn.Module]:
-        return [b.mlp.w2 for b in self.blocks]
-
-    def layer_input_norms(self) -> list[nn.Module]:
-        return [b.ln1 for b in self.blocks]
 
     def classifier(self) -> nn.Module:
         return self.lm_head

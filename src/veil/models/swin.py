@@ -25,15 +25,12 @@ from torch import Tensor, nn
 from veil.errors import VeilError
 from veil.models.base import Batch, VeilModel
 from veil.models.blocks import Block, BlockHandles, Table
-from veil.models.vit import patchify
+from veil.models.embedding import PatchConfig, PatchEmbedding
 
 
 @dataclass
-class SwinConfig:
-    image_size: int = 32
+class SwinConfig(PatchConfig):  # image_size, patch_size, in_chans, num_classes first (PatchConfig)
     patch_size: int = 2
-    in_chans: int = 3
-    num_classes: int = 10
     dim: int = 64  # width of the first stage; each merge doubles it
     depth: int = 2  # blocks per stage (alternating plain and shifted windows)
     stages: int = 2
@@ -107,21 +104,17 @@ class PatchMerging(nn.Module):
         return self.reduce(self.norm(g))
 
 
-class Swin(BlockHandles, VeilModel):
+class Swin(PatchEmbedding, BlockHandles, VeilModel):
     modality = "image"
 
     def __init__(self, cfg: SwinConfig) -> None:
         super().__init__()
-        if cfg.image_size % cfg.patch_size:
-            raise VeilError(f"swin: patch_size {cfg.patch_size} does not divide image_size {cfg.image_size}")
-        self.cfg = cfg
-        self.grid = cfg.image_size // cfg.patch_size
+        self.setup_patches(cfg, "swin")
         if cfg.stages < 1 or self.grid % 2 ** (cfg.stages - 1):
             raise VeilError(
                 f"swin: the {self.grid}x{self.grid} patch grid cannot be halved {cfg.stages - 1} times "
                 f"(stages must be >= 1 and 2^(stages-1) must divide image_size / patch_size)"
             )
-        self.patch_embed = nn.Linear(cfg.in_chans * cfg.patch_size**2, cfg.dim)
         self.pos = Table(self.grid**2, cfg.dim)
         self.drop = nn.Dropout(cfg.dropout)
         blocks, stage_of, merges = [], [], []
@@ -143,20 +136,7 @@ class Swin(BlockHandles, VeilModel):
         self.norm = nn.LayerNorm(dim)
         self.head = nn.Linear(dim, cfg.num_classes)
 
-    # embedding step
-    def patches(self, pixels: Tensor) -> Tensor:
-        return patchify(pixels, self.cfg.patch_size)
-
-    def embed_tokens(self, batch: Batch) -> Tensor:
-        return self.patch_embed(self.patches(batch["pixels"]))
-
-    def position_embeddings(self, tok: Tensor) -> Tensor:
-        return self.pos.weight.unsqueeze(0)
-
-    def movable(self, batch: Batch) -> Tensor:
-        B = batch["pixels"].shape[0]
-        return torch.ones(B, self.grid**2, dtype=torch.bool, device=batch["pixels"].device)
-
+    # embedding step: patches, positions and movable from PatchEmbedding
     def assemble(self, tok: Tensor, pos: Tensor, batch: Batch) -> Tensor:
         return self.drop(tok + pos)
 
@@ -168,20 +148,10 @@ class Swin(BlockHandles, VeilModel):
                 h = self.merges[self.stage_of[i]](h)
         return self.head(self.norm(h).mean(dim=1))
 
-    # handles
-    def token_embedding(self) -> nn.Module:
-        return self.patch_embed
-
-    def position_table(self) -> nn.Parameter:
-        return self.pos.weight
-
+    # handles (token_embedding, position_table, grid_shape: PatchEmbedding)
     def classifier(self) -> nn.Module:
         return self.head
 
     @property
     def width(self) -> int:
         return self.cfg.dim
-
-    @property
-    def grid_shape(self) -> tuple[int, int]:
-        return (self.grid, self.grid)

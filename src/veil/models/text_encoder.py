@@ -13,15 +13,12 @@ from torch import Tensor, nn
 
 from veil.models.base import Batch, VeilModel, padding_bias, special_tokens_movable
 from veil.models.blocks import Block, BlockHandles, Table
+from veil.models.embedding import TokenConfig, TokenEmbedding
 
 
 @dataclass
-class TextEncoderConfig:
-    vocab_size: int = 30522
-    max_len: int = 128
+class TextEncoderConfig(TokenConfig):  # vocab_size, max_len, dim, depth, heads first (TokenConfig)
     dim: int = 96
-    depth: int = 4
-    heads: int = 4
     mlp_ratio: float = 4.0
     num_classes: int = 2
     type_vocab: int = 2
@@ -29,7 +26,7 @@ class TextEncoderConfig:
     special_ids: list[int] = field(default_factory=lambda: [0, 101, 102])  # pad, cls, sep
 
 
-class TextEncoder(BlockHandles, VeilModel):
+class TextEncoder(TokenEmbedding, BlockHandles, VeilModel):
     modality = "text"
 
     def __init__(self, cfg: TextEncoderConfig) -> None:
@@ -49,12 +46,6 @@ class TextEncoder(BlockHandles, VeilModel):
             self.seg.weight, std=0.02
         )  # BERT's init; N(0, 1) would swamp token + position after the LayerNorm
 
-    def embed_tokens(self, batch: Batch) -> Tensor:
-        return self.tok(batch["input_ids"])
-
-    def position_embeddings(self, tok: Tensor) -> Tensor:
-        return self.pos.weight[: tok.shape[1]].unsqueeze(0)
-
     def movable(self, batch: Batch) -> Tensor:
         return special_tokens_movable(batch["input_ids"], batch["attention_mask"], self.cfg.special_ids)
 
@@ -69,12 +60,7 @@ class TextEncoder(BlockHandles, VeilModel):
             h = blk(h, bias)
         return self.head(h[:, 0])
 
-    def token_embedding(self) -> nn.Module:
-        return self.tok
-
-    def position_table(self) -> nn.Parameter:
-        return self.pos.weight
-
+    # handles (token_embedding, position_table: TokenEmbedding)
     def classifier(self) -> nn.Module:
         return self.head
 
