@@ -57,7 +57,15 @@ def digit_mosaic(
     test_fraction: float = 0.2,
     seed: int = 0,
 ) -> DataSplits:
-    """K x K mosaics of sklearn digits with per-pixel labels (digit class on ink, background elsewhere)."""
+    """K x K mosaics of sklearn digits with per-pixel labels (digit class on ink, background elsewhere).
+
+    grid: digits per side (K); the image is 8K x 8K.
+    threshold: ink level (of full intensity) from which a pixel carries its digit's class.
+    train_size: mosaics drawn from the train digits.
+    test_size: mosaics drawn from the test digits.
+    test_fraction: share of the 1,797 digits held out for the test mosaics (stratified).
+    seed: the split and the draws.
+    """
     from sklearn.datasets import load_digits
 
     if isinstance(grid, bool) or not isinstance(grid, int) or grid < 1:
