@@ -103,3 +103,37 @@ def test_every_section_module_renders_a_marker_of_the_document() -> None:
     text = DOC.read_text()
     for s in all_sections():
         assert f"<!-- {s.name}:start -->" in text and callable(s.module.render), s.name
+
+
+def test_the_utility_section_reports_each_defense_against_undefended() -> None:
+    from veil.report.results.sections import utility
+
+    u = {
+        "none": {"test_accuracy_values": [0.86, 0.87, 0.85]},
+        "aegis": {"test_accuracy_values": [0.84, 0.85, 0.85]},
+    }
+    lm = {"none": {"test_accuracy_values": [0.17], "test_perplexity_values": [598.04]}}
+    text = utility.render(
+        {
+            "seeds": [0, 1, 2],
+            "tasks": {
+                "sst2-minilm": {"model": "minilm", "utility": u, "overhead": {"none": 1.0, "aegis": 0.954}},
+                "agnews-gpt2": {"model": "hf-gpt2", "utility": lm},
+            },
+        }
+    )
+    assert "| sst2-minilm (minilm) | none | 3 | 86.00 ± 0.82 | — | — | — | — | 1.00 |" in text
+    assert "| sst2-minilm (minilm) | aegis | 3 | 84.67 ± 0.47 | -1.33 | 0.67 | no | — | 0.95 |" in text
+    assert "| agnews-gpt2 (hf-gpt2) | none | 1 | 17.00 ± 0.00 | — | — | — | 598.0 ± 0.0 | — |" in text
+
+
+def test_collect_copies_a_tasks_own_figure_beside_the_document(tmp_path: Path) -> None:
+    run = tmp_path / "run"
+    (run / "figures").mkdir(parents=True)
+    (run / "figures" / "t_rounds.png").write_bytes(b"png")
+    (run / "summary.json").write_text(
+        json.dumps({"scenario": "fed", "tasks": {"t": {"figure": "figures/t_rounds.png"}}})
+    )
+    collect(run, None, tmp_path / "results", tmp_path / "figures")
+    assert (tmp_path / "figures" / "fed_t_rounds.png").read_bytes() == b"png"
+    assert load("fed", tmp_path / "results")["tasks"]["t"]["figure_doc"] == "figures/fed_t_rounds.png"

@@ -32,6 +32,7 @@ from veil.io import atomic_write_text, intact, write_checked_text
 ROOT = Path(__file__).resolve().parents[4]
 DOC = ROOT / "docs" / "results.md"
 CACHE = ROOT / "docs" / "results"
+FIGURES = ROOT / "docs" / "figures"
 #: summary keys no section renders, dropped when a run is collected (they only make the cache big)
 DROPPED = ("versions",)
 
@@ -102,8 +103,10 @@ def render_doc(text: str, cache: Path = CACHE) -> tuple[str, list[str]]:
     return text, done
 
 
-def collect(run_dir: Path, name: str | None = None, cache: Path = CACHE) -> Path:
-    """Copy RUN_DIR/summary.json (less DROPPED) to docs/results/NAME.json, atomically, hashed."""
+def collect(run_dir: Path, name: str | None = None, cache: Path = CACHE, figures: Path = FIGURES) -> Path:
+    """Copy RUN_DIR/summary.json (less DROPPED) to docs/results/NAME.json, atomically, hashed; a
+    task's own figure (`tasks[t].figure`, e.g. a FedAvg audit's per-round plot) goes to
+    docs/figures/NAME_FILE, and the task records it as `figure_doc` (relative to docs/)."""
     src = Path(run_dir) / "summary.json"
     if not src.is_file():
         raise VeilError(f"'{run_dir}' holds no summary.json (run `veil audit SCENARIO --out {run_dir}` first)")
@@ -111,6 +114,13 @@ def collect(run_dir: Path, name: str | None = None, cache: Path = CACHE) -> Path
         raise VeilError(f"'{src}' does not match its recorded hash; rerun the audit")
     summary = {k: v for k, v in json.loads(src.read_text()).items() if k not in DROPPED}
     name = name or str(summary.get("scenario") or Path(run_dir).name)
+    for t in (summary.get("tasks") or {}).values():
+        fig = Path(run_dir) / str(t.get("figure") or "")
+        if t.get("figure") and fig.is_file():
+            figures.mkdir(parents=True, exist_ok=True)
+            dest_fig = figures / f"{name}_{fig.name}"
+            dest_fig.write_bytes(fig.read_bytes())
+            t["figure_doc"] = f"{figures.name}/{dest_fig.name}"
     cache.mkdir(parents=True, exist_ok=True)
     dest = cache / f"{name}.json"
     write_checked_text(dest, json.dumps(summary, indent=1, sort_keys=False) + "\n")

@@ -25,3 +25,16 @@ def mean_std(values: Sequence[float], scale: float = 1.0, digits: int = 2) -> st
     m = sum(values) / len(values)
     sd = (sum((v - m) ** 2 for v in values) / len(values)) ** 0.5
     return f"{scale * m:.{digits}f} ± {scale * sd:.{digits}f}"
+
+
+def entry_label(entry: dict[str, Any] | str) -> str:
+    """A scenario entry's label as the audit keys it: mjp, mjp(gamma=0.1) (options sorted)."""
+    if isinstance(entry, str):
+        return entry
+    extra = ",".join(f"{k}={v}" for k, v in sorted(entry.items()) if k != "name")
+    return f"{entry['name']}({extra})" if extra else entry["name"]
+
+
+def raw_tasks(summary: dict[str, Any]) -> dict[str, dict[str, Any]]:
+    """The scenario's own task entries (summary['config']), by task name."""
+    return {t["name"]: t for t in summary.get("config", {}).get("tasks", [])}

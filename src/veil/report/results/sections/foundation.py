@@ -1,0 +1,32 @@
+"""Section foundation: the reference training runs (configs/vit_digits.yaml, configs/minilm_sst2.yaml)
+trained by the audit engine from configs/paper/foundation.yaml. The per-preset step times below it
+(section foundation-bench) are a benchmark's (benchmarks/train_step.py), not the engine's."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from veil.report.results.tables import table
+
+#: task -> (the config it mirrors, the accuracy goal, the training-time goal in minutes)
+GOALS = {"vit-digits": ("configs/vit_digits.yaml", 0.97, 5), "minilm-sst2": ("configs/minilm_sst2.yaml", 0.85, 15)}
+
+
+def render(summary: dict[str, Any]) -> str:
+    rows = []
+    for name, t in summary["tasks"].items():
+        config, acc_goal, minutes = GOALS[name]
+        u = t["utility"]["none"]
+        acc, train_min = u["test_accuracy_mean"], u["train_seconds_mean"] / 60
+        met = "met" if acc >= acc_goal and train_min < minutes else "**not met**"
+        rows.append(
+            [f"`{config}`", t["model"], t["data"], f"{acc:.4f}", f"{train_min:.1f} min"]
+            + [f">= {acc_goal:g} in < {minutes} min: {met}"]
+        )
+    header = ["run (same settings)", "model", "data", "test accuracy", "training time", "goal"]
+    note = (
+        "Trained by `veil audit configs/paper/foundation.yaml` (the settings of the two configs, one torch thread), "
+        "rendered by `python -m veil.report.results`; never edit by hand. Training time is the engine's (this shared "
+        "2-core machine: indicative); a whole command's wall time is a benchmark (`scripts/time_quickstart.py`)."
+    )
+    return f"## Foundation\n\n{note}\n\n{table(header, rows)}"
