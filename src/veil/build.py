@@ -36,7 +36,7 @@ def data_derived(model_name: str, data: DataSplits) -> dict[str, Any]:
         out["num_classes"] = data.num_classes
         if tok is not None:
             out["vocab_size"] = tok.vocab_size
-        out["max_len"] = max(int(data.train["input_ids"].shape[1]), 16)
+        out["max_len"] = max(int(data.train["input_ids"].shape[-1]), 16)  # (N, T), or (N, choices, T)
     return {k: v for k, v in out.items() if k in opts}
 
 
@@ -54,9 +54,9 @@ def build_model(cfg: RunConfig, data: DataSplits) -> VeilModel:
             raise VeilError(
                 f"model {name!r} has a vocabulary of {vocab} but the data's tokenizer has {tok.vocab_size}; use data.tokenizer=wordpiece"
             )
-        if data.train["input_ids"].shape[1] > model.max_positions():
+        if data.train["input_ids"].shape[-1] > model.max_positions():
             raise VeilError(
-                f"data sequences ({data.train['input_ids'].shape[1]} tokens) are longer than model {name!r} allows; lower data.max_len"
+                f"data sequences ({data.train['input_ids'].shape[-1]} tokens) are longer than model {name!r} allows; lower data.max_len"
             )
     return model
 

@@ -100,9 +100,11 @@ class Registry(Generic[T]):
 
 
 #: the registries and the modules that fill them
-MODELS: Registry[VeilModel] = Registry("model", modules=("veil.models", "veil.models.hf", "veil.models.vit_seg"))
+MODELS: Registry[VeilModel] = Registry(
+    "model", modules=("veil.models", "veil.models.hf", "veil.models.multiple_choice", "veil.models.vit_seg")
+)
 DATASETS: Registry[DataSplits] = Registry(
-    "dataset", modules=("veil.data.images", "veil.data.text", "veil.data.segmentation")
+    "dataset", modules=("veil.data.images", "veil.data.text", "veil.data.multiple_choice", "veil.data.segmentation")
 )
 DEFENSES: Registry[Defense] = Registry(
     "defense",
