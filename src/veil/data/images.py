@@ -6,6 +6,8 @@ train/test by a seeded, stratified draw.
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
@@ -40,78 +42,77 @@ def set_channels(pixels: Tensor, channels: int) -> Tensor:
     return pixels.expand(-1, 3, -1, -1).contiguous() if channels == 3 else pixels.mean(1, keepdim=True)
 
 
-def build_splits(
-    pixels: Tensor,
-    labels: np.ndarray,
-    class_names: list[str],
-    *,
-    test_fraction: float,
-    train_size: int | None,
-    test_size: int | None,
-    seed: int,
-    meta: dict,
-) -> DataSplits:
+@dataclass(frozen=True)
+class Limits:
+    """How every image loader splits and limits its data (its options of the same names)."""
+
+    test_fraction: float
+    train_size: int | None
+    test_size: int | None
+    seed: int
+
+
+def build_splits(pixels: Tensor, labels: np.ndarray, class_names: list[str], lim: Limits, meta: dict) -> DataSplits:
     """Seeded stratified split, then optional seeded size limits."""
     data = {"pixels": pixels.float().contiguous(), "labels": torch.as_tensor(labels, dtype=torch.int64)}
-    train_idx, test_idx = stratified_split(labels, test_fraction, seed)
-    train = limit(subset(data, train_idx), train_size, seed, "train_size")
-    test = limit(subset(data, test_idx), test_size, seed + 1, "test_size")
+    train_idx, test_idx = stratified_split(labels, lim.test_fraction, lim.seed)
+    train = limit(subset(data, train_idx), lim.train_size, lim.seed, "train_size")
+    test = limit(subset(data, test_idx), lim.test_size, lim.seed + 1, "test_size")
     meta = {**meta, "image_size": int(pixels.shape[-1]), "channels": int(pixels.shape[1])}
     return DataSplits(train, test, len(class_names), class_names, "image", meta)
 
 
-@DATASETS.register("digits", help="sklearn handwritten digits, 1,797 8x8 grey images, 10 classes")
-def digits(
-    size: int = 8,
-    channels: int = 1,
-    test_fraction: float = 0.2,
-    train_size: int | None = None,
-    test_size: int | None = None,
-    seed: int = 0,
-) -> DataSplits:
+def read_digits() -> tuple[Tensor, np.ndarray, list[str], str]:
     """sklearn handwritten digits (8x8, values 0..16 scaled to [0, 1]); bundled, no download."""
     from sklearn.datasets import load_digits
 
     d = load_digits()
     pixels = torch.from_numpy(d.images / 16.0).float().unsqueeze(1)
-    pixels = set_channels(resize(pixels, size), channels)
-    return build_splits(
-        pixels,
-        d.target.astype(np.int64),
-        [str(i) for i in range(10)],
-        test_fraction=test_fraction,
-        train_size=train_size,
-        test_size=test_size,
-        seed=seed,
-        meta={"source": "sklearn.datasets.load_digits"},
-    )
+    return pixels, d.target.astype(np.int64), [str(i) for i in range(10)], "sklearn.datasets.load_digits"
 
 
-@DATASETS.register("lfw", help="skimage LFW subset: 100 faces vs 100 non-faces, 25x25 grey")
-def lfw(
-    size: int = 32,
-    channels: int = 1,
-    test_fraction: float = 0.2,
-    train_size: int | None = None,
-    test_size: int | None = None,
-    seed: int = 0,
-) -> DataSplits:
+def read_lfw() -> tuple[Tensor, np.ndarray, list[str], str]:
     """Face / non-face task from skimage's bundled LFW subset (first 100 faces, then 100 not)."""
     from skimage import data as skdata
 
     images = skdata.lfw_subset()  # (200, 25, 25) float64 in [0, 1]
-    pixels = set_channels(resize(torch.from_numpy(images).float().unsqueeze(1), size), channels)
     labels = np.repeat(np.array([1, 0], dtype=np.int64), [100, 100])
-    return build_splits(
-        pixels,
-        labels,
-        ["non-face", "face"],
-        test_fraction=test_fraction,
-        train_size=train_size,
-        test_size=test_size,
-        seed=seed,
-        meta={"source": "skimage.data.lfw_subset"},
-    )
+    return torch.from_numpy(images).float().unsqueeze(1), labels, ["non-face", "face"], "skimage.data.lfw_subset"
+
+
+#: a bundled set's reader: () -> (pixels (N, C, H, W) in [0, 1], labels, class names, source)
+Reader = Callable[[], tuple[Tensor, np.ndarray, list[str], str]]
+
+
+def bundled(name: str, read: Reader, default_size: int) -> Callable:
+    """The loader of an image set a dependency bundles: `read` gives (pixels, labels, classes, source)."""
+
+    def load(
+        size: int = default_size,
+        channels: int = 1,
+        test_fraction: float = 0.2,
+        train_size: int | None = None,
+        test_size: int | None = None,
+        seed: int = 0,
+    ) -> DataSplits:
+        pixels, labels, names, source = read()
+        pixels = set_channels(resize(pixels, size), channels)
+        return build_splits(
+            pixels, labels, names, Limits(test_fraction, train_size, test_size, seed), {"source": source}
+        )
+
+    load.__name__ = load.__qualname__ = name
+    load.__doc__ = read.__doc__
+    return load
+
+
+#: the bundled image sets: name -> (help, reader, default size)
+BUNDLED: dict[str, tuple[str, Reader, int]] = {
+    "digits": ("sklearn handwritten digits, 1,797 8x8 grey images, 10 classes", read_digits, 8),
+    "lfw": ("skimage LFW subset: 100 faces vs 100 non-faces, 25x25 grey", read_lfw, 32),
+}
+for _name, (_help, _read, _size) in BUNDLED.items():
+    DATASETS.register(_name, help=_help)(bundled(_name, _read, _size))
 
 
 def read_image(path: Path, channels: int) -> Tensor:
@@ -165,12 +166,5 @@ def image_folder(
     pixels = torch.cat([resize(read_image(p, channels)[None], size) for c in names for p in files[c]])
     labels = np.repeat(np.arange(len(names), dtype=np.int64), [len(files[c]) for c in names])
     return build_splits(
-        pixels,
-        labels,
-        names,
-        test_fraction=test_fraction,
-        train_size=train_size,
-        test_size=test_size,
-        seed=seed,
-        meta={"source": str(path)},
+        pixels, labels, names, Limits(test_fraction, train_size, test_size, seed), {"source": str(path)}
     )

@@ -9,7 +9,8 @@ raw texts, which attacks need to decode and score what they recover.
 from __future__ import annotations
 
 import csv
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
@@ -53,29 +54,31 @@ def resolve_tokenizer(tokenizer: str | Tokenizer, corpus: Sequence[str], max_voc
     return make_tokenizer(tokenizer, corpus, max_vocab) if isinstance(tokenizer, str) else tokenizer
 
 
+@dataclass(frozen=True)
+class Encoding:
+    """The options every text loader takes for limiting and encoding its splits."""
+
+    tokenizer: str | Tokenizer
+    max_len: int
+    train_size: int | None
+    test_size: int | None
+    seed: int
+    max_vocab: int
+
+
 def encode_splits(
-    texts: dict[str, list[str]],
-    labels: dict[str, np.ndarray],
-    class_names: list[str],
-    *,
-    tokenizer: str | Tokenizer,
-    max_len: int,
-    train_size: int | None,
-    test_size: int | None,
-    seed: int,
-    max_vocab: int,
-    source: str,
+    texts: dict[str, list[str]], labels: dict[str, np.ndarray], class_names: list[str], source: str, enc: Encoding
 ) -> DataSplits:
     """Limit each split (seeded), build the tokenizer on training texts, encode both splits."""
     picks = {
-        "train": take(len(texts["train"]), train_size, seed, "train_size"),
-        "test": take(len(texts["test"]), test_size, seed + 1, "test_size"),
+        "train": take(len(texts["train"]), enc.train_size, enc.seed, "train_size"),
+        "test": take(len(texts["test"]), enc.test_size, enc.seed + 1, "test_size"),
     }
     texts = {s: [texts[s][i] for i in picks[s]] for s in picks}
-    tok = resolve_tokenizer(tokenizer, texts["train"], max_vocab)
+    tok = resolve_tokenizer(enc.tokenizer, texts["train"], enc.max_vocab)
     splits = {}
     for s in picks:
-        ids, mask = tok.encode(texts[s], max_len)
+        ids, mask = tok.encode(texts[s], enc.max_len)
         splits[s] = {
             "input_ids": ids,
             "attention_mask": mask,
@@ -86,7 +89,7 @@ def encode_splits(
         "tokenizer": tok,
         "tokenizer_name": getattr(tok, "name", type(tok).__name__),
         "vocab_size": tok.vocab_size,
-        "max_len": max_len,
+        "max_len": enc.max_len,
         "special_ids": [tok.pad_id, tok.cls_id, tok.sep_id],
         "texts": texts,
     }
@@ -117,60 +120,56 @@ def read_agnews(path: Path) -> tuple[list[str], np.ndarray]:
     return [t.strip() for t in table["text"]], labels
 
 
-@DATASETS.register("sst2", help="SST-2 movie-review sentiment, 2 classes (8,000/872 shipped; path= for all)")
-def sst2(
-    path: str | Path | None = None,
-    tokenizer: str | Tokenizer = "wordpiece",
-    max_len: int = 64,
-    train_size: int | None = None,
-    test_size: int | None = None,
-    seed: int = 0,
-    max_vocab: int = 10000,
-) -> DataSplits:
-    """SST-2; `path` is a folder with train.tsv and test.tsv (header ``sentence<TAB>label``)."""
-    folder = ASSETS / "sst2" if path is None else Path(path)
-    train = read_sst2(find_file(folder, ["train"], "sst2"))
-    test = read_sst2(find_file(folder, ["test"], "sst2"))
-    return encode_splits(
-        {"train": train[0], "test": test[0]},
-        {"train": train[1], "test": test[1]},
+Reader = Callable[[Path], tuple[list[str], np.ndarray]]
+
+
+def shipped(name: str, read: Reader, train_stems: list[str], classes: list[str], label: str, doc: str) -> Callable:
+    """The loader of a text set veil ships a subset of (assets/NAME), or reads whole from `path`."""
+
+    def load(
+        path: str | Path | None = None,
+        tokenizer: str | Tokenizer = "wordpiece",
+        max_len: int = 64,
+        train_size: int | None = None,
+        test_size: int | None = None,
+        seed: int = 0,
+        max_vocab: int = 10000,
+    ) -> DataSplits:
+        folder = ASSETS / name if path is None else Path(path)
+        train = read(find_file(folder, train_stems, name))
+        test = read(find_file(folder, ["test"], name))
+        source = f"veil assets ({label} subset)" if path is None else str(path)
+        enc = Encoding(tokenizer, max_len, train_size, test_size, seed, max_vocab)
+        return encode_splits(
+            {"train": train[0], "test": test[0]}, {"train": train[1], "test": test[1]}, classes, source, enc
+        )
+
+    load.__name__ = load.__qualname__ = name
+    load.__doc__ = doc
+    return load
+
+
+#: the shipped text sets: name -> (help, reader, train file stems, classes, what the subset is of, docstring)
+SHIPPED: dict[str, tuple[str, Reader, list[str], list[str], str, str]] = {
+    "sst2": (
+        "SST-2 movie-review sentiment, 2 classes (8,000/872 shipped; path= for all)",
+        read_sst2,
+        ["train"],
         SST2_CLASSES,
-        tokenizer=tokenizer,
-        max_len=max_len,
-        train_size=train_size,
-        test_size=test_size,
-        seed=seed,
-        max_vocab=max_vocab,
-        source="veil assets (SST-2 subset)" if path is None else str(path),
-    )
-
-
-@DATASETS.register("agnews", help="AG News topics, 4 classes (4,000/1,000 shipped; path= for all)")
-def agnews(
-    path: str | Path | None = None,
-    tokenizer: str | Tokenizer = "wordpiece",
-    max_len: int = 64,
-    train_size: int | None = None,
-    test_size: int | None = None,
-    seed: int = 0,
-    max_vocab: int = 10000,
-) -> DataSplits:
-    """AG News; `path` is a folder with train.tsv (or dev.tsv) and test.tsv, no header: text, label name."""
-    folder = ASSETS / "agnews" if path is None else Path(path)
-    train = read_agnews(find_file(folder, ["train", "dev"], "agnews"))
-    test = read_agnews(find_file(folder, ["test"], "agnews"))
-    return encode_splits(
-        {"train": train[0], "test": test[0]},
-        {"train": train[1], "test": test[1]},
+        "SST-2",
+        "SST-2; `path` is a folder with train.tsv and test.tsv (header ``sentence<TAB>label``).",
+    ),
+    "agnews": (
+        "AG News topics, 4 classes (4,000/1,000 shipped; path= for all)",
+        read_agnews,
+        ["train", "dev"],
         AGNEWS_CLASSES,
-        tokenizer=tokenizer,
-        max_len=max_len,
-        train_size=train_size,
-        test_size=test_size,
-        seed=seed,
-        max_vocab=max_vocab,
-        source="veil assets (AG News subset)" if path is None else str(path),
-    )
+        "AG News",
+        "AG News; `path` is a folder with train.tsv (or dev.tsv) and test.tsv, no header: text, label name.",
+    ),
+}
+for _name, (_help, *_spec) in SHIPPED.items():
+    DATASETS.register(_name, help=_help)(shipped(_name, *_spec))
 
 
 @DATASETS.register("table", help="your CSV / TSV / JSONL with a text and a label column")
@@ -199,15 +198,7 @@ def table(
             f"{path}: label column {label_column!r} has {len(class_names)} distinct value; a classifier needs at least 2"
         )
     train_idx, test_idx = stratified_split(labels, test_fraction, seed)
-    return encode_splits(
-        {"train": [texts[i] for i in train_idx], "test": [texts[i] for i in test_idx]},
-        {"train": labels[train_idx], "test": labels[test_idx]},
-        [str(c) for c in class_names],
-        tokenizer=tokenizer,
-        max_len=max_len,
-        train_size=train_size,
-        test_size=test_size,
-        seed=seed,
-        max_vocab=max_vocab,
-        source=str(path),
-    )
+    texts = {"train": [texts[i] for i in train_idx], "test": [texts[i] for i in test_idx]}
+    enc = Encoding(tokenizer, max_len, train_size, test_size, seed, max_vocab)
+    names = [str(c) for c in class_names]
+    return encode_splits(texts, {"train": labels[train_idx], "test": labels[test_idx]}, names, str(path), enc)
