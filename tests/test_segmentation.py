@@ -159,3 +159,38 @@ def test_veil_train_trains_vit_seg_with_mjp(tmp_path: Path) -> None:
     # better than predicting background everywhere (its pixel share; its mIoU would be ~share / 11)
     background = float((load_data("digit-mosaic", train_size=256, test_size=64).test["labels"] == 10).float().mean())
     assert s["test_accuracy"] > background and s["test_miou"] > background / 11
+
+
+def test_mjp_sections_compute_their_verdicts() -> None:
+    """The Table III and Table I sections (issue 19) print the gap to the baseline and the 1-point verdict."""
+    from veil.report.results.sections import mjp_table1_models, mjp_table3
+
+    seg = {
+        "none": {"test_accuracy_values": [0.95], "test_miou_values": [0.80], "test_macc_values": [0.88]},
+        "mjp(gamma=0.1)": {"test_accuracy_values": [0.94], "test_miou_values": [0.785], "test_macc_values": [0.87]},
+    }
+    raw = {
+        "name": "segmentation",
+        "defenses": ["none", {"name": "mjp", "gamma": 0.1}],
+        "run": {"train": {"epochs": 30}},
+    }
+    text = mjp_table3.render(
+        {
+            "seeds": [0],
+            "config": {"tasks": [raw]},
+            "tasks": {"segmentation": {"model": "vit-seg", "data": "digit-mosaic", "utility": seg}},
+        }
+    )
+    row = next(line for line in text.splitlines() if "| mjp(gamma=0.1) |" in line)
+    assert "78.50 ± 0.00" in row and "-1.50" in row and "**no**" in row
+    util = {"none": {"test_accuracy_values": [0.939]}, "mjp(gamma=0.1)": {"test_accuracy_values": [0.947]}}
+    raw = {"name": "vit", "defenses": ["none", {"name": "mjp", "gamma": 0.1}], "run": {"train": {"epochs": 20}}}
+    text = mjp_table1_models.render(
+        {
+            "seeds": [0],
+            "config": {"tasks": [raw]},
+            "tasks": {"vit": {"model": "vit-digits", "utility": util, "overhead": {"mjp(gamma=0.1)": 1.04}}},
+        }
+    )
+    row = next(line for line in text.splitlines() if "| mjp(gamma=0.1) |" in line)
+    assert "+0.80" in row and "| yes |" in row and "1.04" in row and "DeiT-S: 79.8 → 80.5" in row
