@@ -36,9 +36,18 @@ def _roundtrip(msg: Message) -> tuple[Message, int]:
 
 
 class LocalGrid(Grid):
-    """Sequential, in-process Grid over `num_nodes` ClientApp instances (node ids 1001, 1002, ...)."""
+    """Sequential, in-process Grid over `num_nodes` ClientApp instances (node ids 1001, 1002, ...);
+    `node_config(i)` adds to node i's config (partition-id, num-partitions), as a SuperNode's
+    --node-config does."""
 
-    def __init__(self, client_app: ClientApp, num_nodes: int, run_id: int = 1, ledger: Ledger | None = None) -> None:
+    def __init__(
+        self,
+        client_app: ClientApp,
+        num_nodes: int,
+        run_id: int = 1,
+        ledger: Ledger | None = None,
+        node_config: Callable[[int], dict[str, Any]] | None = None,
+    ) -> None:
         TaskIdentity.task_id, TaskIdentity.run_id, TaskIdentity.node_id = 1, run_id, SUPERLINK_NODE_ID
         self.app = client_app
         self._run = Run.create_empty(run_id=run_id)
@@ -47,7 +56,7 @@ class LocalGrid(Grid):
             1001 + i: Context(
                 run_id=run_id,
                 node_id=1001 + i,
-                node_config={"partition-id": i, "num-partitions": num_nodes},
+                node_config={"partition-id": i, "num-partitions": num_nodes, **(node_config(i) if node_config else {})},
                 state=RecordDict(),
                 run_config={},
             )
@@ -111,8 +120,13 @@ class LocalGrid(Grid):
         return outbound
 
 
-def run_local(server_main: ServerMain, client_app: ClientApp, num_nodes: int) -> LocalGrid:
-    grid = LocalGrid(client_app, num_nodes)
+def run_local(
+    server_main: ServerMain,
+    client_app: ClientApp,
+    num_nodes: int,
+    node_config: Callable[[int], dict[str, Any]] | None = None,
+) -> LocalGrid:
+    grid = LocalGrid(client_app, num_nodes, node_config=node_config)
     server_main(grid, Context(run_id=1, node_id=SUPERLINK_NODE_ID, node_config={}, state=RecordDict(), run_config={}))
     return grid
 

@@ -9,16 +9,21 @@ messages to and from the server's body. Custom message types (Flower's "<categor
   query.params    -> head/tail weights                           for FedAvg within a task
   train.params    <- averaged head/tail weights
   train.local     <- full model; -> trained full model           FL baseline
+  train.checkpoint <- step; the client writes its Context.state to its own `state-dir` (resume)
+  train.restore   <- step; the client loads that snapshot back into its Context.state
   evaluate.embed / evaluate.tail                                 the same exchange on the test split
 
 Client state (head, tail, Adam moments, permutation keys) lives in Flower's per-node
 `Context.state`, so it survives across messages whichever process serves them (Ray actors are
-pooled). The permutation keys are written there and nowhere else: no reply carries them.
+pooled). The permutation keys are written there and nowhere else: no reply carries them. A client whose
+node config names a `state-dir` (its own folder) can checkpoint that state there and restore it
+(`veil.federated.split.checkpoint`), which makes the run resumable.
 """
 
 from __future__ import annotations
 
 import json
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -27,8 +32,10 @@ from flwr.clientapp import ClientApp
 from torch import Tensor, nn
 
 from veil.defenses import Defense, create_defense
+from veil.errors import VeilError
 from veil.federated.client_secret import client_secret
 from veil.federated.comm import array_of, tensor_of
+from veil.federated.split.checkpoint import load_client_state, save_client_state
 from veil.federated.split.models import build_body
 from veil.federated.split.multitask import TASK_DEFS, SplitWorld, Task, build_parts, split_world
 from veil.federated.split.spec import SplitSpec
@@ -136,8 +143,38 @@ def _state(msg: Message, ctx: Context) -> ClientState:
 def info(msg: Message, ctx: Context) -> Message:
     cs = _state(msg, ctx)
     return _reply(
-        msg, info=ConfigRecord({"task": cs.task_name, "partition-id": cs.pid, "num-examples": len(cs.data["target"])})
+        msg,
+        info=ConfigRecord(
+            {
+                "task": cs.task_name,
+                "partition-id": cs.pid,
+                "num-examples": len(cs.data["target"]),
+                "checkpoint": int("state-dir" in ctx.node_config),
+            }
+        ),
     )
+
+
+def _state_dir(ctx: Context) -> Path:
+    if "state-dir" not in ctx.node_config:
+        raise VeilError("this client has no state-dir in its node config, so it cannot checkpoint its state")
+    return Path(str(ctx.node_config["state-dir"]))
+
+
+@app.train("checkpoint")
+def checkpoint(msg: Message, ctx: Context) -> Message:
+    """Write this client's Context.state (head, tail, Adam, keys) to its own state-dir."""
+    conf = msg.content["config"]
+    save_client_state(ctx.state, _state_dir(ctx), int(conf["step"]), str(conf["spec"]))
+    return _reply(msg, metrics=MetricRecord({"ok": 1}))
+
+
+@app.train("restore")
+def restore(msg: Message, ctx: Context) -> Message:
+    """Load the snapshot of `step` from this client's state-dir back into its Context.state."""
+    conf = msg.content["config"]
+    ctx.state = load_client_state(_state_dir(ctx), int(conf["step"]), str(conf["spec"]))
+    return _reply(msg, metrics=MetricRecord({"ok": 1}))
 
 
 @app.train("embed")

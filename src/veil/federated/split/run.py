@@ -1,6 +1,13 @@
 """`run_split(spec, run_dir)`: one split-learning protocol end to end (Flower messages on the
 in-process grid or Ray), or the centralised reference; writes RUN_DIR/summary.json with each
-task's metric and the measured bytes beside the paper's formulas (Table V)."""
+task's metric and the measured bytes beside the paper's formulas (Table V).
+
+Like `veil train`, an existing run folder is continued: a finished run (intact summary.json)
+returns its summary, an interrupted one resumes from RUN_DIR/checkpoints
+(`veil.federated.split.checkpoint`), and a folder holding progress of another config is refused.
+On the in-process grid each client keeps its own state (head, tail, Adam, permutation keys) in
+RUN_DIR/clients/clientN, which stands for that client's machine; the server's side never reads it.
+Ray's virtual clients have no state folder, so a Ray run starts over when rerun."""
 
 from __future__ import annotations
 
@@ -12,13 +19,15 @@ from typing import Any
 import torch
 from torch import nn
 
+from veil.errors import VeilError
 from veil.federated.grid import run_local, run_ray
 from veil.federated.split.client_app import app
 from veil.federated.split.models import build_body
 from veil.federated.split.multitask import TASK_DEFS, build_parts, split_world
 from veil.federated.split.server_app import server_main, split_summary
 from veil.federated.split.spec import SplitSpec
-from veil.io import atomic_write_text
+from veil.io import atomic_write_text, intact, write_checked_text
+from veil.runlock import holds_progress
 
 
 def central(spec: SplitSpec) -> dict[str, float]:
@@ -51,8 +60,29 @@ def central(spec: SplitSpec) -> dict[str, float]:
     return out
 
 
+def _finished(spec: SplitSpec, run_dir: Path) -> dict[str, Any] | None:
+    """A finished run's summary; a different config with progress is a one-line error."""
+    cfg = run_dir / "config.yaml"
+    if not cfg.is_file():
+        return None
+    if cfg.read_text() != spec.text():
+        if holds_progress(run_dir):
+            raise VeilError(f"run folder '{run_dir}' holds a different config; pick a new --out or remove it")
+        return None
+    summary = run_dir / "summary.json"
+    return json.loads(summary.read_text()) if intact(summary) else None
+
+
+def client_state_dir(run_dir: Path, pid: int) -> Path:
+    """Where in-process client `pid` keeps its own state (its machine's disk, in a deployment)."""
+    return run_dir / "clients" / f"client{pid}"
+
+
 def run_split(spec: SplitSpec, run_dir: str | Path, progress: bool = False) -> dict[str, Any]:
     run_dir = Path(run_dir)
+    done = _finished(spec, run_dir)
+    if done is not None:
+        return done
     run_dir.mkdir(parents=True, exist_ok=True)
     atomic_write_text(run_dir / "config.yaml", spec.text())
     torch.set_num_threads(1)
@@ -66,9 +96,12 @@ def run_split(spec: SplitSpec, run_dir: str | Path, progress: bool = False) -> d
             summary.update(server_main(grid, spec, run_dir))
 
         n = len(spec.split.tasks) * spec.split.clients_per_task
-        run_local(main, app, n) if spec.split.backend == "inline" else run_ray(main, app, n, spec.split.num_cpus)
+        if spec.split.backend == "inline":
+            run_local(main, app, n, node_config=lambda pid: {"state-dir": str(client_state_dir(run_dir, pid))})
+        else:
+            run_ray(main, app, n, spec.split.num_cpus)
     summary["seconds"] = round(time.perf_counter() - t0, 2)
-    atomic_write_text(run_dir / "summary.json", json.dumps(summary, indent=2))
+    write_checked_text(run_dir / "summary.json", json.dumps(summary, indent=2))
     if progress:
         print(json.dumps(summary["metrics"]), flush=True)
     return summary

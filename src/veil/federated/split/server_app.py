@@ -14,6 +14,11 @@ Protocols (`split.protocol`), each over Flower messages (see `client_app` for th
 
 The body takes one Adam step per client batch with the gradient scaled by `task_scale[task]`
 (the paper's per-task gradient scaling). Bytes are the serialised size of every message.
+
+Resume: every `split.checkpoint_every` steps (0: each epoch; fl: each unification) both sides
+checkpoint what they hold (`veil.federated.split.checkpoint`), when every client has a state-dir;
+a rerun continues from RUN_DIR/checkpoints to the weights, metrics and byte counts of an
+uninterrupted run (checkpoint messages are not protocol traffic and are not counted).
 """
 
 from __future__ import annotations
@@ -35,11 +40,13 @@ from torch import Tensor, nn
 from veil.errors import VeilError
 from veil.federated.comm import Ledger, array_of, content_bytes, message_bytes, tensor_of
 from veil.federated.grid import exchange, quick_pulls, wait_for_nodes
+from veil.federated.split.checkpoint import load_server_state, rng_from_json, rng_to_json, save_server_state
 from veil.federated.split.comm import paper_cost
 from veil.federated.split.models import build_body
 from veil.federated.split.multitask import TASK_DEFS, build_parts
 from veil.federated.split.spec import SplitSpec, load_split_spec, permutes
 from veil.io import atomic_write_text
+from veil.training.checkpoint import optimizer_tensors, restore_optimizer
 
 
 class Exchange:
@@ -53,14 +60,16 @@ class Exchange:
         conf = records.pop("config", {})
         content = RecordDict({**records, "config": ConfigRecord({"spec": self.spec.text(), **conf})})
         msg = Message(content, dst_node_id=node, message_type=mtype)
-        ledger = self.train if phase == "train" else self.eval
-        ledger.sent(msg, message_bytes(msg) - _spec_bytes(self.spec))
+        ledger = None if phase == "control" else self.train if phase == "train" else self.eval
+        if ledger is not None:
+            ledger.sent(msg, message_bytes(msg) - _spec_bytes(self.spec))
         reply = exchange(self.grid, [msg], 600)
         if not reply or reply[0].has_error():
             raise VeilError(
                 f"split client {node} failed on {mtype}: {reply[0].error.reason[:300] if reply else 'no reply'}"
             )
-        ledger.received(reply[0])
+        if ledger is not None:
+            ledger.received(reply[0])
         return reply[0]
 
 
@@ -71,8 +80,19 @@ def _spec_bytes(spec: SplitSpec) -> int:
     )
 
 
+def _ledger_state(ledger: Ledger) -> dict[str, dict[str, int]]:
+    return {"down": dict(ledger.down), "up": dict(ledger.up), "count": dict(ledger.count)}
+
+
+def _ledger_from(data: dict[str, dict[str, int]]) -> Ledger:
+    out = Ledger()
+    for part in ("down", "up", "count"):
+        getattr(out, part).update({k: int(v) for k, v in data[part].items()})
+    return out
+
+
 class SplitServer:
-    def __init__(self, grid: Grid, spec: SplitSpec) -> None:
+    def __init__(self, grid: Grid, spec: SplitSpec, run_dir: Path | None = None) -> None:
         """The server builds its body from the public spec; it holds no client data or key."""
         self.spec, self.sc = spec, spec.split
         self.body = build_body(spec)
@@ -89,6 +109,56 @@ class SplitServer:
         self.total = self.sc.epochs * self.steps_per_epoch
         self.unify = self.sc.unify_every or self.steps_per_epoch
         self.events: list[dict[str, Any]] = []
+        # resumable when every client keeps its own state (a state-dir in its node config)
+        self.ck = run_dir / "checkpoints" if run_dir is not None else None
+        if not all(int(infos[n].get("checkpoint", 0)) for n in self.nodes):
+            self.ck = None
+        self.every = self.sc.checkpoint_every or (self.unify if self.sc.protocol == "fl" else self.steps_per_epoch)
+        self.done = 0  # steps completed (restored on resume)
+        self.resumed: dict[str, Any] = {}
+
+    # ---- checkpoints (`veil.federated.split.checkpoint`) -------------------------------------
+    def checkpoint(self, done: int, loop: dict[str, Any], tensors: dict[str, dict[str, Tensor]]) -> None:
+        """Every client writes its state for step `done`, then the server writes its own (state.json last)."""
+        if self.ck is None:
+            return
+        for n in self.nodes:
+            self.ex(n, "train.checkpoint", phase="control", config={"step": done})
+        groups = {
+            "body": self.body.state_dict(),
+            "rng": {"torch": torch.get_rng_state()},
+            **tensors,
+        }
+        opt_tensors, opt_scalars = optimizer_tensors(self.opt)
+        if opt_tensors:
+            groups["optimizer"] = opt_tensors
+        state = {
+            "step": done,
+            "optimizer": opt_scalars,
+            "events": self.events,
+            "bytes": {"train": _ledger_state(self.ex.train), "eval": _ledger_state(self.ex.eval)},
+            "loop": loop,
+        }
+        save_server_state(self.ck, groups, state)
+
+    def resume(self) -> None:
+        """Restore the server's side from RUN_DIR/checkpoints and have every client restore its own."""
+        got = load_server_state(self.ck) if self.ck is not None else None
+        if got is None:
+            return
+        state, groups = got
+        self.done = int(state["step"])
+        self.body.load_state_dict(groups["body"])
+        restore_optimizer(self.opt, groups.get("optimizer", {}), state["optimizer"])
+        self.events = list(state["events"])
+        self.ex.train, self.ex.eval = _ledger_from(state["bytes"]["train"]), _ledger_from(state["bytes"]["eval"])
+        for n in self.nodes:
+            self.ex(n, "train.restore", phase="control", config={"step": self.done})
+        torch.set_rng_state(groups["rng"]["torch"])  # after the clients' (one process in simulation)
+        self.resumed = {"loop": state["loop"], "tensors": groups}
+
+    def due(self, done: int) -> bool:
+        return done % self.every == 0 or done == self.total
 
     def scale(self, node: int) -> float:
         return float(self.sc.task_scale.get(self.task[node], 1.0))
@@ -125,10 +195,16 @@ class SplitServer:
 
     def train_split(self) -> None:
         pf = self.sc.protocol == "pfesta"
-        cache = {n: tensor_of(self.ex(n, "train.embed"), "features") for n in self.nodes} if pf else {}
         rng = random.Random(self.spec.cfg.train.seed)
-        order = {n: [] for n in self.nodes}
-        for step in range(self.total):
+        order: dict[int, list[int]] = {n: [] for n in self.nodes}
+        if self.resumed:  # the cached features, the sampling stream and each client's queue, by partition
+            loop, tensors = self.resumed["loop"], self.resumed["tensors"]
+            cache = {n: tensors["cache"][str(self.pid[n])] for n in self.nodes} if pf else {}
+            rng.setstate(rng_from_json(loop["rng"]))
+            order = {n: [int(i) for i in loop["order"][str(self.pid[n])]] for n in self.nodes}
+        else:
+            cache = {n: tensor_of(self.ex(n, "train.embed"), "features") for n in self.nodes} if pf else {}
+        for step in range(self.done, self.total):
             losses = []
             for n in self.nodes:
                 if pf:
@@ -147,13 +223,22 @@ class SplitServer:
             if (step + 1) % self.unify == 0 and self.sc.protocol in ("festa", "pfesta"):
                 self.unify_params(head=self.sc.protocol == "festa")
             self.log_step(step, losses)
+            if self.due(step + 1):
+                loop = {"rng": rng_to_json(rng.getstate()), "order": {str(self.pid[n]): order[n] for n in self.nodes}}
+                self.checkpoint(step + 1, loop, {"cache": {str(self.pid[n]): cache[n] for n in cache}} if pf else {})
 
     def train_fl(self) -> None:
         parts = {t: build_parts(self.spec, t) for t in self.sc.tasks}
         glob = {f"head.{k}": v for k, v in parts[self.sc.tasks[0]][0].state_dict().items()}
         glob.update({f"body.{k}": v for k, v in self.body.state_dict().items()})
         tails = {t: {f"tail.{k}": v for k, v in parts[t][1].state_dict().items()} for t in self.sc.tasks}
-        for start in range(0, self.total, self.unify):
+        if self.resumed:  # the global head + body and each task's tail after the last checkpointed window
+            tensors = self.resumed["tensors"]
+            glob = dict(tensors["global"])
+            tails = {
+                t: {k[len(t) + 1 :]: v for k, v in tensors["tails"].items() if k.startswith(t + "/")} for t in tails
+            }
+        for start in range(self.done, self.total, self.unify):
             steps = min(self.unify, self.total - start)
             reps = {
                 n: self.ex(
@@ -170,6 +255,9 @@ class SplitServer:
                 ns = [n for n in self.nodes if self.task[n] == t]
                 tails[t] = _wavg([sds[n] for n in ns], [self.size[n] for n in ns], ("tail.",))
             self.log_step(start + steps - 1, [float(r.content["metrics"]["loss"]) for r in reps.values()])
+            if self.due(start + steps) or (start + steps) % self.every < steps:
+                flat = {f"{t}/{k}": v for t, sd in tails.items() for k, v in sd.items()}
+                self.checkpoint(start + steps, {}, {"global": glob, "tails": flat})
         self.body.load_state_dict({k[5:]: v for k, v in glob.items() if k.startswith("body.")})
         for n in self.nodes:  # the final tails and head are the clients' models for evaluation
             self.ex(
@@ -255,7 +343,8 @@ def split_summary(spec: SplitSpec) -> dict[str, Any]:
 def server_main(grid: Grid, spec: SplitSpec, run_dir: Path) -> dict[str, Any]:
     """Train and evaluate one split protocol over `grid`; RUN_DIR/metrics.jsonl gets the epochs.
     Returns the task metrics, the measured bytes and the paper's per-client costs."""
-    server = SplitServer(grid, spec)
+    server = SplitServer(grid, spec, run_dir)
+    server.resume()
     server.train_fl() if spec.split.protocol == "fl" else server.train_split()
     out: dict[str, Any] = {"metrics": server.evaluate()}
     out.update(

@@ -33,6 +33,7 @@ class SplitConfig:
     eval_every: 0           # epochs between evaluations (0: only at the end)
     freeze_head: false      # central only: keep the patch-embedding head at its initialisation, as p-FeSTA does
     secret: random          # random: permutation keys also seeded from a client-held secret; seeded: from the run seed
+    checkpoint_every: 0     # steps between checkpoints for resume (0: each epoch; fl: each unification)
     """
 
     protocol: str = "pfesta"
@@ -46,6 +47,7 @@ class SplitConfig:
     num_cpus: float = 1.0
     freeze_head: bool = False
     secret: str = "random"
+    checkpoint_every: int = 0
 
 
 _SPLIT_CHOICES = {
@@ -63,6 +65,10 @@ def split_config(raw: Any) -> SplitConfig:
         raise VeilError(f"split.tasks must be a non-empty list from {', '.join(TASKS)}, got {sc.tasks!r}")
     if sc.clients_per_task < 1 or sc.epochs < 1:
         raise VeilError("split.clients_per_task and split.epochs must be at least 1")
+    if sc.checkpoint_every < 0:
+        raise VeilError(
+            f"split.checkpoint_every must be 0 (each epoch) or a positive number of steps, got {sc.checkpoint_every}"
+        )
     return sc
 
 
