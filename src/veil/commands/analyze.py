@@ -7,13 +7,13 @@ from __future__ import annotations
 import argparse
 import importlib
 
-ANALYSES = ("pe", "channels")
+ANALYSES = ("pe", "channels", "tokens")
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser(
         "analyze",
-        help="analyses of trained runs (pe: position-embedding PCA; channels: AEGIS leakage channels)",
+        help="analyses of trained runs (pe: position-embedding PCA; channels: AEGIS leakage channels; tokens: MJP Fig. 9)",
         description=__doc__,
     )
     inner = p.add_subparsers(dest="analysis", metavar="ANALYSIS")
