@@ -3,13 +3,14 @@
 from __future__ import annotations
 
 import json
+import time
 from pathlib import Path
 
 import pytest
 import torch
 
 from veil.config import load_config
-from veil.runtime import free_cores, resolve_threads, usable_cores
+from veil.runtime import current_load, free_cores, resolve_threads, usable_cores
 from veil.training.loop import train
 
 
@@ -20,12 +21,41 @@ def test_free_cores_is_the_cores_minus_the_load_and_at_least_one() -> None:
     assert free_cores(n + 5.0) == 1
 
 
+def test_the_load_is_read_now() -> None:
+    """A CPU-bound process started a moment ago counts at once (the one-minute load average would
+    still read it as ~0)."""
+    import subprocess
+    import sys
+
+    hog = subprocess.Popen([sys.executable, "-c", "while True: pass"])
+    try:
+        time.sleep(0.3)
+        assert current_load(0.5) >= 0.6  # the hog alone is one core (other work only adds)
+    finally:
+        hog.kill()
+        hog.wait()
+
+
+def test_this_process_own_cpu_time_is_subtracted(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Hand-computed: over 0.5 s the machine's cores were busy 150 of 200 ticks (1.5 cores of 2)
+    and this process used 0.5 s of CPU (1 core): others use 0.5 cores."""
+    import veil.runtime as rt
+
+    jiffies, own, clock = iter([(1000, 4000), (1150, 4200)]), iter([3.0, 3.5]), iter([10.0, 10.5])
+    monkeypatch.setattr(rt, "_cpu_jiffies", lambda: next(jiffies))
+    monkeypatch.setattr(rt, "_own_seconds", lambda: next(own))
+    monkeypatch.setattr(rt.time, "monotonic", lambda: next(clock))
+    monkeypatch.setattr(rt.time, "sleep", lambda s: None)
+    monkeypatch.setattr(rt.os, "cpu_count", lambda: 2)
+    assert current_load(0.5) == pytest.approx(0.5)
+
+
 def test_an_explicit_setting_wins_then_the_environment(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("OMP_NUM_THREADS", "3")
     assert resolve_threads(2) == 2
     assert resolve_threads(0) == 3
     monkeypatch.delenv("OMP_NUM_THREADS")
-    monkeypatch.setattr("os.getloadavg", lambda: (usable_cores() + 1.0, 0.0, 0.0))
+    monkeypatch.setattr("veil.runtime.current_load", lambda: usable_cores() + 1.0)
     assert resolve_threads(0) == 1  # a saturated machine: one thread, not one per core
 
 
