@@ -12,17 +12,19 @@ import argparse
 import json
 from pathlib import Path
 
+from veil.commands import subcommand
 from veil.config import load_config
 from veil.errors import VeilError
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
     """Register `channels` under the `veil analyze` subcommands."""
-    p = sub.add_parser(
+    p = subcommand(
+        sub,
         "channels",
-        help="AEGIS leakage channels per layer: gradient rank, span overlap, embedding-row sparsity",
-        description=__doc__,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
+        "AEGIS leakage channels per layer: gradient rank, span overlap, embedding-row sparsity",
+        __doc__,
+        run,
     )
     p.add_argument("source", help="a run folder written by `veil train`, or a YAML config")
     p.add_argument("overrides", nargs="*", help="key=value overrides, e.g. defense=aegis mlp_noise=0")
@@ -30,7 +32,6 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--tol", type=float, default=0.01, help="relative span distance counted as a hit (default 0.01)")
     p.add_argument("--seed", type=int, default=0, help="which training batch (seeded pick)")
     p.add_argument("--out", default=None, help="output folder")
-    p.set_defaults(run=run)
 
 
 def run(args: argparse.Namespace) -> int:

@@ -11,22 +11,19 @@ import argparse
 import json
 from pathlib import Path
 
+from veil.commands import subcommand
 from veil.errors import VeilError
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
     """Register `pe` under the `veil analyze` subcommands."""
-    p = sub.add_parser(
-        "pe",
-        help="PCA of the position-embedding table: explained variance and 1-D/2-D/3-D plots",
-        description=__doc__,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
+    p = subcommand(
+        sub, "pe", "PCA of the position-embedding table: explained variance and 1-D/2-D/3-D plots", __doc__, run
     )
     p.add_argument("run_dir", help="a run folder written by `veil train`")
     p.add_argument("--out", default=None, help="output folder (default RUN_DIR/analysis/pe)")
     p.add_argument("--dims", type=int, default=10, help="projected dimensions to report (default 10)")
     p.add_argument("--rows", type=int, default=None, help="text: only the first ROWS positions")
-    p.set_defaults(run=run)
 
 
 def run(args: argparse.Namespace) -> int:

@@ -20,6 +20,7 @@ import json
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from veil.commands import subcommand
 from veil.config import RunConfig, load_config, parse_value
 from veil.errors import VeilError
 
@@ -32,12 +33,7 @@ REFERENCES = ("original", "shuffled")  # = veil.attacks.harness.REFERENCES (test
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
-    p = sub.add_parser(
-        "attack",
-        help="run a privacy attack on one client update and score it",
-        description=__doc__,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
-    )
+    p = subcommand(sub, "attack", "run a privacy attack on one client update and score it", __doc__, run)
     p.add_argument("source", help="run folder (trained weights) or YAML config (weights at init)")
     p.add_argument("overrides", nargs="*", help="config key=value overrides; attack.KEY=VALUE for attack options")
     p.add_argument(
@@ -52,7 +48,6 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--out", required=True, help="output folder")
     p.add_argument("--quiet", action="store_true", help="no progress bar or table")
     p.__class__ = _KeyValueParser  # key=value may also follow the options
-    p.set_defaults(run=run)
 
 
 class _KeyValueParser(argparse.ArgumentParser):

@@ -10,21 +10,17 @@ from __future__ import annotations
 import argparse
 import json
 
+from veil.commands import config_arguments, subcommand
+
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
-    p = sub.add_parser(
-        "federate",
-        help="federated training on Flower (simulation engine), with a live privacy auditor",
-        description=__doc__,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
+    p = subcommand(
+        sub, "federate", "federated training on Flower (simulation engine), with a live privacy auditor", __doc__, run
     )
-    p.add_argument("config", help="YAML config with a federated: section, or a run folder")
-    p.add_argument("overrides", nargs="*", help="key=value overrides, e.g. federated.clients=3 train.lr=0.002")
-    p.add_argument("--out", required=True, help="run folder")
+    config_arguments(p, "YAML config with a federated: section, or a run folder", "federated.clients=3 train.lr=0.002")
     p.add_argument("--resume", action="store_true", help="continue an interrupted run from its last round checkpoint")
     p.add_argument("--quiet", action="store_true", help="no per-round progress lines")
     p.add_argument("--verbose", action="store_true", help="show Flower / Ray logs")
-    p.set_defaults(run=run)
 
 
 def run(args: argparse.Namespace) -> int:

@@ -16,21 +16,21 @@ import json
 import time
 from pathlib import Path
 
+from veil.commands import config_arguments, subcommand
 from veil.errors import VeilError
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
-    p = sub.add_parser(
-        "pretrain",
-        help="pretrain a model on shipped data into a checkpoint folder (for model.init)",
-        description=__doc__,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
+    p = subcommand(
+        sub, "pretrain", "pretrain a model on shipped data into a checkpoint folder (for model.init)", __doc__, run
     )
-    p.add_argument("config", help="YAML run config (model, data, train; no defense)")
-    p.add_argument("overrides", nargs="*", help="key=value overrides, e.g. train.epochs=1")
-    p.add_argument("--out", required=True, help="checkpoint folder to write (a run folder DIR/run beside it)")
+    config_arguments(
+        p,
+        "YAML run config (model, data, train; no defense)",
+        "train.epochs=1",
+        "checkpoint folder to write (a run folder DIR/run beside it)",
+    )
     p.add_argument("--quiet", action="store_true", help="no progress bar")
-    p.set_defaults(run=run)
 
 
 def run(args: argparse.Namespace) -> int:

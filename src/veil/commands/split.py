@@ -11,19 +11,15 @@ from __future__ import annotations
 import argparse
 import json
 
+from veil.commands import config_arguments, subcommand
+
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
-    p = sub.add_parser(
-        "split",
-        help="split learning (SL, FeSTA, p-FeSTA) on Flower, multi-task, with byte accounting",
-        description=__doc__,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
+    p = subcommand(
+        sub, "split", "split learning (SL, FeSTA, p-FeSTA) on Flower, multi-task, with byte accounting", __doc__, run
     )
-    p.add_argument("config", help="YAML config with a split: section")
-    p.add_argument("overrides", nargs="*", help="key=value overrides, e.g. split.protocol=sl split.epochs=5")
-    p.add_argument("--out", required=True, help="run folder")
+    config_arguments(p, "YAML config with a split: section", "split.protocol=sl split.epochs=5")
     p.add_argument("--compare", action="store_true", help="run central, fl, sl, festa, pfesta and single-task pfesta")
-    p.set_defaults(run=run)
 
 
 def run(args: argparse.Namespace) -> int:

@@ -5,14 +5,18 @@ from __future__ import annotations
 import argparse
 import json
 
+from veil.commands import config_arguments
 from veil.config import load_config
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("train", help="train a model (with defenses) from a YAML config", description=__doc__)
-    p.add_argument("config", help="YAML config file, or a run folder to resume")
-    p.add_argument("overrides", nargs="*", help="key=value overrides, e.g. train.epochs=3 defense=mjp gamma=0.1")
-    p.add_argument("--out", required=True, help="run folder (created; an existing one is resumed)")
+    config_arguments(
+        p,
+        "YAML config file, or a run folder to resume",
+        "train.epochs=3 defense=mjp gamma=0.1",
+        "run folder (created; an existing one is resumed)",
+    )
     p.add_argument("--quiet", action="store_true", help="no progress bar")
     p.set_defaults(run=run)
 
