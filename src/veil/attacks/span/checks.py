@@ -34,13 +34,13 @@ def row_span(g: Tensor, k: int | None = None, tol: float = 1e-6, region: float =
     if not s.numel() or s[0] <= 0:
         keep = torch.zeros_like(s, dtype=torch.bool)
     elif k is not None:
-        keep = torch.arange(len(s)) < k
+        keep = torch.arange(len(s), device=s.device) < k
     else:
         rel = (s / s[0]).clamp_min(1e-300)
         drop = rel[:-1] / rel[1:]
         drop[rel[1:] >= region] = 0  # only drops into the small region
         j = int(drop.argmax()) if len(drop) else 0
-        keep = torch.arange(len(s)) <= j if len(drop) and drop[j] >= min_drop else rel > tol
+        keep = torch.arange(len(s), device=s.device) <= j if len(drop) and drop[j] >= min_drop else rel > tol
     return Span(basis=vh[keep].T.contiguous(), singular=s, width=g.shape[1])
 
 

@@ -75,10 +75,17 @@ def param_name(model: nn.Module, p: nn.Parameter) -> str:
 
 
 # ----------------------------------------------------------------------------- layer inputs
+def model_device(model: nn.Module) -> torch.device:
+    """Where the model's weights live: the searches keep ids and scores on the CPU and move each
+    scoring call's inputs there (the same code on ``cuda``)."""
+    return next(model.parameters()).device
+
+
 def first_layer_inputs(model: VeilModel, ids: Tensor, positions: Tensor) -> Tensor:
-    """``h0(ids[i], positions[j])`` for all pairs: (len(positions), len(ids), width)."""
-    tok = model.token_embedding().weight[ids]  # (V, D)
-    pos = model.position_table().reshape(-1, tok.shape[-1])[positions]  # (P, D)
+    """``h0(ids[i], positions[j])`` for all pairs: (len(positions), len(ids), width), on the model's device."""
+    dev = model_device(model)
+    tok = model.token_embedding().weight[ids.to(dev)]  # (V, D)
+    pos = model.position_table().reshape(-1, tok.shape[-1])[positions.to(dev)]  # (P, D)
     h = model.assemble(tok.unsqueeze(0).expand(len(positions), -1, -1), pos.unsqueeze(1), {})
     return model.layer_input_norms()[0](h)
 
@@ -112,9 +119,11 @@ def recording_inputs(mods: list[nn.Module], stop: nn.Module | None = None) -> It
 
 
 def layer_inputs(model: VeilModel, ids: Tensor, mask: Tensor | None = None, layer: int = 1) -> Tensor:
-    """The input that attention layer `layer`'s Q projection receives for sentences `ids` (N, T)."""
+    """The input that attention layer `layer`'s Q projection receives for sentences `ids` (N, T)
+    (on the model's device)."""
     mask = torch.ones_like(ids) if mask is None else mask
-    batch = {"input_ids": ids, "attention_mask": mask}
+    dev = model_device(model)
+    batch = {"input_ids": ids.to(dev), "attention_mask": mask.to(dev)}
     q = model.attention_layers()[layer].q
     with recording_inputs([q], stop=q) as seen:
         tok = model.embed_tokens(batch)
@@ -146,7 +155,7 @@ def position_candidates(
         for t0 in range(0, max_len, per):
             pos = torch.arange(t0, min(max_len, t0 + per))
             x = first_layer_inputs(model, ids, pos).double()
-            dists[pos, start : start + len(ids)] = span.distance(x)
+            dists[pos, start : start + len(ids)] = span.distance(x).cpu()
     found, fd = [], []
     for t in range(max_len):
         idx = torch.nonzero(dists[t] < tol).flatten()
@@ -168,7 +177,7 @@ def vocabulary(obs: Observation, know: Knowledge) -> Tensor | None:
     except VeilError:
         return None
     extra = torch.tensor(special_ids(obs.model, know.tokenizer), dtype=torch.long)
-    return torch.unique(torch.cat([present_tokens(norms, 1e-7), extra]))
+    return torch.unique(torch.cat([present_tokens(norms, 1e-7).cpu(), extra]))
 
 
 @dataclass
@@ -211,11 +220,13 @@ def pin_positions(
     toks = torch.unique(torch.cat([c for c in cands if len(c)]))
     D = emb.weight.shape[1]
     table = model.position_table().reshape(-1, D)[:T].double()
-    x = emb.weight[toks].double()[None] + table[:, None] + model.segment_row().double()
+    on = toks.to(emb.weight.device)
+    x = emb.weight[on].double()[None] + table[:, None] + model.segment_row().double()
     c = x - x.mean(-1, keepdim=True)
     var = c.pow(2).mean(-1)
-    g = obs.grad(emb)[toks].double()
-    cos = (c * g).sum(-1).abs() / (c.norm(dim=-1) * g.norm(dim=-1)).clamp_min(1e-300)  # (T, V)
+    g = obs.grad(emb)[on].double()
+    cos = ((c * g).sum(-1).abs() / (c.norm(dim=-1) * g.norm(dim=-1)).clamp_min(1e-300)).cpu()  # (T, V)
+    var, g = var.cpu(), g.cpu()
     col = {int(v): j for j, v in enumerate(toks.tolist())}
     allowed = torch.zeros(T, len(toks), dtype=torch.bool)
     for t, ct in enumerate(cands):

@@ -55,8 +55,9 @@ class Residual:
 
     def sentence_grads(self, ids: list[int], label: int) -> dict[str, Tensor]:
         model = self.model
-        x = torch.tensor([ids])
-        batch = {"input_ids": x, "attention_mask": torch.ones_like(x), "labels": torch.tensor([label])}
+        dev = next(model.parameters()).device
+        x = torch.tensor([ids], device=dev)
+        batch = {"input_ids": x, "attention_mask": torch.ones_like(x), "labels": torch.tensor([label], device=dev)}
         params = {n: p for n, p in model.named_parameters() if n in self.grads}
         with torch.enable_grad():
             grads = torch.autograd.grad(model.loss(model(batch), batch), list(params.values()), allow_unused=True)

@@ -11,15 +11,21 @@ import torch
 from torch import Tensor, nn
 
 from veil.attacks.span.checks import CLSCheck
-from veil.attacks.span.core import Span, recording_inputs
+from veil.attacks.span.core import Span, model_device, recording_inputs
 from veil.attacks.span.residual import Residual
 from veil.models.base import VeilModel
+
+#: memory one scoring call may use on the CPU, and the float32 activations a block keeps per token
+#: and width (Q/K/V/O, the MLP's 4x hidden, LayerNorms, residuals: ~12), x3 with the backward pass
+CALL_BYTES = 1 << 30
+ACT_FLOATS = 12
 
 
 def _probe(model: VeilModel, mods: list[Any], stop: Any, ids: Tensor, mask: Tensor) -> dict[int, Tensor]:
     """The inputs of `mods` for sentences `ids`, stopping the forward pass at `stop`'s input."""
+    dev = model_device(model)
     with recording_inputs(mods, stop=stop) as seen:
-        model({"input_ids": ids, "attention_mask": mask})
+        model({"input_ids": ids.to(dev), "attention_mask": mask.to(dev)})
     return seen
 
 
@@ -57,6 +63,16 @@ class SentenceScore:
         self.tok_grad = tok_grad.float() if tok_grad is not None and with_cls else None
         self.batch_size, self.cap = batch_size, cap
 
+    def rows_per_call(self, n: int) -> int:
+        """Candidate sentences of `n` tokens one scoring call may hold: its activations (all blocks
+        and their backward pass with the gradient match, else the first two blocks) within
+        `CALL_BYTES` on the CPU, a quarter of the free memory on a GPU."""
+        dev = model_device(self.model)
+        room = torch.cuda.mem_get_info(dev)[0] // 4 if dev.type == "cuda" else CALL_BYTES
+        layers = len(self.model.attention_layers()) if self.tok_grad is not None or self.with_cls else 2
+        per = n * self.span2.width * layers * (ACT_FLOATS * (3 if self.tok_grad is not None else 1)) * 4
+        return max(1, int(room // max(1, per)))
+
     def __call__(self, ids: Tensor) -> tuple[Tensor, Tensor]:
         pc, dc = self._scores(ids)
         return (pc + self.prior(ids) if self.prior is not None else pc), dc
@@ -67,9 +83,9 @@ class SentenceScore:
         mods = [self.q2, self.check.module] if self.with_cls else [self.q2]
         with torch.no_grad():
             seen = _probe(self.model, mods, mods[-1], ids, torch.ones_like(ids))
-            d2 = self.span2.distance(seen[id(self.q2)].double()).float()
+            d2 = self.span2.distance(seen[id(self.q2)].double()).float().cpu()
             dc = (
-                self.check.distance(seen[id(self.check.module)])
+                self.check.distance(seen[id(self.check.module)]).cpu()
                 if self.with_cls
                 else torch.full((len(ids),), float("inf"))
             )
@@ -77,6 +93,7 @@ class SentenceScore:
 
     def _with_gradient(self, ids: Tensor) -> tuple[Tensor, Tensor]:
         model = self.model
+        ids = ids.to(model_device(model))
         mask = torch.ones_like(ids)
         batch = {"input_ids": ids, "attention_mask": mask}
         with recording_inputs([self.q2, self.check.module]) as seen, torch.enable_grad():
@@ -93,7 +110,9 @@ class SentenceScore:
             else:
                 grads = [
                     torch.autograd.grad(
-                        nn.functional.cross_entropy(logits, torch.full((len(ids),), y), reduction="sum"),
+                        nn.functional.cross_entropy(
+                            logits, torch.full((len(ids),), y, device=ids.device), reduction="sum"
+                        ),
                         tok,
                         retain_graph=y < C - 1,
                     )[0]
@@ -105,7 +124,7 @@ class SentenceScore:
         d2 = self.span2.distance(seen[id(self.q2)].double()).float()
         dc = self.check.distance(seen[id(self.check.module)])
         assert best is not None
-        return d2 + best, dc
+        return (d2 + best).cpu(), dc.cpu()
 
     def cls(self, ids: Tensor) -> float:
         with torch.no_grad():
@@ -140,6 +159,7 @@ class PositionPrior:
         G, P = res.token_grad(), res.position_grad()
         if G is None or P is None or weight <= 0:
             return
+        G, P = G.cpu(), P.cpu()  # a small least-squares fit: on the CPU, where the searches read it
         norms = G.norm(dim=1)
         bag = torch.nonzero(norms > 1e-4 * float(norms.max())).flatten()  # peeled rows leave ~1e-7 of float32 residue
         if not len(bag):

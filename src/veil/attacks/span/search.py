@@ -37,7 +37,7 @@ from veil.models.base import VeilModel
 
 def sentence_costs(model: VeilModel, span2: Span, ids: Tensor, mask: Tensor) -> Tensor:
     """Per-position layer-2 span distance (N, T) of sentences `ids`; 0 at padding."""
-    return span2.distance(layer_inputs(model, ids, mask)).float() * mask
+    return span2.distance(layer_inputs(model, ids, mask)).float().cpu() * mask
 
 
 # ----------------------------------------------------------------------------- decoder

@@ -109,8 +109,9 @@ class Walker:
 
     def _objective(self, score: SentenceScore, x: Tensor) -> tuple[Tensor, Tensor, Tensor]:
         fs, dcs, pcs = [], [], []
-        for i in range(0, len(x), self.chunk):
-            pc, dc = score(x[i : i + self.chunk])
+        rows = min(self.chunk, score.rows_per_call(self.n))  # what fits in memory; the work counts `chunk`
+        for i in range(0, len(x), rows):
+            pc, dc = score(x[i : i + rows])
             fs.append(pc.sum(1) + (score.cls_weight * dc if score.with_cls else 0))
             dcs.append(dc)
             pcs.append(pc)
