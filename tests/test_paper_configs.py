@@ -47,3 +47,24 @@ def test_a_task_at_init_attacks_the_seeded_weights_and_trains_nothing(tmp_path: 
     assert s["tasks"]["shuffled"]["leakage"]["mjp(gamma=0.27)"]["april"]["psnr"] < 30
     with pytest.raises(VeilError, match=r"tasks\[0\].weights must be one of trained, init, got 'random'"):
         parse_scenario({"tasks": [{**task, "weights": "random"}]})
+
+
+def test_a_task_evaluates_its_runs_under_test_time_shuffle_and_pca(tmp_path: Path) -> None:
+    """`evaluate: {test_shuffle, pe}` (MJP Fig. 4 and Table XII): each trained run is evaluated after
+    training, cached in its folder, and the summary holds the mean over seeds; G = 0 is the clean
+    accuracy; a bad key is one line."""
+    from veil.errors import VeilError
+    from veil.experiments.audit import run_audit
+    from veil.experiments.scenario import parse_scenario
+
+    run = {"model": "vit-digits", "data": {"name": "digits"}, "train": {"epochs": 6, "batch_size": 64, "lr": 0.003}}
+    task = {"name": "d", "run": run, "evaluate": {"test_shuffle": [0.0, 0.5], "pe": 3}}
+    s = run_audit(parse_scenario({"name": "x", "tasks": [task]}), tmp_path, False)
+    u = s["tasks"]["d"]["utility"]["none"]
+    assert u["evaluations"]["test_shuffle"]["0"] == u["test_accuracy_mean"]
+    assert u["evaluations"]["test_shuffle"]["0.5"] < u["test_accuracy_mean"]
+    ev = u["evaluations"]["pe"]
+    assert list(ev) == ["1", "2", "3"] and 0 < ev["1"] < ev["2"] < ev["3"] <= 100
+    assert (tmp_path / "runs" / "d" / "none" / "seed0" / "evaluations.json").is_file()
+    with pytest.raises(VeilError, match=r"tasks\[0\].evaluate: unknown \['pca'\]; allowed: test_shuffle, pe"):
+        parse_scenario({"tasks": [{**task, "evaluate": {"pca": 3}}]})

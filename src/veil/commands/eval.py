@@ -14,9 +14,6 @@ from __future__ import annotations
 import argparse
 import json
 from pathlib import Path
-from typing import Any
-
-from veil.errors import VeilError
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
@@ -43,70 +40,10 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.set_defaults(run=run)
 
 
-def evaluate_shuffled(
-    run_dir: str | Path,
-    gamma: float,
-    selection: str | None = None,
-    window: int | None = None,
-    keep_pe: bool = False,
-    seed: int = 0,
-) -> dict[str, Any]:
-    """Load the run and measure clean and shuffled test accuracy."""
-    # torch and the packages load when the command runs, not when `veil --help` builds the parser
-    import torch
-
-    from veil.build import load_run
-    from veil.defenses.base import check_unit_interval
-    from veil.defenses.mjp import MJP
-    from veil.runtime import use_threads
-    from veil.training.loop import evaluate, pick_device
-
-    gamma = check_unit_interval("--shuffle-gamma", gamma)
-    MJP(window=window if window is not None else 32, selection=selection or "block")  # one-line errors first
-    cfg, model, data, defenses = load_run(run_dir)
-    use_threads(cfg.train.threads)  # as `veil train`: 0 is what the machine can give now
-    mjp = next((d for d in defenses if isinstance(d, MJP)), None)
-    if mjp is None:  # an undefended (or otherwise defended) run: plain shuffle, PEs kept
-        if model._embedding_transform is not None:
-            raise VeilError(
-                f"run '{run_dir}' uses another embedding transform; test-time shuffling needs no other or MJP"
-            )
-        mjp = MJP(
-            gamma=0.0,
-            aux="none",
-            variant="shuffle",
-            selection=selection or "block",
-            window=window if window is not None else 32,
-        ).attach(model)
-    else:
-        mjp.selection = selection or mjp.selection
-        mjp.window = window if window is not None else mjp.window
-    device = pick_device(cfg.train.device)
-    model.to(device)
-    bs = cfg.train.eval_batch_size
-    clean = evaluate(model, data.test, bs, device)["test_accuracy"]
-    mjp.set_eval_gamma(gamma, unk=not keep_pe)
-    torch.manual_seed(seed)
-    mjp._gen = None
-    mjp.seed = seed
-    shuffled = evaluate(model, data.test, bs, device)["test_accuracy"]
-    mjp.set_eval_gamma(None)
-    return {
-        "run": str(run_dir),
-        "model": cfg.model["name"],
-        "data": cfg.data["name"],
-        "defense": [d["name"] for d in cfg.defense] or ["none"],
-        "shuffle_gamma": gamma,
-        "selection": mjp.selection if model.modality == "image" else None,
-        "window": mjp.window if model.modality == "text" else None,
-        "unk_at_shuffled": mjp.variant == "mjp" and not keep_pe,
-        "seed": seed,
-        "test_accuracy": shuffled,
-        "clean_test_accuracy": clean,
-    }
-
-
 def run(args: argparse.Namespace) -> int:
+    # torch and the engine load when the command runs, not when `veil --help` builds the parser
+    from veil.experiments.evaluations import evaluate_shuffled
+
     summary = evaluate_shuffled(args.run_dir, args.shuffle_gamma, args.selection, args.window, args.keep_pe, args.seed)
     out = Path(args.out) if args.out else Path(args.run_dir) / "eval" / f"shuffle-{args.shuffle_gamma:g}"
     out.mkdir(parents=True, exist_ok=True)

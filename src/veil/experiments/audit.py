@@ -29,6 +29,7 @@ from veil.attacks.harness import private_batches
 from veil.build import build_data, build_defenses, build_model, build_run, load_run
 from veil.errors import VeilError
 from veil.experiments.cells import cell_path, make_attack, run_cell, step_overhead
+from veil.experiments.evaluations import run_evaluations
 from veil.experiments.scenario import Scenario, Task, dump_scenario, label
 from veil.experiments.summary import build_summary
 from veil.io import atomic_write_text, intact, write_checked_text
@@ -149,7 +150,9 @@ def _train_all(
     utility: dict[str, dict[str, list[dict[str, Any]]]] = {
         t.name: {label(d): [] for d in t.defenses} for t in s.tasks if t.weights == "init"
     }  # attacked at init: nothing trained, no utility
-    for (t, d, _), summary in zip(todo, summaries):
+    for (t, d, seed), summary in zip(todo, summaries):
+        if t.evaluate:  # the task's evaluations beyond test accuracy, cached in the run folder
+            summary = {**summary, "evaluations": run_evaluations(run_dir(out, t, d, seed), t.evaluate, seed)}
         utility.setdefault(t.name, {}).setdefault(label(d), []).append(summary)
     return utility
 

@@ -14,6 +14,7 @@ and seeds. Everything is validated before any training — a bad scenario fails 
         samples: 4                       # attacked client steps per cell
         weights: trained                 # trained | init: attack the seeded initial weights (no training)
         reference: original              # original | shuffled: score against the input MJP's shuffle made
+        evaluate: {test_shuffle: [0.1, 0.27], pe: 10}   # after training (veil.experiments.evaluations)
 """
 
 from __future__ import annotations
@@ -27,6 +28,7 @@ import yaml
 from veil.attacks import check_attack
 from veil.config import RunConfig, from_dict, read_yaml
 from veil.errors import VeilError
+from veil.experiments.evaluations import check_evaluations
 from veil.registry import PROTOCOLS
 
 TASK_KEYS = {
@@ -40,6 +42,7 @@ TASK_KEYS = {
     "federated",
     "weights",
     "reference",
+    "evaluate",
 }
 WEIGHTS = ("trained", "init")
 REFERENCES = ("original", "shuffled")
@@ -61,6 +64,8 @@ class Task:
     weights: str = "trained"
     #: what a reconstruction is scored against: the private input, or the input as MJP shuffled it
     reference: str = "original"
+    #: evaluations of each trained run beyond its test accuracy (`veil.experiments.evaluations`)
+    evaluate: dict[str, Any] = field(default_factory=dict)
 
     def run_for(self, defense: dict[str, Any], seed: int) -> RunConfig:
         """The task's run with one defense and one seed."""
@@ -146,6 +151,7 @@ def parse_task(raw: Any, index: int) -> Task:
         federated=dict(raw.get("federated") or {}),
         weights=raw.get("weights", "trained"),
         reference=raw.get("reference", "original"),
+        evaluate=check_evaluations(raw.get("evaluate") or {}, where),
     )
 
 

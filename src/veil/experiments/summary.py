@@ -85,6 +85,11 @@ def build_summary(
                     m, sd = _mean_std(vals)
                     u.update({f"{key}_mean": m, f"{key}_std": sd, f"{key}_values": vals})
             u["train_seconds_mean"] = statistics.fmean(r["train_seconds"] for r in runs)
+            evals = [r["evaluations"] for r in runs if r.get("evaluations")]
+            if evals:  # mean over seeds of each evaluation's numbers (veil.experiments.evaluations)
+                u["evaluations"] = {
+                    name: {k: statistics.fmean(e[name][k] for e in evals) for k in evals[0][name]} for name in evals[0]
+                }
             privacy = [r["privacy"] for r in runs if r.get("privacy")]
             if privacy:  # DP-SGD: the accountant's epsilon (the largest over seeds) at delta
                 u["privacy"] = max(privacy, key=lambda p: float(p["epsilon"]) if p.get("epsilon") is not None else -1.0)

@@ -1,0 +1,117 @@
+"""Evaluations of a trained run beyond its test accuracy, run by the audit after training when a
+task asks for them (`evaluate:` in a scenario task) and cached in the run folder:
+
+  test_shuffle: [G, ...]  test accuracy under a test-time jigsaw shuffle at each ratio G (the MJP
+                          paper's consistency evaluation, Fig. 4/5): an MJP run puts its learned
+                          E_unk at the shuffled slots, a run without MJP is shuffled with its PEs
+                          kept (`evaluate_shuffled`, also behind `veil eval --shuffle-gamma`)
+  pe: DIMS                cumulative explained variance (%) of the position embeddings by PCA
+                          dimension 1..DIMS (MJP Table XII; `veil.analysis.pe`)
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from veil.analysis.pe import explained_variance, pca, pe_rows
+from veil.build import load_run
+from veil.defenses.base import check_unit_interval
+from veil.defenses.mjp import MJP
+from veil.errors import VeilError
+from veil.io import intact, write_checked_text
+from veil.runtime import use_threads
+from veil.training.loop import evaluate, pick_device
+
+EVALUATIONS = ("test_shuffle", "pe")
+
+
+def check_evaluations(raw: Any, where: str) -> dict[str, Any]:
+    """A task's `evaluate:` mapping, validated (one line if bad)."""
+    if not isinstance(raw, dict) or set(raw) - set(EVALUATIONS):
+        bad = sorted(set(raw) - set(EVALUATIONS)) if isinstance(raw, dict) else raw
+        raise VeilError(f"{where}.evaluate: unknown {bad!r}; allowed: {', '.join(EVALUATIONS)}")
+    gammas = raw.get("test_shuffle", [])
+    if not isinstance(gammas, list) or not all(isinstance(g, (int, float)) and 0 <= g <= 1 for g in gammas):
+        raise VeilError(f"{where}.evaluate.test_shuffle must be a list of ratios in [0, 1], got {gammas!r}")
+    dims = raw.get("pe", 0)
+    if not isinstance(dims, int) or isinstance(dims, bool) or dims < 0:
+        raise VeilError(f"{where}.evaluate.pe must be a number of PCA dimensions >= 1, got {dims!r}")
+    return dict(raw)
+
+
+def run_evaluations(run_dir: Path, wanted: dict[str, Any], seed: int) -> dict[str, dict[str, float]]:
+    """The task's evaluations of one finished run, cached in RUN_DIR/evaluations.json (hashed)."""
+    path = Path(run_dir) / "evaluations.json"
+    if intact(path) and path.is_file():
+        cached = json.loads(path.read_text())
+        if cached.get("wanted") == wanted:
+            return cached["results"]
+    out: dict[str, dict[str, float]] = {}
+    if wanted.get("test_shuffle"):
+        out["test_shuffle"] = {
+            f"{g:g}": evaluate_shuffled(run_dir, float(g), seed=seed)["test_accuracy"] for g in wanted["test_shuffle"]
+        }
+    if wanted.get("pe"):
+        _, model, _, _ = load_run(run_dir)
+        _, ratios = pca(pe_rows(model)[0])
+        out["pe"] = {str(k): float(v) for k, v in explained_variance(ratios, int(wanted["pe"])).items()}
+    write_checked_text(path, json.dumps({"wanted": wanted, "results": out}))
+    return out
+
+
+def evaluate_shuffled(
+    run_dir: str | Path,
+    gamma: float,
+    selection: str | None = None,
+    window: int | None = None,
+    keep_pe: bool = False,
+    seed: int = 0,
+) -> dict[str, Any]:
+    """Load the run and measure clean and shuffled test accuracy."""
+    gamma = check_unit_interval("--shuffle-gamma", gamma)
+    MJP(window=window if window is not None else 32, selection=selection or "block")  # one-line errors first
+    cfg, model, data, defenses = load_run(run_dir)
+    use_threads(cfg.train.threads)  # as `veil train`: 0 is what the machine can give now
+    mjp = next((d for d in defenses if isinstance(d, MJP)), None)
+    if mjp is None:  # an undefended (or otherwise defended) run: plain shuffle, PEs kept
+        if model._embedding_transform is not None:
+            raise VeilError(
+                f"run '{run_dir}' uses another embedding transform; test-time shuffling needs no other or MJP"
+            )
+        mjp = MJP(
+            gamma=0.0,
+            aux="none",
+            variant="shuffle",
+            selection=selection or "block",
+            window=window if window is not None else 32,
+        ).attach(model)
+    else:
+        mjp.selection = selection or mjp.selection
+        mjp.window = window if window is not None else mjp.window
+    device = pick_device(cfg.train.device)
+    model.to(device)
+    bs = cfg.train.eval_batch_size
+    clean = evaluate(model, data.test, bs, device)["test_accuracy"]
+    mjp.set_eval_gamma(gamma, unk=not keep_pe)
+    torch.manual_seed(seed)
+    mjp._gen = None
+    mjp.seed = seed
+    shuffled = evaluate(model, data.test, bs, device)["test_accuracy"]
+    mjp.set_eval_gamma(None)
+    return {
+        "run": str(run_dir),
+        "model": cfg.model["name"],
+        "data": cfg.data["name"],
+        "defense": [d["name"] for d in cfg.defense] or ["none"],
+        "shuffle_gamma": gamma,
+        "selection": mjp.selection if model.modality == "image" else None,
+        "window": mjp.window if model.modality == "text" else None,
+        "unk_at_shuffled": mjp.variant == "mjp" and not keep_pe,
+        "seed": seed,
+        "test_accuracy": shuffled,
+        "clean_test_accuracy": clean,
+    }
