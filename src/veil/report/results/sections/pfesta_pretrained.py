@@ -19,9 +19,10 @@ NOTE = (
     "non-faces at 8x8 grey, 40 epochs; its classifier is re-initialised for the 10 digits), as p-FeSTA froze an "
     "ImageNet-pretrained embedder; `scratch`: the same from random weights. SL and FeSTA train the head, p-FeSTA "
     "keeps it frozen and sends each sample's permuted features once. Goal: p-FeSTA within 3 points of SL (same "
-    "start). Feature attacks (PSNR in dB, 64 private images): the server holds public images and query access to "
-    "the head; a head pretrained on public data is public, so the default `feature_inversion` un-shuffles through "
-    "it before decoding; `unshuffle=False` is the naive decoder the paper's claim rests on."
+    "start). Utility only: no feature attack runs in this scenario (a cell takes ~5 min here). What a server can "
+    "rebuild is in the split-learning section (configs/paper/pfesta_tables4_5.yaml): a server that queries the head "
+    "un-shuffles p-FeSTA's features and rebuilds the images as well as under SL; a head pretrained on public data is "
+    "public, so such a server can always query it; whether the pretrained head changes that is not measured here."
 )
 
 
