@@ -104,7 +104,14 @@ MODELS: Registry[VeilModel] = Registry(
     "model", modules=("veil.models", "veil.models.hf", "veil.models.multiple_choice", "veil.models.vit_seg")
 )
 DATASETS: Registry[DataSplits] = Registry(
-    "dataset", modules=("veil.data.images", "veil.data.text", "veil.data.multiple_choice", "veil.data.segmentation")
+    "dataset",
+    modules=(
+        "veil.data.images",
+        "veil.data.text",
+        "veil.data.multiple_choice",
+        "veil.data.segmentation",
+        "veil.data.heldout",
+    ),
 )
 DEFENSES: Registry[Defense] = Registry(
     "defense",
