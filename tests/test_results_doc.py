@@ -137,3 +137,33 @@ def test_collect_copies_a_tasks_own_figure_beside_the_document(tmp_path: Path) -
     collect(run, None, tmp_path / "results", tmp_path / "figures")
     assert (tmp_path / "figures" / "fed_t_rounds.png").read_bytes() == b"png"
     assert load("fed", tmp_path / "results")["tasks"]["t"]["figure_doc"] == "figures/fed_t_rounds.png"
+
+
+def test_the_mjp_section_renders_each_table_from_its_scenario() -> None:
+    from veil.report.results.sections import mjp
+
+    def u(*accs: float, **ev: dict) -> dict:
+        return {"test_accuracy_values": list(accs), "test_accuracy_mean": sum(accs) / len(accs), **ev}
+
+    shuffle = {"0": 0.9, "0.27": 0.6}
+    t1 = {
+        "seeds": [0, 1],
+        "tasks": {
+            "digits": {
+                "utility": {
+                    "none": u(0.9, 0.92, evaluations={"test_shuffle": shuffle}),
+                    "mjp(aux=dal,gamma=0.1)": u(0.9, 0.9, evaluations={"test_shuffle": {"0": 0.9, "0.27": 0.8}}),
+                }
+            }
+        },
+    }
+    t2 = {"seeds": [0], "tasks": {"digits": {"utility": {"none": u(0.9), "mjp(aux=dal,gamma=0.27)": u(0.85)}}}}
+    t45 = {"seeds": [0], "tasks": {"sst2-transformer4": {"utility": {"none": u(0.7, evaluations={"pe": {"1": 5.0}})}}}}
+    t6 = {"seeds": [0], "tasks": {"sst2-window": {"utility": {"mjp(gamma=0.5,window=4)": u(0.7)}}}}
+    t12 = {"seeds": [0], "tasks": {"digits": {"utility": {"none": u(0.9, evaluations={"pe": {"1": 36.4}})}}}}
+    text = mjp.render({"mjp-table1": t1, "mjp-table2": t2, "mjp-tables4-5": t45, "mjp-table6": t6, "mjp-table12": t12})
+    assert "| ViT (vit-digits) on digits | mjp(aux=dal,gamma=0.1) | 91.00 ± 1.00 | 90.00 ± 0.00 | -1.00 | yes |" in text
+    assert "| mjp | 90.00 ± 0.00 | 85.00 ± 0.00 |" in text  # gamma 0, 0.27
+    assert "| none | 90.00 | 60.00 | 30.00 |" in text and "met (10.00 vs 30.00 points)" in text
+    assert "| mjp | 70.00 ± 0.00 |" in text
+    assert "| ViT (vit-digits) on digits, none | 36.40 |" in text and "| Transformer4 on SST-2, none | 5.00 |" in text
