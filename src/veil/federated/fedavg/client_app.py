@@ -4,7 +4,7 @@ Handlers (`@app.train()`, `@app.evaluate()`, `@app.query()`):
   query     -> {"info": MetricRecord(partition-id, num-examples)}: the server learns who holds what
   train     <- {"arrays": global weights, "config": {spec, lr, server-round, proximal-mu}}
             -> {"arrays": new weights (fedavg) or the defended gradient (fedsgd),
-                "metrics": {num-examples, loss, steps, partition-id [, dp-weight, norm_bit]},
+                "metrics": {num-examples, loss, steps, partition-id, train-seconds [, dp-weight, norm_bit]},
                 "receipt": {digest}}     SHA-256 of the batches used: lets an evaluation oracle
                                          outside the server check it re-derived the same batch
   evaluate  <- global weights -> {"metrics": {num-examples, test_accuracy}} on the client's test share
@@ -106,7 +106,9 @@ def train(msg: Message, ctx: Context) -> Message:
     _inject_fault(world.spec.fed.fail, pid, rnd, world.spec.fed.timeout)
     reset_defenses(world)
     load_arrays(world.model, msg.content["arrays"])
+    t0 = time.perf_counter()
     res = train_round(world, pid, rnd, float(conf["lr"]), float(conf.get("proximal-mu", 0.0)))
+    seconds = time.perf_counter() - t0  # the local compute (a SuperNode reports its ClientApp's runtime anyway)
     packed = is_packed(msg.content["arrays"])  # reply as the server sent: packed in deployment
     arrays: ArrayRecord = tensors_arrays(res.grads) if res.grads is not None else model_arrays(world.model, packed)
     metrics = MetricRecord(
@@ -115,6 +117,7 @@ def train(msg: Message, ctx: Context) -> Message:
             "loss": res.loss,
             "steps": res.steps,
             "partition-id": pid,
+            "train-seconds": seconds,
             **dp.reply_metrics(world.spec.fed),
         }
     )
