@@ -151,14 +151,14 @@ def test_veil_train_trains_vit_seg_with_mjp(tmp_path: Path) -> None:
         "model: {name: vit-seg, depth: 1}\n"
         "data: {name: digit-mosaic, train_size: 256, test_size: 64}\n"
         "defense: {name: mjp, gamma: 0.1}\n"
-        "train: {epochs: 3, batch_size: 32, lr: 0.003, threads: 1}\n"
+        "train: {epochs: 4, batch_size: 32, lr: 0.003, threads: 1}\n"
     )
     assert main(["train", str(cfg), "--out", str(tmp_path / "run"), "--quiet"]) == 0
     s = json.loads((tmp_path / "run" / "summary.json").read_text())
     assert s["model"] == "vit-seg" and s["data"] == "digit-mosaic" and s["defense"] == ["mjp"]
     # better than predicting background everywhere (its pixel share; its mIoU would be ~share / 11)
     background = float((load_data("digit-mosaic", train_size=256, test_size=64).test["labels"] == 10).float().mean())
-    assert s["test_accuracy"] > background and s["test_miou"] > background / 11
+    assert s["test_accuracy"] > background + 0.01 and s["test_miou"] > 1.5 * background / 11
 
 
 def test_mjp_sections_compute_their_verdicts() -> None:
