@@ -51,6 +51,10 @@ def test_a_task_at_init_attacks_the_seeded_weights_and_trains_nothing(tmp_path: 
     assert t["leakage"]["none"]["april"]["psnr"] > 80
     assert s["tasks"]["shuffled"]["reference"] == "shuffled"
     assert s["tasks"]["shuffled"]["leakage"]["mjp(gamma=0.27)"]["april"]["psnr"] < 30
+    from veil.report.render import write_reports
+
+    write_reports(s, tmp_path)  # the report says the task trained nothing instead of failing on its accuracy
+    assert "not trained (attacked at its initial weights)" in (tmp_path / "report.md").read_text()
     with pytest.raises(VeilError, match=r"tasks\[0\].weights must be one of trained, init, got 'random'"):
         parse_scenario({"tasks": [{**task, "weights": "random"}]})
 

@@ -55,8 +55,9 @@ def run(args: argparse.Namespace) -> int:
     for name, t in summary["tasks"].items():
         print(f"{name}:")
         for d, u in t["utility"].items():  # the verdict per defense: the attack that rebuilt the most
+            acc = f"{u['test_accuracy_mean']:.3f}" if "test_accuracy_mean" in u else "— (at init)"
             print(
-                f"  {d}: acc {u['test_accuracy_mean']:.3f}; worst case {describe(t['worst_case'][d], 3, ('token_recovery', 'psnr', 'psnr_masked_set')).replace('`', '')}"
+                f"  {d}: acc {acc}; worst case {describe(t['worst_case'][d], 3, ('token_recovery', 'psnr', 'psnr_masked_set')).replace('`', '')}"
             )
     print(f"report: {args.out}/report.html")
     return 0

@@ -55,10 +55,14 @@ def reference(t: dict[str, Any]) -> str | None:
 
 def cost_text(t: dict[str, Any], d: str) -> str:
     """Accuracy and its change against the reference, in points: `accuracy 0.915 (-1.2 pts vs none)`."""
+    if "test_accuracy_mean" not in t["utility"][d]:  # a task attacked at its initial weights trains nothing
+        return "not trained (attacked at its initial weights)"
     acc = float(t["utility"][d]["test_accuracy_mean"])
     ref = reference(t)
     if d == ref:
         return f"accuracy {acc:.3f} (the reference)"
+    if "test_accuracy_mean" not in t["utility"][ref]:
+        return f"accuracy {acc:.3f}"
     delta = 100 * (acc - float(t["utility"][ref]["test_accuracy_mean"]))
     return f"accuracy {acc:.3f} ({'±0.0' if abs(delta) < 0.05 else f'{delta:+.1f}'} pts vs {ref})"
 

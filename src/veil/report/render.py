@@ -72,7 +72,7 @@ def task_blocks(name: str, t: dict[str, Any], out: Path, examples: list[dict[str
     )
     rows = []
     for d, u in t["utility"].items():
-        acc = f"{u['test_accuracy_mean']:.4f} ± {u['test_accuracy_std']:.4f}"
+        acc = f"{u['test_accuracy_mean']:.4f} ± {u['test_accuracy_std']:.4f}" if u else "— (attacked at init)"
         ppl = f"{u['test_perplexity_mean']:.2f}" if "test_perplexity_mean" in u else "—"
         rows.append(
             [d, acc, ppl, f"{t['overhead'].get(d, float('nan')):.3f}", f"{t['step_seconds'].get(d, float('nan')):.4f}"]
@@ -139,7 +139,7 @@ def figure_blocks(name: str, t: dict[str, Any], out: Path, examples: list[dict[s
     for d, att in t["leakage"].items():
         for a, m in att.items():
             cl = cell_leakage(m)
-            if cl is None or d not in t["utility"]:
+            if cl is None or "test_accuracy_mean" not in t["utility"].get(d, {}):  # untrained: no accuracy to plot
                 continue
             if cl["tier"] == 0:
                 labels_only.append(f"{a} vs {d} {fmt(float(cl['value']))}")
