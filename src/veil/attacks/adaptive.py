@@ -38,7 +38,7 @@ from torch import Tensor, nn
 from veil.attacks import ATTACKS
 from veil.attacks.base import Attack, Knowledge, Observation, Reconstruction, observe
 from veil.attacks.options import Options, option
-from veil.attacks.presence import special_ids
+from veil.attacks.presence import special_ids, token_bag
 from veil.errors import VeilError
 from veil.models.base import VeilModel, linear_weight
 
@@ -112,10 +112,7 @@ class _PresenceTest(Attack):
     modality = "text"
     options_type = PresenceTestOptions
     options: PresenceTestOptions
-
-    def budget(self) -> dict[str, int]:
-        """{}: closed form (one test per vocabulary row); the input fixes its work."""
-        return {}
+    closed_form = "one test per vocabulary row"
 
     def _test(self, rows: Tensor, obs: Observation, know: Knowledge, rounds: int) -> Reconstruction:
         alpha = 1.0 / rows.shape[0] if self.options.alpha is None else self.options.alpha
@@ -125,19 +122,9 @@ class _PresenceTest(Attack):
         else:
             z, s2 = chi2_scores(rows)
             found = set(guess_present(z, rows.shape[1], alpha).tolist())
-        if not self.options.keep_special:
-            found -= set(special_ids(obs.model, know.tokenizer))
-        return Reconstruction(
-            token_set=found,
-            stats={
-                "found": len(found),
-                "noise_std": math.sqrt(s2),
-                "alpha": alpha,
-                "rows": rows.shape[0],
-                "rounds": rounds,
-                "max_z": float(z.max()) if torch.isfinite(z.max()) else None,
-            },
-        )
+        max_z = float(z.max()) if torch.isfinite(z.max()) else None
+        stats = {"noise_std": math.sqrt(s2), "alpha": alpha, "rows": rows.shape[0], "rounds": rounds, "max_z": max_z}
+        return token_bag(found, obs, know, self.options.keep_special, **stats)
 
 
 @ATTACKS.register(
@@ -247,10 +234,7 @@ class SpanUnfrozen(Attack):
     options: SpanUnfrozenOptions
     knows = "the defense's frozen set and noised channels (Knowledge.defense); the gradients still exported in the first blocks"
     modality = "text"
-
-    def budget(self) -> dict[str, int]:
-        """{}: closed form (rank tests on the unfrozen blocks' gradients); the input fixes its work."""
-        return {}
+    closed_form = "rank tests on the unfrozen blocks' gradients"
 
     def _targets(self, model: VeilModel, blocks: int) -> dict[str, nn.Module]:
         out: dict[str, nn.Module] = {}

@@ -87,10 +87,7 @@ class April(Attack):
     options: AprilOptions
     knows = "the update of one image (batch 1) and the weights; not the defense (naive)"
     modality = "image"
-
-    def budget(self) -> dict[str, int]:
-        """{}: closed form (one least-squares solve); the input fixes its work."""
-        return {}
+    closed_form = "one least-squares solve"
 
     def applies_to(self, model: VeilModel) -> str | None:
         reason = super().applies_to(model)

@@ -63,6 +63,7 @@ from torch import Tensor
 from veil.attacks import ATTACKS
 from veil.attacks.analytic_vit import April, AprilOptions, patch_geometry, position_rows, weight_as_matrix
 from veil.attacks.base import Knowledge, Observation, Reconstruction
+from veil.attacks.inverting import strong_wolfe_lbfgs
 from veil.attacks.jigsaw_solver import place
 from veil.attacks.labels import recover_labels
 from veil.attacks.options import option
@@ -298,16 +299,7 @@ class AprilMJP(April):
             )
 
         its = self.options.iterations
-        lbfgs = torch.optim.LBFGS(
-            [a, C],
-            lr=1.0,
-            max_iter=its,
-            max_eval=its * 5 // 4,
-            history_size=50,
-            tolerance_grad=1e-16,
-            tolerance_change=1e-20,
-            line_search_fn="strong_wolfe",
-        )
+        lbfgs = strong_wolfe_lbfgs([a, C], its, lr=1.0, history=50, tolerances=(1e-16, 1e-20))
         evals = 0
 
         def closure() -> Tensor:

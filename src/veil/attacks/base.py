@@ -136,9 +136,10 @@ class Attack:
 
     Bounded work: `budget()` declares, in counted units (iterations, sentences scored, training
     steps), how much work the options allow; `{}` for a closed-form attack whose work the input
-    fixes. `_reconstruct` reports what it did in the same units (``stats["work"]``) and whether the
-    budget stopped it (``stats["budget_stopped"]``); `reconstruct` adds ``budget_used``, the largest
-    work / budget over the units (1.0: the whole budget spent).
+    fixes (it names that work in `closed_form`). `_reconstruct` reports what it did in the same
+    units (``stats["work"]``) and whether the budget stopped it (``stats["budget_stopped"]``);
+    `reconstruct` adds ``budget_used``, the largest work / budget over the units (1.0: the whole
+    budget spent).
     """
 
     name: str = "attack"
@@ -149,6 +150,9 @@ class Attack:
     knows: str = "the exported update and the weights; not the defense (naive)"
     #: the declared options (field, type, default, help); the base declares none
     options_type: ClassVar[type[Options]] = Options
+    #: a closed-form attack names its one computation here (e.g. "one least-squares solve"): the
+    #: input fixes its work, so its `budget` is {}; None: the attack declares its budget itself
+    closed_form: ClassVar[str | None] = None
 
     def __init__(self, **settings: Any) -> None:
         self.options = parse_options(self.name, self.options_type, settings)
@@ -161,8 +165,8 @@ class Attack:
 
     def budget(self) -> dict[str, int] | None:
         """Unit -> amount of counted work the options allow; `{}` when the input fixes the work
-        (closed form); None (the base) when the attack declares none, which the tests refuse."""
-        return None
+        (`closed_form`); None (the base) when the attack declares none, which the tests refuse."""
+        return {} if self.closed_form else None
 
     def applies_to(self, model: VeilModel) -> str | None:
         """None if the attack applies to `model`, else the reason it is skipped."""

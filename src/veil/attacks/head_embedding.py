@@ -68,10 +68,7 @@ class HeadEmbedding(Attack):
     options_type = HeadEmbeddingOptions
     options: HeadEmbeddingOptions
     needs_pool = True  # veil's harness grants the test split's inputs, which hold the attacked batch
-
-    def budget(self) -> dict[str, int]:
-        """{}: closed form (one read of the head's gradient, one scan of the pool); the input fixes its work."""
-        return {}
+    closed_form = "one read of the head's gradient, one scan of the pool"
 
     def _reconstruct(self, obs: Observation, know: Knowledge) -> Reconstruction:
         pool = (know.aux_data or {}).get("candidates") if isinstance(know.aux_data, dict) else None

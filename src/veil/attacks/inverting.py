@@ -297,6 +297,23 @@ class DLG(_Inversion):
         return final, x.detach(), rec_labels, n
 
 
+def strong_wolfe_lbfgs(
+    params: list[Tensor], iterations: int, lr: float, history: int, tolerances: tuple[float, float]
+) -> torch.optim.LBFGS:
+    """L-BFGS that runs all `iterations` in one ``step(closure)`` call, with the strong-Wolfe line
+    search and up to 5/4 evaluations per iteration (`max_eval`); `tolerances` are (grad, change)."""
+    return torch.optim.LBFGS(
+        params,
+        lr=lr,
+        max_iter=iterations,
+        max_eval=iterations * 5 // 4,
+        history_size=history,
+        tolerance_grad=tolerances[0],
+        tolerance_change=tolerances[1],
+        line_search_fn="strong_wolfe",
+    )
+
+
 def _optimise(params: list[Tensor], objective: Callable[[], Tensor], kind: str, lr: float, iterations: int) -> int:
     """Run at most `iterations` optimiser steps; returns how many ran (L-BFGS may converge first;
     its line search makes up to 5/4 evaluations per iteration, `max_eval`)."""
@@ -304,16 +321,7 @@ def _optimise(params: list[Tensor], objective: Callable[[], Tensor], kind: str, 
     if kind == "lbfgs":
         # One call runs all the iterations: with max_iter=1 per call, torch's strong-Wolfe search
         # gets max_eval - 1 = 0 trial points, rejects every step, and x never leaves its start.
-        opt = torch.optim.LBFGS(
-            params,
-            lr=lr,
-            max_iter=iterations,
-            max_eval=iterations * 5 // 4,
-            history_size=100,
-            tolerance_grad=1e-10,
-            tolerance_change=1e-12,
-            line_search_fn="strong_wolfe",
-        )
+        opt = strong_wolfe_lbfgs(params, iterations, lr, history=100, tolerances=(1e-10, 1e-12))
 
         def closure() -> Tensor:
             nonlocal evals

@@ -75,10 +75,7 @@ class LabelRecovery(Attack):
     name = "labels"
     knows = "the last layer's gradient and the batch size; not the defense (naive)"
     modality = "any"
-
-    def budget(self) -> dict[str, int]:
-        """{}: closed form (signs of the head's gradient); the input fixes its work."""
-        return {}
+    closed_form = "signs of the head's gradient"
 
     def applies_to(self, model: VeilModel) -> str | None:
         if model.task != "classification":

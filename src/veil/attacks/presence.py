@@ -47,6 +47,14 @@ def special_ids(model: VeilModel, tokenizer: Any = None) -> list[int]:
     return [0, 101, 102] if pad is None else [pad, 101, 102]
 
 
+def token_bag(found: set[int], obs: Observation, know: Knowledge, keep: bool, **stats: Any) -> Reconstruction:
+    """A presence attack's result: the bag `found`, less the special tokens unless `keep`, with its
+    size (``found``) first in the stats."""
+    if not keep:
+        found = found - set(special_ids(obs.model, know.tokenizer))
+    return Reconstruction(token_set=found, stats={"found": len(found), **stats})
+
+
 def true_token_set(input_ids: Tensor, attention_mask: Tensor | None, drop: Iterable[int] = ()) -> set[int]:
     """The bag of tokens of a batch (real positions only), without the ids in `drop`."""
     ids = input_ids if attention_mask is None else input_ids[attention_mask.bool()]
@@ -92,22 +100,11 @@ class PresenceAttack(Attack):
     options: PresenceOptions
     knows = "the token-embedding gradient and the public vocabulary; not the defense (naive)"
     modality = "text"
-
-    def budget(self) -> dict[str, int]:
-        """{}: closed form (one pass over the embedding rows); the input fixes its work."""
-        return {}
+    closed_form = "one pass over the embedding rows"
 
     def _reconstruct(self, obs: Observation, know: Knowledge) -> Reconstruction:
         rel_tol, abs_tol = self.options.rel_tol, self.options.abs_tol
         norms = embedding_row_norms(obs)
         found = set(present_tokens(norms, rel_tol, abs_tol).tolist())
-        if not self.options.keep_special:
-            found -= set(special_ids(obs.model, know.tokenizer))
-        return Reconstruction(
-            token_set=found,
-            stats={
-                "found": len(found),
-                "rel_tol": rel_tol,
-                "keep_special": self.options.keep_special,
-            },
-        )
+        keep = self.options.keep_special
+        return token_bag(found, obs, know, keep, rel_tol=rel_tol, keep_special=keep)
