@@ -220,3 +220,22 @@ def test_a_message_of_a_run_no_longer_running_is_dropped_with_its_task(monkeypat
 
     assert pull_stale(patched=False) == ([Status.PENDING], 1, 3)  # Flower 1.42 alone: the stale task waits
     assert pull_stale(patched=True) == ([Status.FINISHED], 0, 0)
+
+
+def test_a_revoked_task_token_is_the_task_s_error_not_the_supernode_s_end() -> None:
+    """Flower's HTTP retry policy SIGINTs its own process on a 401 (right for a one-task
+    flwr-clientapp); the warm executor runs inside the SuperNode, so a revoked token (a stale task
+    finished by `drop_stale_messages` after the executor took it) must give up to the caller. Under
+    Flower's policy this test's process would receive SIGINT here."""
+    import httpx
+
+    from veil.federated.supernode import executor_retry_invoker
+
+    def status(code: int) -> httpx.HTTPStatusError:
+        req = httpx.Request("POST", "http://127.0.0.1:1/v1/runtime/pull-object")
+        return httpx.HTTPStatusError("x", request=req, response=httpx.Response(code, request=req))
+
+    invoker = executor_retry_invoker()
+    assert invoker.should_giveup is not None
+    assert invoker.should_giveup(status(401)) is True  # back to the executor, which skips the task
+    assert invoker.should_giveup(status(503)) is False  # still retried, as Flower does

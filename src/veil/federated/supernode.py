@@ -21,7 +21,8 @@ A message of a run that is no longer RUNNING (round k+1's messages that a SuperL
 kept in its database for the killed run) is dropped with its task (`drop_stale_messages`: Flower
 1.42 leaves that task queued, and a sequential executor then waits minutes for its objects ahead
 of the resumed run's messages); a task that cannot be pulled is finished failed and the executor
-goes on to the next one.
+goes on to the next one, and a revoked task token is that task's error, not the node's end
+(`executor_retry_invoker`).
 
 `--tap DIR` (tests, audits of what leaves the silo): write every message the node receives and
 sends, as protobuf bytes, and its Context after every message, under DIR.
@@ -38,6 +39,7 @@ import types
 from pathlib import Path
 from typing import Any
 
+import httpx
 from flwr.app import Error, Message
 from flwr.cli.install import install_from_fab
 from flwr.clientapp import ClientApp
@@ -48,13 +50,31 @@ from flwr.proto.runtime_pb2 import AcquireTaskRequest  # type: ignore[attr-defin
 from flwr.supercore.constant import TaskType
 from flwr.supercore.heartbeat import HeartbeatSender, make_task_heartbeat_fn_http
 from flwr.supercore.interceptors import RuntimeTokenHttpInterceptor, RuntimeVersionHttpInterceptor
-from flwr.supercore.retry import make_simple_http_retry_invoker
+from flwr.supercore.retry import RetryInvoker, make_simple_http_retry_invoker
 from flwr.supercore.run import RunNotRunningException
 from flwr.supercore.runtime import RuntimeHttpClient
 from flwr.supernode.runtime import run_clientapp
 from flwr.supernode.runtime.run_clientapp import push_message, push_task_output
 
 from veil.federated.grid import quick_pulls
+
+
+def executor_retry_invoker() -> RetryInvoker:
+    """Flower's retry policy for the Runtime API, except that a 401 (the task's token was revoked:
+    the SuperNode finished or dropped the task meanwhile, e.g. `drop_stale_messages`) goes back to
+    the caller. Flower's own policy sends SIGINT to its process on a 401, right for a one-task
+    `flwr-clientapp` process, but this executor runs inside the SuperNode: that SIGINT stopped the
+    whole node (seen after a SuperLink restart, when the executor had taken a stale task)."""
+    invoker = make_simple_http_retry_invoker()
+    flower = invoker.should_giveup
+
+    def should_giveup(exc: Exception) -> bool:
+        if isinstance(exc, httpx.HTTPStatusError) and exc.response.status_code == httpx.codes.UNAUTHORIZED:
+            return True
+        return bool(flower(exc)) if flower is not None else False
+
+    invoker.should_giveup = should_giveup
+    return invoker
 
 
 class WarmExecutor:
@@ -71,7 +91,7 @@ class WarmExecutor:
             insecure=True,  # loopback, on the silo's machine
             root_certificates=None,
             interceptors=list(interceptors),
-            retry_invoker=make_simple_http_retry_invoker(),
+            retry_invoker=executor_retry_invoker(),
         )
 
     def serve(self) -> None:
@@ -121,9 +141,11 @@ class WarmExecutor:
             t.append(time.perf_counter())
             push_message(client, reply, context)
         finally:
-            push_task_output(client, context, status, details)
-            beat.stop()
-            client.close()
+            try:
+                push_task_output(client, context, status, details)
+            finally:
+                beat.stop()
+                client.close()
             t.append(time.perf_counter())
             steps = ", ".join(f"{b - a:.2f}" for a, b in zip(t, t[1:]))
             print(f"veil executor: task pull, run, push (s): {steps}", file=sys.stderr, flush=True)
