@@ -1,14 +1,37 @@
 """The extra sections of a run config (`federated:`, `split:`) beside model / data / defense /
-train: separating them from what `veil.config` reads, `section.key=value` overrides, and the
-choice check both sections share (keys and types: `veil.config.coerce_section`; every bad key or
-value is a one-line `VeilError`)."""
+train: separating them from what `veil.config` reads, `section.key=value` overrides, the choice
+check both sections share (keys and types: `veil.config.coerce_section`; every bad key or value is
+a one-line `VeilError`), and what FedAvg's `Spec` and split learning's `SplitSpec` share: reading
+a config with its overrides (`read_sections`) and the resolved text every message carries
+(`SpecText`)."""
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
-from veil.config import parse_value
+import yaml
+
+from veil.config import apply_overrides, parse_value, read_yaml
 from veil.errors import VeilError
+
+
+class SpecText:
+    """The resolved run spec as YAML (`raw`): what a run folder's config.yaml and every message hold."""
+
+    raw: dict[str, Any]
+
+    def text(self) -> str:
+        return yaml.safe_dump(self.raw, sort_keys=False)
+
+
+def read_sections(path: str | Path | None, overrides: list[str] | None = None) -> dict[str, Any]:
+    """A YAML config (or a run folder's) with `key=value` overrides applied: the base sections
+    through `veil.config`, `federated.` / `split.` ones into their sections (not yet validated)."""
+    raw = read_yaml(path) if path is not None else {}
+    base, extra = split_sections(raw)
+    extra, rest = apply_extra_overrides(extra, overrides or [])
+    return {**apply_overrides(base, rest), **extra}
 
 
 def check_choices(cfg: Any, section: str, choices: dict[str, tuple[str, ...]]) -> None:

@@ -29,7 +29,7 @@ from flwr.app import ArrayRecord
 from torch import Tensor
 
 from veil.build import build_defenses, build_run
-from veil.config import RunConfig, apply_overrides, from_dict, read_yaml
+from veil.config import RunConfig, from_dict
 from veil.data import DataSplits, dirichlet, iid, subset
 from veil.defenses.base import Defense
 from veil.defenses.noise import torch_seed
@@ -37,31 +37,24 @@ from veil.errors import VeilError
 from veil.federated.client_secret import round_secret
 from veil.federated.fedavg.config import FederatedConfig, federated_config
 from veil.federated.fedavg.silo import Schema, load_silo, silo_parts
-from veil.federated.sections import apply_extra_overrides, split_sections
+from veil.federated.sections import SpecText, read_sections, split_sections
 from veil.models.base import Batch, VeilModel
 from veil.training.loop import make_optimizer
 from veil.training.step import client_step
 
 
 @dataclass
-class Spec:
+class Spec(SpecText):
     """A resolved federated run: the base config, the federated settings, and the raw mapping."""
 
     cfg: RunConfig
     fed: FederatedConfig
     raw: dict[str, Any]
 
-    def text(self) -> str:
-        return yaml.safe_dump(self.raw, sort_keys=False)
-
 
 def load_spec(path: str | Path | None, overrides: list[str] | None = None) -> Spec:
     """Read a YAML config (or a run folder), apply `key=value` overrides, validate both parts."""
-    raw = read_yaml(path) if path is not None else {}
-    base, extra = split_sections(raw)
-    extra, rest = apply_extra_overrides(extra, overrides or [])
-    base = apply_overrides(base, rest)
-    return spec_from_raw({**base, **extra})
+    return spec_from_raw(read_sections(path, overrides))
 
 
 def spec_from_raw(raw: dict[str, Any]) -> Spec:

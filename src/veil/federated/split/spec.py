@@ -10,10 +10,10 @@ from typing import Any
 
 import yaml
 
-from veil.config import RunConfig, apply_overrides, coerce_section, from_dict, read_yaml
+from veil.config import RunConfig, coerce_section, from_dict
 from veil.errors import VeilError
 from veil.federated.client_secret import MODES as SECRET_MODES
-from veil.federated.sections import apply_extra_overrides, check_choices, split_sections
+from veil.federated.sections import SpecText, check_choices, read_sections, split_sections
 
 #: the multi-task setting's tasks (`veil.federated.split.multitask` defines each)
 TASKS = ("classify", "zones", "segment")
@@ -73,13 +73,12 @@ def split_config(raw: Any) -> SplitConfig:
 
 
 @dataclass
-class SplitSpec:
+class SplitSpec(SpecText):
+    """A resolved split run: the base config, the `split:` settings, and the raw mapping."""
+
     cfg: RunConfig
     split: SplitConfig
     raw: dict[str, Any]
-
-    def text(self) -> str:
-        return yaml.safe_dump(self.raw, sort_keys=False)
 
 
 #: the defenses split learning drives (through `Defense.before_send` / `after_receive`, on the
@@ -121,7 +120,4 @@ def split_spec_from_text(text: str) -> SplitSpec:
 
 
 def load_split_spec(path: str | Path | None, overrides: list[str] | None = None) -> SplitSpec:
-    raw = read_yaml(path) if path is not None else {}
-    base, extra = split_sections(raw)
-    extra, rest = apply_extra_overrides(extra, overrides or [])
-    return split_spec_from_raw({**apply_overrides(base, rest), **extra})
+    return split_spec_from_raw(read_sections(path, overrides))
