@@ -78,8 +78,8 @@ def test_pfesta_is_refuted_when_unshuffling_restores_the_inversion() -> None:
 
     def summaries(adaptive: float) -> dict[str, Any]:
         leak = {
-            "none": {"feature_inversion": {"psnr": 25.5}},
-            "permutation": {"feature_inversion": {"psnr": 10.0}, "feature_inversion+unshuffle": {"psnr": adaptive}},
+            "festa": {"feature_inversion": {"psnr": 25.5}},
+            "pfesta": {"feature_inversion": {"psnr": 10.0}, "feature_inversion+unshuffle": {"psnr": adaptive}},
         }
         return {"federated": {"tasks": {"split-digits": task("vit-digits", leak, knows)}}}
 
@@ -108,3 +108,18 @@ def test_a_cell_lists_the_strongest_figures_first_and_counts_the_rest() -> None:
     got = row(sc.render({"a": {"tasks": tasks}}), "AEGIS", "token recovery")[3]
     parts = got.split("; ")
     assert parts[0].startswith("a / t5:") and parts[-1] == f"+{6 - sc.SHOWN} more" and len(parts) == sc.SHOWN + 1
+
+
+def test_the_section_waits_until_every_source_is_collected(tmp_path) -> None:
+    """A partial collection leaves the section as it stands (None) instead of writing 'not measured'."""
+    import json
+
+    from veil.io import write_checked_text
+    from veil.report.results import Section, render_section
+
+    section = Section(sc.NAME, sc)
+    for name in sc.SOURCES[:-1]:
+        write_checked_text(tmp_path / f"{name}.json", json.dumps({"tasks": {}}))
+    assert render_section(section, tmp_path) is None
+    write_checked_text(tmp_path / f"{sc.SOURCES[-1]}.json", json.dumps({"tasks": {}}))
+    assert render_section(section, tmp_path).startswith("## Seed claims")

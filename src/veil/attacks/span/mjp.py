@@ -37,7 +37,7 @@ What it uses:
    (`veil.attacks.ngram`, interpolated Kneser-Ney, ``order`` 3) of the public corpus fills the
    selected slots, around the recovered unselected tokens, by beam search (``beam``).
 
-Measured at batch 1 (docs/results.md, `scripts/results_adaptive_text.py`): on transformer4 and
+Measured at batch 1 (docs/results.md, `configs/paper/adaptive_text.yaml`): on transformer4 and
 MiniLM every unshuffled token comes back in place and the shuffled words as an exact multiset.
 
 Without MJP (no ``mjp`` in the knowledge, gamma 0, a model without ``E_unk``, or the ``shuffle`` /
