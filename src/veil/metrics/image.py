@@ -49,18 +49,6 @@ from torchmetrics.functional.image import structural_similarity_index_measure
 
 from veil.metrics.matching import MetricInputError, hungarian_match, order_from_match
 
-__all__ = [
-    "IMAGE_KEYS",
-    "mse",
-    "psnr",
-    "ssim",
-    "ssim_window",
-    "fft2d",
-    "pairwise_mse",
-    "image_report",
-    "patch_report",
-]
-
 IMAGE_KEYS: tuple[str, ...] = ("mse", "psnr", "ssim", "fft2d")
 
 _RANGE_TOL = 1e-4

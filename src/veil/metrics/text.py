@@ -50,21 +50,6 @@ from rouge_score import rouge_scorer, tokenizers
 
 from veil.metrics.matching import MetricInputError
 
-__all__ = [
-    "TEXT_KEYS",
-    "PRESENCE_KEYS",
-    "to_words",
-    "rouge",
-    "sacrebleu",
-    "google_bleu",
-    "token_accuracy",
-    "token_recovery",
-    "presence",
-    "exact_recovery",
-    "pairwise_rouge_l",
-    "pairwise_token_accuracy",
-]
-
 Token = str | int
 Batch = Sequence[Sequence[Token]] | torch.Tensor | np.ndarray
 
