@@ -8,6 +8,11 @@ from typing import Any
 
 from veil.report.results.sections import seed_claims as sc
 
+
+def render(summaries: dict[str, Any]) -> str:
+    return sc.render(summaries, extra={})  # only the constructed summaries, none of docs/results/
+
+
 NAIVE = "the update and the weights; not the defense (naive)"
 ADAPTIVE = "the defense's mechanism"
 
@@ -26,7 +31,7 @@ def row(md: str, paper: str, claim_part: str) -> list[str]:
 
 
 def test_nothing_collected_is_not_measured_and_open() -> None:
-    got = rows(sc.render({}))
+    got = rows(render({}))
     assert len(got) == len(sc.CLAIMS) == 6
     for cells in got:
         assert cells[2] == cells[3] == "not measured" and cells[4] == "**open**", cells
@@ -38,7 +43,7 @@ def test_mjp_images_refuted_by_the_adaptive_attack_with_the_naive_one_beside() -
         "mjp(gamma=0.1)": {"april": {"psnr": 9.7}, "ig(iterations=150)": {"psnr": 6.6}, "april-mjp": {"psnr": 65.2}},
     }
     knows = {"april": NAIVE, "ig(iterations=150)": NAIVE, "april-mjp": ADAPTIVE}
-    md = sc.render({"quickstart": {"tasks": {"digits-vit": task("vit-digits", leak, knows)}}})
+    md = render({"quickstart": {"tasks": {"digits-vit": task("vit-digits", leak, knows)}}})
     table8 = row(md, "MJP", "Table VIII")
     assert "`april` 9.7 dB" in table8[2] and "april-mjp" not in table8[2]
     assert "quickstart / digits-vit: `april-mjp` 65.2 dB" in table8[3] and table8[4] == "**refuted**"
@@ -46,11 +51,11 @@ def test_mjp_images_refuted_by_the_adaptive_attack_with_the_naive_one_beside() -
     assert "`ig(iterations=150)` 6.6 dB" in table9[2] and table9[4] == "**refuted**"
     # below 30 dB but above the paper's defended figure + 3 dB: partly; within it: confirmed
     leak["mjp(gamma=0.1)"]["april-mjp"]["psnr"] = 20.0
-    assert row(sc.render({"q": {"tasks": {"t": task("vit-digits", leak, knows)}}}), "MJP", "Table VIII")[4] == (
+    assert row(render({"q": {"tasks": {"t": task("vit-digits", leak, knows)}}}), "MJP", "Table VIII")[4] == (
         "**partly**"
     )
     leak["mjp(gamma=0.1)"]["april-mjp"]["psnr"] = 12.0
-    assert row(sc.render({"q": {"tasks": {"t": task("vit-digits", leak, knows)}}}), "MJP", "Table VIII")[4] == (
+    assert row(render({"q": {"tasks": {"t": task("vit-digits", leak, knows)}}}), "MJP", "Table VIII")[4] == (
         "**confirmed**"
     )
 
@@ -63,14 +68,14 @@ def test_aegis_text_partly_until_the_head_attack_identifies_the_sentence() -> No
     knows = {"tag(iterations=100)": NAIVE, "head-embedding": NAIVE, "span": NAIVE}
     leak = {"none": {"span": {"rouge1": 1.0, "token_recovery": 1.0}}, "aegis": cells}
     summaries = {"aegis-tag": {"tasks": {"sst2-text": task("transformer4", leak, knows)}}}
-    got = row(sc.render(summaries), "AEGIS", "token recovery")
+    got = row(render(summaries), "AEGIS", "token recovery")
     assert got[4] == "**partly**" and "rouge1 0.30, token recovery 0.25" in got[3]
     cells["head-embedding"] = {"rouge1": 1.0, "token_recovery": 1.0}
-    got = row(sc.render(summaries), "AEGIS", "token recovery")
+    got = row(render(summaries), "AEGIS", "token recovery")
     assert got[4] == "**refuted**" and got[3].startswith("aegis-tag / sst2-text: `head-embedding` rouge1 1.00")
     cells.clear()
     cells["tag(iterations=100)"] = {"rouge1": 0.01, "token_recovery": 0.0}
-    assert row(sc.render(summaries), "AEGIS", "token recovery")[4] == "**confirmed**"
+    assert row(render(summaries), "AEGIS", "token recovery")[4] == "**confirmed**"
 
 
 def test_pfesta_is_refuted_when_unshuffling_restores_the_inversion() -> None:
@@ -83,29 +88,29 @@ def test_pfesta_is_refuted_when_unshuffling_restores_the_inversion() -> None:
         }
         return {"federated": {"tasks": {"split-digits": task("vit-digits", leak, knows)}}}
 
-    got = row(sc.render(summaries(25.2)), "p-FeSTA", "permuted")
+    got = row(render(summaries(25.2)), "p-FeSTA", "permuted")
     assert got[4] == "**refuted**" and "`feature_inversion` 10.0 dB" in got[2] and "25.2 dB" in got[3]
     # the adaptive attacker did no better than the naive one (within 3 dB)
-    assert row(sc.render(summaries(11.0)), "p-FeSTA", "permuted")[4] == "**confirmed**"
+    assert row(render(summaries(11.0)), "p-FeSTA", "permuted")[4] == "**confirmed**"
 
 
 def test_the_dropout_claim_reads_only_minilm_tasks_with_client_dropout() -> None:
     knows = {"span": NAIVE, "span-robust": ADAPTIVE}
     leak = {"none": {"span": {"token_recovery": 0.0}, "span-robust": {"token_recovery": 0.96, "rouge1": 0.97}}}
     no_dropout = task("minilm", leak, knows, dropout=0.0)
-    assert row(sc.render({"s": {"tasks": {"m": no_dropout}}}), "veil (docs, not a seed paper)", "dropout")[4] == (
+    assert row(render({"s": {"tasks": {"m": no_dropout}}}), "veil (docs, not a seed paper)", "dropout")[4] == (
         "**open**"
     )
-    got = row(sc.render({"s": {"tasks": {"m": task("minilm", leak, knows, dropout=0.1)}}}), "veil", "dropout")
+    got = row(render({"s": {"tasks": {"m": task("minilm", leak, knows, dropout=0.1)}}}), "veil", "dropout")
     assert got[4] == "**refuted**" and "`span-robust`" in got[3] and "`span`" in got[2]
     other = task("gpt-tiny", leak, knows, dropout=0.1)
-    assert row(sc.render({"s": {"tasks": {"g": other}}}), "veil", "dropout")[4] == "**open**"
+    assert row(render({"s": {"tasks": {"g": other}}}), "veil", "dropout")[4] == "**open**"
 
 
 def test_a_cell_lists_the_strongest_figures_first_and_counts_the_rest() -> None:
     knows = {"tag": NAIVE}
     tasks = {f"t{i}": task("transformer4", {"aegis": {"tag": {"token_recovery": i / 10}}}, knows) for i in range(6)}
-    got = row(sc.render({"a": {"tasks": tasks}}), "AEGIS", "token recovery")[3]
+    got = row(render({"a": {"tasks": tasks}}), "AEGIS", "token recovery")[3]
     parts = got.split("; ")
     assert parts[0].startswith("a / t5:") and parts[-1] == f"+{6 - sc.SHOWN} more" and len(parts) == sc.SHOWN + 1
 
