@@ -14,7 +14,7 @@ ViT / GPT-2 from a config.
 from __future__ import annotations
 
 from pathlib import Path
-from typing import ClassVar
+from typing import Any, ClassVar
 
 import torch
 import transformers
@@ -22,8 +22,8 @@ from torch import Tensor, nn
 
 from veil.errors import VeilError
 from veil.models import register_hf_builder
-from veil.models.base import AttentionHandles, Batch, VeilModel, padding_bias, special_tokens_movable
-from veil.models.vit import patchify
+from veil.models.base import AttentionHandles, Batch, VeilModel, attention_mask, padding_bias, special_tokens_movable
+from veil.models.embedding import patchify
 
 
 def minilm_dir() -> Path:
@@ -230,10 +230,7 @@ class HFGPT2(VeilModel):
         return self._t.drop(tok + pos)
 
     def forward_from_embeddings(self, h: Tensor, batch: Batch) -> Tensor:
-        mask = batch.get("attention_mask")
-        if mask is None:
-            mask = torch.ones(h.shape[:2], dtype=torch.long, device=h.device)
-        bias = padding_bias(mask, causal=self.causal, dtype=h.dtype)
+        bias = padding_bias(attention_mask(batch, h), causal=self.causal, dtype=h.dtype)
         for block in self._t.h:
             h = block(h, None, bias)
         return self.hf.lm_head(self._t.ln_f(h))
@@ -279,6 +276,25 @@ def load_minilm(num_classes: int = 2, dropout: float = 0.1, pooling: str = "cls"
     return HFBert(model, special_ids=[0, 101, 102], pooling=pooling)
 
 
+def encoder(dim: int, depth: int, heads: int, dropout: float) -> dict[str, Any]:
+    """The BERT / ViT config keys of a `depth`-layer, width-`dim`, `heads`-head encoder with a
+    4 x dim MLP and `dropout` on the hidden states and attention probabilities."""
+    return {
+        "hidden_size": dim,
+        "num_hidden_layers": depth,
+        "num_attention_heads": heads,
+        "intermediate_size": 4 * dim,
+        "hidden_dropout_prob": dropout,
+        "attention_probs_dropout_prob": dropout,
+    }
+
+
+def eager(cfg: Any) -> Any:
+    """`cfg` set to eager attention: the softmax in the open, which double backward needs on CPU."""
+    cfg._attn_implementation = "eager"
+    return cfg
+
+
 def bert_from_config(
     num_classes: int = 2,
     vocab_size: int = 30522,
@@ -292,17 +308,11 @@ def bert_from_config(
 
     cfg = BertConfig(
         vocab_size=vocab_size,
-        hidden_size=dim,
-        num_hidden_layers=depth,
-        num_attention_heads=heads,
-        intermediate_size=4 * dim,
         max_position_embeddings=max_len,
         num_labels=num_classes,
-        hidden_dropout_prob=dropout,
-        attention_probs_dropout_prob=dropout,
+        **encoder(dim, depth, heads, dropout),
     )
-    cfg._attn_implementation = "eager"
-    return HFBert(BertForSequenceClassification(cfg), special_ids=[0, 101, 102])
+    return HFBert(BertForSequenceClassification(eager(cfg)), special_ids=[0, 101, 102])
 
 
 def vit_from_config(
@@ -317,20 +327,9 @@ def vit_from_config(
 ) -> HFViT:
     from transformers import ViTConfig, ViTForImageClassification
 
-    cfg = ViTConfig(
-        image_size=image_size,
-        patch_size=patch_size,
-        num_channels=in_chans,
-        hidden_size=dim,
-        num_hidden_layers=depth,
-        num_attention_heads=heads,
-        intermediate_size=4 * dim,
-        num_labels=num_classes,
-        hidden_dropout_prob=dropout,
-        attention_probs_dropout_prob=dropout,
-    )
-    cfg._attn_implementation = "eager"
-    return HFViT(ViTForImageClassification(cfg))
+    geometry = {"image_size": image_size, "patch_size": patch_size, "num_channels": in_chans}
+    cfg = ViTConfig(**geometry, num_labels=num_classes, **encoder(dim, depth, heads, dropout))
+    return HFViT(ViTForImageClassification(eager(cfg)))
 
 
 def gpt2_from_config(
@@ -348,8 +347,7 @@ def gpt2_from_config(
         embd_pdrop=dropout,
         attn_pdrop=dropout,
     )
-    cfg._attn_implementation = "eager"
-    return HFGPT2(GPT2LMHeadModel(cfg))
+    return HFGPT2(GPT2LMHeadModel(eager(cfg)))
 
 
 # ---- registration: veil.registry.MODELS imports this module on its first lookup -----------------
