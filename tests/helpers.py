@@ -1,8 +1,11 @@
-"""Small real inputs for tests: shapes each registered model accepts."""
+"""Small real inputs for tests: shapes each registered model accepts, and the tiny federated run
+the FedAvg tests share."""
 
 from __future__ import annotations
 
+import json
 from collections.abc import Callable
+from pathlib import Path
 from typing import TYPE_CHECKING
 
 import torch
@@ -58,3 +61,31 @@ def kill_server_after_round(monkeypatch: pytest.MonkeyPatch, k: int) -> Callable
 
     monkeypatch.setattr(server_app.ServerState, "save", crash_after_round)
     return lambda: monkeypatch.setattr(server_app.ServerState, "save", original)
+
+
+#: the FedAvg tests' model and run: a 1-layer width-16 ViT on 240 digits, in-process grid, no audit
+FED_TINY = [
+    "model.dim=16",
+    "model.depth=1",
+    "model.heads=2",
+    "data.train_size=240",
+    "data.test_size=100",
+    "train.batch_size=16",
+    "train.lr=0.003",
+    "federated.backend=inline",
+    "federated.audit=[]",
+]
+
+
+def fed_config(tmp: Path, federated: str) -> Path:
+    """tmp/fed.yaml: vit-digits on digits (seed 0) with `federated` as its ``federated:`` mapping."""
+    p = tmp / "fed.yaml"
+    p.write_text(
+        f"model: {{name: vit-digits}}\ndata: {{name: digits}}\ntrain: {{seed: 0}}\nfederated: {{{federated}}}\n"
+    )
+    return p
+
+
+def events(run: Path) -> list[dict]:
+    """The event log (metrics.jsonl) of a run folder."""
+    return [json.loads(x) for x in (run / "metrics.jsonl").read_text().splitlines()]

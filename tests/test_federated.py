@@ -16,30 +16,14 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from helpers import kill_server_after_round
+from helpers import FED_TINY as TINY
+from helpers import events, fed_config, kill_server_after_round
 from veil.errors import VeilError
 from veil.federated.fedavg.task import load_spec
 
-TINY = [
-    "model.dim=16",
-    "model.depth=1",
-    "model.heads=2",
-    "data.train_size=240",
-    "data.test_size=100",
-    "train.batch_size=16",
-    "train.lr=0.003",
-    "federated.backend=inline",
-    "federated.audit=[]",
-]
-
 
 def write_cfg(tmp: Path) -> Path:
-    p = tmp / "fed.yaml"
-    p.write_text(
-        "model: {name: vit-digits}\ndata: {name: digits}\ntrain: {seed: 0}\n"
-        "federated: {clients: 2, rounds: 2, partition: dirichlet, alpha: 0.5, local_steps: 2}\n"
-    )
-    return p
+    return fed_config(tmp, "clients: 2, rounds: 2, partition: dirichlet, alpha: 0.5, local_steps: 2")
 
 
 def fed(tmp: Path, *overrides: str, out: str = "run", resume: bool = False) -> dict:
@@ -47,10 +31,6 @@ def fed(tmp: Path, *overrides: str, out: str = "run", resume: bool = False) -> d
 
     spec = load_spec(write_cfg(tmp), [*TINY, *overrides])
     return federate(spec, tmp / out, resume=resume)
-
-
-def events(run: Path) -> list[dict]:
-    return [json.loads(x) for x in (run / "metrics.jsonl").read_text().splitlines()]
 
 
 def test_fedavg_round_trip_writes_run_folder(tmp_path: Path) -> None:

@@ -14,29 +14,14 @@ import torch
 from opacus.accountants import RDPAccountant
 from safetensors.torch import load_file
 
-from helpers import kill_server_after_round
+from helpers import FED_TINY as TINY
+from helpers import events, fed_config, kill_server_after_round
 from veil.errors import VeilError
 from veil.federated.fedavg.task import client_world, load_spec
 
-TINY = [
-    "model.dim=16",
-    "model.depth=1",
-    "model.heads=2",
-    "data.train_size=240",
-    "data.test_size=100",
-    "train.batch_size=16",
-    "train.lr=0.003",
-    "federated.backend=inline",
-    "federated.audit=[]",
-]
-
 
 def spec(tmp: Path, *overrides: str):
-    p = tmp / "fed.yaml"
-    p.write_text(
-        "model: {name: vit-digits}\ndata: {name: digits}\ntrain: {seed: 0}\n"
-        "federated: {clients: 2, rounds: 2, partition: iid, local_steps: 2, secret: seeded}\n"
-    )
+    p = fed_config(tmp, "clients: 2, rounds: 2, partition: iid, local_steps: 2, secret: seeded")
     return load_spec(p, [*TINY, *overrides])
 
 
@@ -45,11 +30,19 @@ def run(tmp: Path, name: str, *overrides: str) -> tuple[dict, dict[str, torch.Te
     from veil.federated.fedavg.runner import federate
 
     s = federate(spec(tmp, *overrides), tmp / name)
-    events = [json.loads(x) for x in (tmp / name / "metrics.jsonl").read_text().splitlines()]
-    return (
-        s,
-        load_file(str(tmp / name / "checkpoints" / "model.safetensors")),
-        [e for e in events if e["event"] == "round"],
+    rounds = [e for e in events(tmp / name) if e["event"] == "round"]
+    return s, load_file(str(tmp / name / "checkpoints" / "model.safetensors")), rounds
+
+
+def one_dp_round(tmp: Path, kind: str, noise: str, clip: str) -> tuple[dict, dict[str, torch.Tensor], list[dict]]:
+    """`run` of one round under `federated.dp=kind` with that noise multiplier and clip, as run "dp"."""
+    return run(
+        tmp,
+        "dp",
+        "federated.rounds=1",
+        f"federated.dp={kind}",
+        f"federated.dp_noise={noise}",
+        f"federated.dp_clip={clip}",
     )
 
 
@@ -71,14 +64,7 @@ def test_zero_noise_and_a_clip_never_reached_equal_no_dp(tmp_path: Path, kind: s
     """One round (a second one would let Adam blow float rounding up along the attention key bias,
     whose gradient is 0 up to rounding)."""
     _, plain, _ = run(tmp_path, "none", "federated.rounds=1")
-    s, dp, rounds = run(
-        tmp_path,
-        "dp",
-        "federated.rounds=1",
-        f"federated.dp={kind}",
-        "federated.dp_noise=0.0",
-        "federated.dp_clip=1000000.0",
-    )
+    s, dp, rounds = one_dp_round(tmp_path, kind, "0.0", "1000000.0")
     assert (flat(plain) - flat(initial(tmp_path))).abs().max() > 1e-3  # the round did train
     assert torch.allclose(flat(dp), flat(plain), rtol=0, atol=1e-6)  # only (w - w0) + w0 rounding differs
     assert s["dp"]["epsilon"] is None and all(e["dp_epsilon"] is None and e["dp_released"] for e in rounds)
@@ -88,14 +74,7 @@ def test_noise_std_is_z_clip_over_k(tmp_path: Path) -> None:
     """One round, a clip no update reaches: the DP global model minus the plain one is the noise."""
     _, plain, _ = run(tmp_path, "none", "federated.rounds=1")
     assert (flat(plain) - flat(initial(tmp_path))).norm() < 10.0  # the clip below is never reached
-    _, dp, _ = run(
-        tmp_path,
-        "dp",
-        "federated.rounds=1",
-        "federated.dp=client-fixed",
-        "federated.dp_noise=0.02",
-        "federated.dp_clip=10",
-    )
+    _, dp, _ = one_dp_round(tmp_path, "client-fixed", "0.02", "10")
     noise = flat(dp) - flat(plain)
     assert noise.numel() > 2000 and abs(float(noise.std()) / (0.02 * 10 / 2) - 1) < 0.1, float(noise.std())
     assert abs(float(noise.mean())) < 0.01
@@ -105,14 +84,7 @@ def test_noise_std_is_z_clip_over_k(tmp_path: Path) -> None:
 def test_clipping_bounds_the_global_update(tmp_path: Path, kind: str) -> None:
     w0 = flat(initial(tmp_path))
     _, plain, _ = run(tmp_path, "none", "federated.rounds=1")
-    _, dp, _ = run(
-        tmp_path,
-        "dp",
-        "federated.rounds=1",
-        f"federated.dp={kind}",
-        "federated.dp_noise=0.0",
-        "federated.dp_clip=0.001",
-    )
+    _, dp, _ = one_dp_round(tmp_path, kind, "0.0", "0.001")
     assert (flat(plain) - w0).norm() > 0.01
     assert 0.0005 < (flat(dp) - w0).norm() <= 0.001 * (1 + 1e-4)  # the mean of two updates clipped to 0.001
 
@@ -239,9 +211,10 @@ def test_ray_simulation_runs_client_side_dp_like_the_inline_grid(tmp_path: Path)
     )
     assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
     ray = load_file(str(tmp_path / "ray" / "checkpoints" / "model.safetensors"))
-    events = [json.loads(x) for x in (tmp_path / "ray" / "metrics.jsonl").read_text().splitlines()]
     assert torch.equal(flat(ray), flat(inline))
-    assert [e["dp_epsilon"] for e in events if e["event"] == "round"] == [e["dp_epsilon"] for e in rounds_inline]
+    assert [e["dp_epsilon"] for e in events(tmp_path / "ray") if e["event"] == "round"] == [
+        e["dp_epsilon"] for e in rounds_inline
+    ]
     assert json.loads((tmp_path / "ray" / "summary.json").read_text())["dp"]["epsilon"] > 0
 
 
