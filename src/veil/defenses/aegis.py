@@ -228,16 +228,9 @@ class Aegis(KeyedNoiseDefense):
 
     def describe(self) -> dict[str, Any]:
         """What an adaptive attacker is granted: the frozen set and the noise laws with their scales."""
+        scales = ("embed_noise", "mlp_noise", "head_noise", "mlp_down_noise", "noised_lr", "lr_scale")
         return {
-            "name": self.name,
-            "freeze_attention": self.freeze_attention,
-            "freeze_attention_bias": self.freeze_attention_bias,
-            "embed_noise": self.embed_noise,
-            "mlp_noise": self.mlp_noise,
-            "head_noise": self.head_noise,
-            "mlp_down_noise": self.mlp_down_noise,
-            "noised_lr": self.noised_lr,
-            "lr_scale": self.lr_scale,
+            **self.settings_of("freeze_attention", "freeze_attention_bias", *scales),
             "embed_law": "N(0, s^2), s = embed_noise * rho_max / (2D)^(1/4)",
             "mlp_law": "N(0, s^2), s = mlp_noise * ||G||_F / (H D)^(1/4)",
             "last_std": dict(self.last_std),

@@ -91,6 +91,10 @@ class Defense:
         """The settings an adaptive attacker is granted (`Knowledge.defense`)."""
         return {"name": self.name}
 
+    def settings_of(self, *names: str) -> dict[str, Any]:
+        """``{"name": self.name, n: self.n for n in names}``: the settings `describe` grants by name."""
+        return {"name": self.name, **{n: getattr(self, n) for n in names}}
+
     # ---- exact resume ------------------------------------------------------------------------
     def state_dict(self) -> dict[str, Tensor]:
         """The random-stream state a resumed run needs to draw what the uninterrupted run would

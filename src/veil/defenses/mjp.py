@@ -199,17 +199,7 @@ class MJP(Defense):
         self.eval_unk = bool(unk)
 
     def describe(self) -> dict[str, Any]:
-        return {
-            "name": self.name,
-            "gamma": self.gamma,
-            "window": self.window,
-            "selection": self.selection,
-            "aux": self.aux,
-            "aux_lambda": self.aux_lambda,
-            "variant": self.variant,
-            "seed": self.seed,
-            "unk_init": self.unk_init,
-        }
+        return self.settings_of("gamma", "window", "selection", "aux", "aux_lambda", "variant", "seed", "unk_init")
 
     # ---- exact resume --------------------------------------------------------------------------
     def state_dict(self) -> dict[str, Tensor]:
