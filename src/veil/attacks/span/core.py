@@ -43,8 +43,15 @@ class Span:
         return self.basis.shape[1]
 
     def distance(self, x: Tensor) -> Tensor:
-        """Relative distance of each row of ``x`` (..., width) to the span (float32 arithmetic)."""
+        """Relative distance of each row of ``x`` (..., width) to the span, in x's precision. In
+        float64 as ``sqrt(1 - |P^T x|^2 / |x|^2)`` (P orthonormal): one product with the basis
+        instead of two, and the cancellation leaves ~2e-8 of absolute error, far below every
+        tolerance (>= 1e-4); in float32 as ``|x - P P^T x| / |x|`` (that formula's error there
+        would be ~3e-4)."""
         basis = self.basis.to(x.dtype)
+        if x.dtype == torch.float64:
+            r = (x @ basis).pow(2).sum(-1) / x.pow(2).sum(-1).clamp_min(1e-300)
+            return (1 - r).clamp_min(0).sqrt()
         res = x - (x @ basis) @ basis.T
         return res.norm(dim=-1) / x.norm(dim=-1).clamp_min(1e-30)
 

@@ -30,7 +30,12 @@ class Residual:
     def __init__(self, obs: Any, batch_size: int) -> None:
         self.model = obs.model
         self.names = {id(p): n for n, p in self.model.named_parameters()}
-        self.grads = {n: g.detach().double().clone() for n, g in obs.grads.items()}
+        layers = self.model.attention_layers()
+        used = [m.weight for att in layers[:2] for m in qkv_modules(att)] + [layers[-1].q.weight]
+        used += [getattr(self.model.token_embedding(), "weight", None), self.model.position_table()]
+        keep = {self.names[id(p)] for p in used if p is not None and id(p) in self.names}
+        # only what the spans, the check and the prior read: a peel's backward pass then skips the other weights
+        self.grads = {n: g.detach().double().clone() for n, g in obs.grads.items() if n in keep}
         self.batch_size = batch_size
         self.left = batch_size
 

@@ -73,6 +73,7 @@ class Walker:
         self.narrow: int | None = None  # sweeps try each position's `narrow` best tokens by the prior first
         self._wide = False  # the next sweep tries every candidate (a narrow sweep stalled)
         self.stopped = False  # a step's `limit` ran out inside its sweep
+        self.kicks = 0  # local minima left by a kick
 
     def random(self) -> Tensor:
         return torch.tensor([[int(s[self.rng.integers(len(s))]) for s in self.sets]])
@@ -225,6 +226,7 @@ class Walker:
             ).tolist():
                 self.x[0, t] = self._draw(t)
         self.cur = None
+        self.kicks += 1
         return out
 
     def _stop(self) -> tuple[float, float, Tensor]:
