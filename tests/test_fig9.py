@@ -81,3 +81,24 @@ def test_tag_runs_through_it_and_the_figure_is_drawn(text_run, tmp_path: Path) -
     assert -1.0 <= out["cosine_2d"] <= 1.0 and out["tokens"] > 0
     path = token_pca_figure([{"label": "none", **out}, {"label": "again", **out}], tmp_path / "f.png", "t")
     assert path.is_file() and path.stat().st_size > 5000
+
+
+def test_the_fig9_section_lists_each_model_and_links_the_figure() -> None:
+    from veil.report.results.sections import mjp_fig9
+
+    panel = {
+        "label": "mjp(gamma=0.5,window=8)",
+        "tokens": 40,
+        "cosine_2d": 0.25,
+        "cosine_full": 0.1,
+        "token_recovery": 0.05,
+    }
+    summary = {
+        "settings": {"attack": "tag", "iterations": 300, "samples": 4},
+        "tasks": {"fig9": {"figure": "token_pca.png", "figure_doc": "figures/mjp-fig9-tokens_token_pca.png"}},
+        "panels": [panel],
+    }
+    text = mjp_fig9.render(summary)
+    assert "| mjp(gamma=0.5,window=8) | 40 | 0.250 | 0.100 | 0.050 |" in text
+    assert "(figures/mjp-fig9-tokens_token_pca.png)" in text and "tag (300 iterations" in text
+    assert "not protection" in text  # the stronger attacker is named

@@ -137,3 +137,25 @@ def test_a_single_sequence_batch_is_refused_in_one_line() -> None:
         model({"input_ids": torch.ones(2, 8, dtype=torch.int64), "attention_mask": torch.ones(2, 8, dtype=torch.int64)})
     with pytest.raises(VeilError, match="scores 4 choices but the batch has 3"):
         model(_batch(c=3))
+
+
+def test_the_table7_section_reports_each_gamma_against_undefended() -> None:
+    from veil.report.results.sections import mjp_table7
+
+    util = {
+        "none": {"test_accuracy_values": [0.50]},
+        "mjp(gamma=0.5,window=32)": {"test_accuracy_values": [0.485]},
+        "mjp(gamma=0.1,window=32)": {"test_accuracy_values": [0.505]},
+    }
+    entries = ["none", {"name": "mjp", "gamma": 0.5, "window": 32}, {"name": "mjp", "gamma": 0.1, "window": 32}]
+    summary = {
+        "seeds": [0],
+        "tasks": {"t": {"utility": util}},
+        "config": {"tasks": [{"name": "t", "run": {"data": {"max_len": 40, "train_size": 2000}}, "defenses": entries}]},
+    }
+    text = mjp_table7.render(summary)
+    lines = [x for x in text.splitlines() if x.startswith("| ")]
+    assert lines[1].startswith("| 0.0 (none) | none | 1 | 50.00 ± 0.00 | — | — |")
+    assert lines[2] == "| 0.1 | mjp(gamma=0.1,window=32) | 1 | 50.50 ± 0.00 | +0.50 | yes |"  # sorted by gamma
+    assert lines[3] == "| 0.5 | mjp(gamma=0.5,window=32) | 1 | 48.50 ± 0.00 | -1.50 | **no** |"
+    assert "2,000 training items" in text and "(40 tokens" in text

@@ -4,7 +4,9 @@ For each trained text run, a text attack (TAG by default) rebuilds `--samples` t
 from one defended client update each (batch 1, labels known); the original and recovered
 tokens' embeddings are projected to 2-D by PCA and compared by cosine similarity
 (`veil.analysis.tokens`). Writes DIR/tokens.json (per run: cosines, token recovery, the points)
-and DIR/token_pca.png (one panel per run). DIR defaults to the first run's analysis/tokens.
+and DIR/token_pca.png (one panel per run), and DIR/summary.json (hashed, as the audit writes
+its own) for `python -m veil.report.results collect DIR --name mjp-fig9-tokens`, which copies the
+figure to docs/figures. DIR defaults to the first run's analysis/tokens.
 """
 
 from __future__ import annotations
@@ -38,6 +40,7 @@ def run(args: argparse.Namespace) -> int:
     # torch and the packages load when the command runs, not when `veil --help` builds the parser
     from veil.analysis.tokens import recovered_embeddings
     from veil.build import load_run
+    from veil.io import write_checked_text
     from veil.report.token_pca import token_pca_figure
     from veil.runtime import use_threads
 
@@ -67,6 +70,14 @@ def run(args: argparse.Namespace) -> int:
         panels.append({"label": label, "run": str(run_dir), "model": cfg.model["name"], **result})
     token_pca_figure(panels, out / "token_pca.png", f"{args.attack} on {panels[0]['model']}: recovered vs original")
     (out / "tokens.json").write_text(json.dumps({"panels": panels}, indent=1))
+    summary = {
+        "scenario": "mjp-fig9-tokens",
+        "command": "veil analyze tokens " + " ".join(f"'{r}'" for r in args.run_dirs),
+        "settings": {"attack": args.attack, "iterations": args.iterations, "samples": args.samples, "seed": args.seed},
+        "tasks": {"fig9": {"figure": "token_pca.png"}},
+        "panels": panels,
+    }
+    write_checked_text(out / "summary.json", json.dumps(summary, indent=1))
     for p in panels:
         print(
             f"{p['label']}: cosine_2d {p['cosine_2d']:.3f} (pooled {p['cosine_2d_pooled']:.3f}), "

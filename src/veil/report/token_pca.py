@@ -30,8 +30,8 @@ def token_pca_figure(panels: list[dict[str, Any]], path: str | Path, title: str 
         r = np.asarray(p["points"]["recovered"], dtype=float).reshape(-1, 2)
         ax.scatter(o[:, 0], o[:, 1], s=14, c=ORIGINAL, marker="o", alpha=0.75, label="original")
         ax.scatter(r[:, 0], r[:, 1], s=14, c=RECOVERED, marker="x", alpha=0.75, label="recovered")
-        head = f"{p['label']}\ncos {p['cosine_2d']:.3f}, token recovery {p['token_recovery']:.2f}"
-        ax.set_title(wrap(head, 40), fontsize=9)
+        lines = [wrap(str(p["label"]), 40), f"cos {p['cosine_2d']:.3f}, token recovery {p['token_recovery']:.2f}"]
+        ax.set_title("\n".join(lines), fontsize=9)
         ax.set_xlabel("PC1", fontsize=8)
         ax.set_ylabel("PC2", fontsize=8)
         ax.tick_params(labelsize=7)
