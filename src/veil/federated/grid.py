@@ -160,6 +160,16 @@ def run_ray(
     run_simulation(server_app=server, client_app=client_app, num_supernodes=num_nodes, backend_config=backend)
 
 
+def push(grid: Grid, messages: list[Message], timeout: float) -> list[str | None]:
+    """Push `messages`; their ids in order (None for one the SuperLink refused)."""
+    return list(grid.push_messages(messages, timeout) if isinstance(grid, LocalGrid) else grid.push_messages(messages))
+
+
+def pull(grid: Grid, ids: list[str]) -> list[Message]:
+    """The replies that have arrived to the messages `ids` (each is returned once)."""
+    return list(grid.pull_messages(ids))
+
+
 def exchange(grid: Grid, messages: Iterable[Message], timeout: float, poll: float = 0.05) -> list[Message]:
     """`grid.send_and_receive` with a short pull interval: Flower's Grid waits 3 s between pulls
     from the SuperLink, which would dominate a round whose training takes a second or two."""
