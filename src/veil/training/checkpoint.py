@@ -59,27 +59,43 @@ def save_training_state(
     atomic_write_text(ckdir / "state.json", json.dumps({"loop": loop, "optimizer": scalars}))
 
 
+def restart_remedy(ckdir: Path) -> str:
+    """What the one-line error of a damaged checkpoint in `ckdir` tells the user to do."""
+    return f"remove '{ckdir}' to restart the run from its first step"
+
+
+def read_state(ckdir: Path, *keys: str) -> dict[str, Any] | None:
+    """The checkpoint's `state.json` (None when there is none: no complete checkpoint), which must
+    be a JSON object with `keys`; anything else is a one-line error, never a silent restart."""
+    path = ckdir / "state.json"
+    if not path.is_file():
+        return None
+    try:
+        state = json.loads(path.read_text())
+        if not isinstance(state, dict) or any(k not in state for k in keys):
+            raise KeyError(path)
+    except (ValueError, KeyError):
+        raise VeilError(f"checkpoint '{path}' is damaged (not the JSON veil wrote); {restart_remedy(ckdir)}") from None
+    return state
+
+
 def load_streams(ckdir: Path) -> dict[str, torch.Tensor]:
     """The random streams `save_training_state` saved with the checkpoint ({} for a checkpoint
     written before streams were saved); a damaged file is a one-line `VeilError`."""
     path = ckdir / "streams.safetensors"
     if not path.is_file():
         return {}
-    return load_tensors(path, f"remove '{ckdir}' to restart the run from its first step")
+    return load_tensors(path, restart_remedy(ckdir))
 
 
 def load_training_state(ckdir: Path, model: torch.nn.Module, opt: torch.optim.Optimizer) -> dict[str, Any] | None:
     """The loop counters of the checkpoint in `ckdir` (weights and optimiser restored), or None.
     A damaged checkpoint is a one-line error, never a traceback or a silent restart."""
-    state_path = ckdir / "state.json"
-    if not state_path.is_file():
+    state = read_state(ckdir, "loop", "optimizer")
+    if state is None:
         return None
-    remedy = f"remove '{ckdir}' to restart the run from its first step"
-    try:
-        state = json.loads(state_path.read_text())
-        loop, scalars = state["loop"], state["optimizer"]
-    except (ValueError, KeyError, TypeError):
-        raise VeilError(f"checkpoint '{state_path}' is damaged (not the JSON veil wrote); {remedy}") from None
+    loop, scalars = state["loop"], state["optimizer"]
+    remedy = restart_remedy(ckdir)
     try:
         load_model_weights(model, ckdir / "last.safetensors")
     except VeilError as e:
