@@ -20,10 +20,10 @@ audit carries `budget_used` (work / budget, mean over samples), `budget_used_max
 `budget_stopped` in summary.json (`tasks[t].budget`, and `over_budget` lists the cells past 1.2x;
 `python -m veil.experiments.summary RUN_DIR` prints the same check for one run). Rendered from
 every run collected under docs/results/ (source = the collected file):"""
-OUTRO = """The span attack's peeling walkers check the budget between sweeps and may pass it by one
-sweep (transformer4 width 96, depth 3, 8 SST-2 sentences of <= 24 tokens, budget 5,000: 5,232
-scored, 1.046); its assignment search checks at every position (budget 2,000, batch 4: 2,000
-scored); every other budgeted attack stops at its budget exactly. A source with no row has no
+OUTRO = """The span attack's searches cut each scoring call at what is left of the budget (transformer4
+width 96, depth 3, 8 SST-2 sentences of <= 24 tokens, budget 5,000: 5,000 scored, was 5,232 when
+the peeling walkers checked between sweeps; tests/test_span_budget.py); every budgeted attack
+stops at its budget exactly. A source with no row has no
 budgeted cell (closed-form attacks only, or a protocol that reports no budget)."""
 
 
