@@ -75,22 +75,26 @@ def _aux(know: Knowledge) -> Tensor:
 
 
 @dataclass(frozen=True)
-class FeatureInversionOptions(Options):
+class DecoderOptions(Options):
+    """The options of training a `Decoder` on auxiliary images, which both feature attacks do."""
+
     steps: int = option(1500, "Adam steps training the decoder")
     lr: float = option(1e-3, "Adam learning rate")
     batch: int = option(64, "auxiliary images per step")
     hidden: int = option(512, "decoder width")
+
+
+@dataclass(frozen=True)
+class FeatureInversionOptions(DecoderOptions):
     unshuffle: bool | Literal["auto"] = option(
         "auto", "undo the permutation with the head's affine structure; auto: when the defense says it is on"
     )
 
 
 @dataclass(frozen=True)
-class FSHAOptions(Options):
+class FSHAOptions(DecoderOptions):  # steps, lr, batch, hidden in that order; FSHA trains three nets
     steps: int = option(2000, "Adam steps of the encoder, decoder and discriminator")
-    lr: float = option(1e-3, "Adam learning rate")
     batch: int = option(64, "auxiliary images (and intercepted features) per step")
-    hidden: int = option(512, "decoder width")
     adv: float = option(0.05, "weight of the adversarial term in the encoder-decoder loss")
 
 
