@@ -239,3 +239,37 @@ def test_a_revoked_task_token_is_the_task_s_error_not_the_supernode_s_end() -> N
     assert invoker.should_giveup is not None
     assert invoker.should_giveup(status(401)) is True  # back to the executor, which skips the task
     assert invoker.should_giveup(status(503)) is False  # still retried, as Flower does
+
+
+def test_membership_asks_a_slow_node_once_and_takes_its_late_reply() -> None:
+    """Replies that come after the query timeout are still taken, and a node with a pending query
+    is not asked again (re-asking every node at every wait piled up queries faster than 500
+    simulated clients answered them: none joined in 600 s)."""
+    import time
+
+    from veil.federated.fedavg.client_app import app
+    from veil.federated.fedavg.membership import Membership
+    from veil.federated.grid import LocalGrid
+
+    class SlowGrid(LocalGrid):
+        """Replies become visible 2 s after the first push (a busy simulation engine): past the 1 s
+        query timeout, before a pending query is sent again (3 s)."""
+
+        pushed: list[int]
+        opened = 0.0
+
+        def push_messages(self, messages, timeout=None):  # type: ignore[no-untyped-def]
+            msgs = list(messages)
+            self.pushed = [*getattr(self, "pushed", []), *(m.metadata.dst_node_id for m in msgs)]
+            ids = super().push_messages(msgs, timeout)  # (the in-process clients answer here)
+            self.opened = self.opened or time.time() + 2.0
+            return ids
+
+        def pull_messages(self, message_ids):  # type: ignore[no-untyped-def]
+            return super().pull_messages(message_ids) if time.time() >= self.opened else []
+
+    grid = SlowGrid(app, 2)
+    m = Membership(grid, 2, {"spec": spec_().text()}, 1.0)
+    m.wait_for_all(120)
+    assert m.partition_of() == {1001: 0, 1002: 1}
+    assert sorted(grid.pushed) == [1001, 1002]  # one query each, answered late

@@ -66,10 +66,9 @@ class Membership:
                 Message(RecordDict({"config": ConfigRecord(dict(self.config))}), dst_node_id=n, message_type="query")
                 for n in fresh
             ]
-            for mid, n in zip(push(self.grid, msgs, self.query_timeout), fresh):
-                if mid is not None:
-                    self.pending[mid] = (n, now)
-        want, end = set(nodes), now + self.query_timeout
+            ids, sent = push(self.grid, msgs, self.query_timeout), time.time()
+            self.pending.update({mid: (n, sent) for mid, n in zip(ids, fresh) if mid is not None})
+        want, end = set(nodes), time.time() + self.query_timeout
         while self.pending:
             for m in pull(self.grid, list(self.pending)):
                 self.pending.pop(m.metadata.reply_to_message_id, None)
