@@ -15,14 +15,11 @@ import argparse
 import json
 from pathlib import Path
 
+from veil.commands import subcommand
+
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
-    p = sub.add_parser(
-        "eval",
-        help="evaluate a trained run, optionally with test-time jigsaw shuffling",
-        description=__doc__,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
-    )
+    p = subcommand(sub, "eval", "evaluate a trained run, optionally with test-time jigsaw shuffling", __doc__, run)
     p.add_argument("run_dir", help="a run folder written by `veil train`")
     p.add_argument(
         "--shuffle-gamma", type=float, default=0.0, help="test-time shuffle ratio in [0, 1] (default 0: clean)"
@@ -37,7 +34,6 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--keep-pe", action="store_true", help="keep the original PEs at shuffled slots (no E_unk)")
     p.add_argument("--seed", type=int, default=0, help="seed of the test-time shuffles")
     p.add_argument("--out", default=None, help="output folder (default RUN_DIR/eval/shuffle-G)")
-    p.set_defaults(run=run)
 
 
 def run(args: argparse.Namespace) -> int:
