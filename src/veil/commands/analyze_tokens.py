@@ -33,16 +33,14 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--samples", type=int, default=8, help="test sentences attacked per run (default 8)")
     p.add_argument("--seed", type=int, default=0, help="which test sentences, and the attack's seed")
     p.add_argument("--labels", default=None, help="comma-separated panel labels (default: each run's defense)")
+    p.add_argument("--jobs", type=int, default=1, help="worker processes, one run each (default 1); same numbers")
     p.set_defaults(run=run)
 
 
 def run(args: argparse.Namespace) -> int:
     # torch and the packages load when the command runs, not when `veil --help` builds the parser
-    from veil.analysis.tokens import recovered_embeddings
-    from veil.build import load_run
     from veil.io import write_checked_text
     from veil.report.token_pca import token_pca_figure
-    from veil.runtime import use_threads
 
     if args.samples < 1 or args.iterations < 1:
         raise VeilError(f"--samples and --iterations must be >= 1, got {args.samples} and {args.iterations}")
@@ -50,24 +48,21 @@ def run(args: argparse.Namespace) -> int:
     if labels is not None and len(labels) != len(args.run_dirs):
         raise VeilError(f"--labels names {len(labels)} panels for {len(args.run_dirs)} runs")
     out = Path(args.out) if args.out else Path(args.run_dirs[0]) / "analysis" / "tokens"
-    panels = []
-    for i, run_dir in enumerate(args.run_dirs):
-        cfg, model, data, defenses = load_run(run_dir)
-        if model.modality != "text":
-            raise VeilError(f"run '{run_dir}' is an {model.modality} model; Fig. 9 compares token embeddings")
-        use_threads(cfg.train.threads)
-        label = labels[i] if labels else ("+".join(_label(d) for d in cfg.defense) or "none")
-        result = recovered_embeddings(
-            model,
-            data,
-            defenses,
-            args.attack,
-            {"iterations": args.iterations},
-            samples=args.samples,
-            seed=args.seed,
-            grant={"labels": True},
-        )
-        panels.append({"label": label, "run": str(run_dir), "model": cfg.model["name"], **result})
+    if args.jobs < 1:
+        raise VeilError(f"--jobs must be >= 1, got {args.jobs}")
+    work = [
+        (run_dir, labels[i] if labels else None, args.attack, args.iterations, args.samples, args.seed)
+        for i, run_dir in enumerate(args.run_dirs)
+    ]
+    if args.jobs > 1 and len(work) > 1:  # one process per run, one torch thread each; the same numbers
+        import multiprocessing
+        from concurrent.futures import ProcessPoolExecutor
+
+        ctx = multiprocessing.get_context("spawn")
+        with ProcessPoolExecutor(min(args.jobs, len(work)), mp_context=ctx) as pool:
+            panels = list(pool.map(_panel, work))
+    else:
+        panels = [_panel(w) for w in work]
     token_pca_figure(panels, out / "token_pca.png", f"{args.attack} on {panels[0]['model']}: recovered vs original")
     (out / "tokens.json").write_text(json.dumps({"panels": panels}, indent=1))
     summary = {
@@ -85,6 +80,24 @@ def run(args: argparse.Namespace) -> int:
         )
     print(f"wrote {out / 'token_pca.png'} and {out / 'tokens.json'}")
     return 0
+
+
+def _panel(work: tuple) -> dict:
+    """One run's panel: attack its test sentences and measure (`veil.analysis.tokens`)."""
+    from veil.analysis.tokens import recovered_embeddings
+    from veil.build import load_run
+    from veil.runtime import use_threads
+
+    run_dir, label, attack, iterations, samples, seed = work
+    cfg, model, data, defenses = load_run(run_dir)
+    if model.modality != "text":
+        raise VeilError(f"run '{run_dir}' is an {model.modality} model; Fig. 9 compares token embeddings")
+    use_threads(cfg.train.threads)
+    label = label or ("+".join(_label(d) for d in cfg.defense) or "none")
+    result = recovered_embeddings(
+        model, data, defenses, attack, {"iterations": iterations}, samples=samples, seed=seed, grant={"labels": True}
+    )
+    return {"label": label, "run": str(run_dir), "model": cfg.model["name"], **result}
 
 
 def _label(d: dict) -> str:
