@@ -1,6 +1,7 @@
 """Flower simulation at scale (issue 21): veil's FedAvg on ViT digits with 100 and 500 clients.
 
     python benchmarks/flower_scale.py [--clients 100 500] [--rounds 5] [--fraction 0.1] [--write]
+    python benchmarks/flower_scale.py --from OUT/results.json --write   # re-render a measured run
 
 Each run is `veil federate`'s own code path (`veil.federated.fedavg.runner.federate`, Flower's
 simulation engine on Ray, one CPU per virtual client), configs/fedavg_deploy_digits.yaml with
@@ -96,7 +97,7 @@ class Peak:
         self.thread.join()
 
 
-def run_one(clients: int, rounds: int, fraction: float, out: Path) -> dict[str, Any]:
+def run_one(clients: int, rounds: int, fraction: float, out: Path, timeout: float = 600.0) -> dict[str, Any]:
     import torch
 
     from veil.federated.fedavg import server_app
@@ -113,7 +114,7 @@ def run_one(clients: int, rounds: int, fraction: float, out: Path) -> dict[str, 
         "federated.num_cpus=1",
         "federated.audit=[labels]",
         "federated.audit_clients=2",
-        "federated.timeout=600",
+        f"federated.timeout={timeout}",
     ]
     spec = load_spec(CONFIG, overrides)
     local: list[list[float]] = []
@@ -176,13 +177,13 @@ def table(results: list[dict[str, Any]], load: str) -> str:
         "one CPU each). Seconds per round; overhead = wall - local / min(clients in the round, workers); "
         "the auditor (`labels` on at most 2 clients a round) is part of the overhead.",
         "",
-        "| clients | per round | round | wall s | local s (sum) | overhead s | auditor s (clients) |",
-        "|---:|---:|---:|---:|---:|---:|---:|",
+        "| clients | round | sampled | replies | wall s | local s (sum) | overhead s | auditor s (clients) |",
+        "|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
     for r in results:
         for x in r["rounds"]:
             lines.append(
-                f"| {r['clients']} | {x['clients']} | {x['round']} | {x['wall']:.2f} | {x['local']:.2f} | "
+                f"| {r['clients']} | {x['round']} | {x['clients']} | {x['replies']} | {x['wall']:.2f} | {x['local']:.2f} | "
                 f"{x['overhead']:.2f} | {x['audit']:.2f} ({x['audited']}) |"
             )
     lines += [
@@ -213,15 +214,26 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--clients", type=int, nargs="+", default=[100, 500])
     p.add_argument("--rounds", type=int, default=5)
     p.add_argument("--fraction", type=float, default=0.1)
+    p.add_argument(
+        "--timeout", type=float, default=3000.0, help="federated.timeout: the wait for every client's first answer too"
+    )
     p.add_argument("--out", type=Path, default=None, help="run folders (default: a temporary folder)")
     p.add_argument("--write", action="store_true", help="regenerate the marked section of docs/federated.md")
+    p.add_argument("--from", dest="source", type=Path, help="render this results.json instead of measuring")
     a = p.parse_args(argv)
+    if a.source is not None:
+        saved = json.loads(a.source.read_text())
+        text = table(saved["results"], saved["load"])
+        print(text)
+        if a.write:
+            write_doc(text)
+        return 0
     os.environ.setdefault("OMP_NUM_THREADS", "1")
     base = a.out or Path(tempfile.mkdtemp(prefix="flower-scale-"))
     load_before = os.getloadavg()
     results = []
     for n in a.clients:
-        r = run_one(n, a.rounds, a.fraction, base / f"clients{n}")
+        r = run_one(n, a.rounds, a.fraction, base / f"clients{n}", a.timeout)
         print(json.dumps(r), flush=True)
         results.append(r)
     load_after = os.getloadavg()
