@@ -28,6 +28,7 @@ SMALL = {  # small widths so the whole registry runs in seconds
     "resnet-tiny": {"image_size": 8, "in_chans": 1, "base_width": 8},
     "swin-tiny": {"image_size": 8, "in_chans": 1, "dim": 32},
     "llama-tiny": {"dim": 64, "depth": 2, "mlp_hidden": 96},
+    "vit-seg": {"num_classes": 11, "depth": 2},
 }
 
 
@@ -36,6 +37,9 @@ def batch_for(model: VeilModel, batch_size: int = 2, seq_len: int = 7) -> dict[s
         cfg = getattr(model, "cfg", None)
         size = cfg.image_size if cfg else model.hf.config.image_size
         chans = cfg.in_chans if cfg else model.hf.config.num_channels
+        if model.task == "segmentation":  # one label per pixel
+            labels = torch.arange(batch_size * size * size).reshape(batch_size, size, size) % cfg.num_classes
+            return {"pixels": torch.rand(batch_size, chans, size, size), "labels": labels}
         return {"pixels": torch.rand(batch_size, chans, size, size), "labels": torch.arange(batch_size) % 2}
     ids = torch.randint(1000, 2000, (batch_size, seq_len))
     ids[:, 0] = 101
