@@ -123,10 +123,14 @@ class KeyedNoiseDefense(Defense):
         self._calls = int(state["calls"])
 
 
-def check_seed(seed: Any) -> int:
-    """An integer seed (bool is not one); anything else is a one-line error."""
+def check_seed(seed: Any, none_means: str | None = None) -> int | None:
+    """An integer seed (bool is not one), or None where the defense gives it a meaning
+    (`none_means`, said in the error); anything else is a one-line error."""
+    if seed is None and none_means is not None:
+        return None
     if isinstance(seed, bool) or not isinstance(seed, int):
-        raise VeilError(f"seed must be an integer, got {seed!r}")
+        allowed = "an integer" if none_means is None else f"an integer or null ({none_means})"
+        raise VeilError(f"seed must be {allowed}, got {seed!r}")
     return seed
 
 

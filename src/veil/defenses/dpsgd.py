@@ -51,7 +51,7 @@ from torch import Tensor
 
 from veil.defenses import DEFENSES
 from veil.defenses.aegis import check_scale
-from veil.defenses.base import Defense
+from veil.defenses.base import Defense, check_seed
 from veil.defenses.dpsgd_engines import (  # noqa: F401
     LossFn,
     OpacusEngine,
@@ -138,8 +138,7 @@ class DPSGD(Defense):
                 raise VeilError(
                     f"dpsgd trainable must be a regular expression over parameter names, got {trainable!r}"
                 ) from None
-        if seed is not None and (isinstance(seed, bool) or not isinstance(seed, int)):
-            raise VeilError(f"seed must be an integer or null (a secret seed from the OS), got {seed!r}")
+        seed = check_seed(seed, none_means="a secret seed from the OS")
         seed = secrets.randbits(62) if seed is None else seed
         if isinstance(chunk, bool) or not isinstance(chunk, int) or chunk < 1:
             raise VeilError(f"chunk must be an integer >= 1 (samples per physical micro-batch), got {chunk!r}")
