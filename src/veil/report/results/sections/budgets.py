@@ -21,10 +21,10 @@ audit carries `budget_used` (work / budget, mean over samples), `budget_used_max
 `python -m veil.experiments.summary RUN_DIR` prints the same check for one run). Rendered from
 every run collected under docs/results/ (source = the collected file):"""
 OUTRO = """The span attack's searches cut each scoring call at what is left of the budget (transformer4
-width 96, depth 3, 8 SST-2 sentences of <= 24 tokens, budget 5,000: 5,000 scored, was 5,232 when
-the peeling walkers checked between sweeps; tests/test_span_budget.py); every budgeted attack
-stops at its budget exactly. A source with no row has no
-budgeted cell (closed-form attacks only, or a protocol that reports no budget)."""
+width 96, depth 3, 8 SST-2 sentences of <= 24 tokens, budget 5,000: 5,000 scored, was 5,232 when the
+peeling walkers checked between sweeps; tests/test_span_budget.py); every budgeted attack stops at
+its budget exactly. A source with no row has no budgeted cell (closed-form attacks only, or a
+protocol that reports no budget)."""
 
 
 def render(summaries: dict[str, dict[str, Any]]) -> str:

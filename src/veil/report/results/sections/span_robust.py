@@ -26,7 +26,7 @@ NOTES = (
     "is its exact check failing, not protection. Limits: the robust test needs the batch's real tokens plus the "
     "dropped coordinates (~p*width + 5 sd, 68 of 384 on MiniLM) well below the width; at ~100 tokens in a MiniLM "
     "batch of 4 a few true pairs already miss the 0.02 tolerance (2 of 99 on one batch), and the layer-2 "
-    "ordering is a ranking whose errors are the remaining tokens (exact sentences 0.59 at batch 4). The time is "
+    "ordering is a ranking whose errors are the remaining tokens (exact sentences {exact_b4} at batch 4). The time is "
     "the layer-1 regression (one per (token, position) pair of the bag, ~2,000 pairs at batch 4) and the layer-2 "
     "assignment search."
 )
@@ -34,9 +34,8 @@ NOTES = (
 
 def render(summary: dict[str, Any]) -> str:
     raw = {t["name"]: t for t in summary["config"]["tasks"]}
-    rows, samples = [], set()
+    rows = []
     for name, t in summary["tasks"].items():
-        samples.add(t["samples"])
         max_len = raw[name]["run"]["data"]["max_len"]
         for attack in ATTACKS:
             m = t["leakage"]["none"][attack]
@@ -51,10 +50,16 @@ def render(summary: dict[str, Any]) -> str:
             )
     header = ["model (width)", "batch", "max_len", "client dropout", "attack", "token_recovery", "ROUGE-1"]
     header += ["presence F1", "exact", "s/update", "goal"]
-    n = "/".join(str(s) for s in sorted(samples))
+    counts = {name: t["samples"] for name, t in summary["tasks"].items()}
+    most = max(set(counts.values()), key=list(counts.values()).count)
+    other = ", ".join(f"{name}: {n}" for name, n in counts.items() if n != most)
+    b4 = summary["tasks"].get("minilm-b4", {}).get("leakage", {}).get("none", {}).get("span-robust", {})
+    notes = NOTES.format(exact_b4=fmt(b4.get("exact_recovery"), 2))
     return (
-        f"### Span attack under client dropout (`span-robust`), SST-2, {n} updates per cell\n\n"
+        f"### Span attack under client dropout (`span-robust`), SST-2, {most} updates per cell"
+        + (f" ({other})" if other else "")
+        + "\n\n"
         + table(header, rows)
         + "\n\n"
-        + NOTES
+        + notes
     )
