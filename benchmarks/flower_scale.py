@@ -97,7 +97,9 @@ class Peak:
         self.thread.join()
 
 
-def run_one(clients: int, rounds: int, fraction: float, out: Path, timeout: float = 600.0) -> dict[str, Any]:
+def run_one(
+    clients: int, rounds: int, fraction: float, out: Path, timeout: float = 600.0, backend: str = "ray"
+) -> dict[str, Any]:
     import torch
 
     from veil.federated.fedavg import server_app
@@ -110,7 +112,7 @@ def run_one(clients: int, rounds: int, fraction: float, out: Path, timeout: floa
         f"federated.fraction={fraction}",
         f"federated.rounds={rounds}",
         "federated.partition=iid",
-        "federated.backend=ray",
+        f"federated.backend={backend}",
         "federated.num_cpus=1",
         "federated.audit=[labels]",
         "federated.audit_clients=2",
@@ -135,7 +137,7 @@ def run_one(clients: int, rounds: int, fraction: float, out: Path, timeout: floa
     total = time.perf_counter() - t0
     events = [json.loads(x) for x in (out / "metrics.jsonl").read_text().splitlines() if x]
     rows = [e for e in events if e["event"] == "round"]
-    workers = max(1, int((os.cpu_count() or 1) // spec.fed.num_cpus))
+    workers = max(1, int((os.cpu_count() or 1) // spec.fed.num_cpus)) if backend == "ray" else 1
     per_round = []
     for e, secs in zip(rows, local):
         audit = sum(float(a.get("seconds", 0.0)) for a in events if a["event"] == "audit" and a["round"] == e["round"])
@@ -158,6 +160,7 @@ def run_one(clients: int, rounds: int, fraction: float, out: Path, timeout: floa
 
     sizes = [len(p) for p in partitions(build_data(spec.cfg), spec.fed, spec.cfg.train.seed)]
     return {
+        "backend": backend,
         "clients": clients,
         "per_round_clients": rows[0]["clients"] if rows else 0,
         "rounds": per_round,
@@ -172,9 +175,16 @@ def run_one(clients: int, rounds: int, fraction: float, out: Path, timeout: floa
 
 
 def table(results: list[dict[str, Any]], load: str) -> str:
+    backend = results[0].get("backend", "ray")
+    engine = (
+        f"Flower's simulation engine, {results[0]['workers']} Ray workers of one CPU"
+        if backend == "ray"
+        else "`federated.backend=inline`: Flower's messages on the in-process grid, one client at a time"
+    )
+    flag = "" if backend == "ray" else " --backend inline"
     lines = [
-        f"Measured by `python benchmarks/flower_scale.py --write` ({load}; {results[0]['workers']} Ray workers, "
-        "one CPU each). Seconds per round; overhead = wall - local / min(clients in the round, workers); "
+        f"Measured by `python benchmarks/flower_scale.py{flag} --write` ({load}; {engine}). Seconds per round; "
+        "overhead = wall - local / min(clients in the round, workers); "
         "the auditor (`labels` on at most 2 clients a round) is part of the overhead.",
         "",
         "| clients | round | sampled | replies | wall s | local s (sum) | overhead s | auditor s (clients) |",
@@ -217,6 +227,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument(
         "--timeout", type=float, default=3000.0, help="federated.timeout: the wait for every client's first answer too"
     )
+    p.add_argument(
+        "--backend", choices=("ray", "inline"), default="ray", help="federated.backend (inline: one process, no Ray)"
+    )
     p.add_argument("--out", type=Path, default=None, help="run folders (default: a temporary folder)")
     p.add_argument("--write", action="store_true", help="regenerate the marked section of docs/federated.md")
     p.add_argument("--from", dest="source", type=Path, help="render this results.json instead of measuring")
@@ -233,7 +246,7 @@ def main(argv: list[str] | None = None) -> int:
     load_before = os.getloadavg()
     results = []
     for n in a.clients:
-        r = run_one(n, a.rounds, a.fraction, base / f"clients{n}", a.timeout)
+        r = run_one(n, a.rounds, a.fraction, base / f"clients{n}", a.timeout, a.backend)
         print(json.dumps(r), flush=True)
         results.append(r)
     load_after = os.getloadavg()
