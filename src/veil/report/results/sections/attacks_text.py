@@ -43,7 +43,9 @@ def _why_not(t: dict[str, Any], attack: str) -> str | None:
     )
     if reason is None:
         return None
-    return "n/a (tied head)" if "tie" in reason else "blocked"
+    if "tie" in reason:
+        return "n/a (tied head)"
+    return "n/a (no classifier bias)" if "weight and bias" in reason else "blocked"
 
 
 def span_rows(summary: dict[str, Any]) -> list[list[str]]:
@@ -111,7 +113,8 @@ def render(summary: dict[str, Any]) -> str:
             "the attack finds one sentence at a time with the last block's [CLS] check and subtracts it from the "
             "gradient (`veil.attacks.span`); a batch whose first sentence is not found within the budget scores what "
             "the search holds then. `head-embedding` identifies a sentence from the head gradient in the test split "
-            "(exact at batch 1; at larger batches it reads a mixture and returns one sentence).",
+            "(exact at batch 1; at larger batches it reads a mixture and returns one sentence); the decoders' LM head "
+            "has no bias to divide by, so it does not apply there.",
             "",
             "#### TAG and LAMP on transformer4 (width 96, 4 layers, init), batch 1",
             "",
