@@ -21,7 +21,11 @@ NOTE = (
     "edit by hand. `llama-tiny` from random weights, one epoch as a causal LM on 1,000 SST-2 training sentences (word "
     "vocabulary, 24 tokens, batch 16, lr 0.001, AdamW), perplexity on 200 sentences held out of SST-2's training file "
     "(`sst2-val`; the test file is not read), seeds {seeds}. Presence attacks: batch {batch}, {samples} updates, labels "
-    "known; `presence` reads the token-embedding gradient's rows, `presence-adaptive` knows AEGIS's noise law."
+    "known; `presence` reads the token-embedding gradient's rows, `presence-adaptive` knows AEGIS's noise law. "
+    "Neither reads the LM head: with `head_noise: 0` the untied head's gradient rows, sum_t (p_tv - 1[y_t = v]) h_t, "
+    "stand out at the batch's target tokens (the bag of the sentence shifted by one), so a presence test on the head "
+    "rows would recover what these rows show as hidden; that leak is why veil noises the head by default on a "
+    "causal LM. The published recipe's utility is bought with that open channel."
 )
 
 

@@ -24,9 +24,9 @@ NOTE = (
     "position."
 )
 CAVEAT = (
-    "What the numbers do not say: an optimisation attack that fails is not protection. On these same models and "
-    "updates the analytic span attacks rebuild SST-2 sentences in full at gamma 0.5 (`span-mjp`: ROUGE-1 1.00, the "
-    "MJP sections above), so separate clusters here show TAG's failure, not MJP's strength against the strongest "
+    "What the numbers do not say: an optimisation attack that fails is not protection. On transformer4 with MJP "
+    "gamma 0.5 (window 8) on SST-2, the adaptive span attack rebuilds every word of the sentence (`span-mjp`: ROUGE-1 "
+    "1.00; the adaptive text attacks section), so separate clusters here show TAG's failure, not MJP's strength against the strongest "
     "attacker."
 )
 
@@ -41,6 +41,15 @@ def render(summary: dict[str, Any]) -> str:
     note = NOTE.format(
         attack=s.get("attack", "tag"), iterations=s.get("iterations", "?"), samples=s.get("samples", "?")
     )
+    base = next((p for p in summary["panels"] if "none" in p["label"]), None)
+    if base is not None and base["token_recovery"] < 0.5:
+        rec = ", ".join(f"{p['label']} {p['token_recovery']:.2f}" for p in summary["panels"])
+        note += (
+            f" **Here the attack fails on the undefended model too** (token recovery {rec}): the recovered and "
+            "original tokens separate in every panel, so this figure cannot tell MJP's effect from the attack's "
+            "failure; the paper's contrast (intermixed without MJP, clustered with it) is not reproduced at this "
+            "budget. A longer TAG run, LAMP, or the span attacks (which need no optimisation) are the stronger test."
+        )
     fig = summary.get("tasks", {}).get("fig9", {}).get("figure_doc")
     image = f"\n\n![Fig. 9 analogue: recovered vs original token embeddings, 2-D PCA]({fig})" if fig else ""
     return (
