@@ -46,7 +46,7 @@ def test_mjp_images_refuted_by_the_adaptive_attack_with_the_naive_one_beside() -
     md = render({"quickstart": {"tasks": {"digits-vit": task("vit-digits", leak, knows)}}})
     table8 = row(md, "MJP", "Table VIII")
     assert "`april` 9.7 dB" in table8[2] and "april-mjp" not in table8[2]
-    assert "quickstart / digits-vit: `april-mjp` 65.2 dB" in table8[3] and table8[4] == "**refuted**"
+    assert "quickstart / digits-vit / mjp(gamma=0.1): `april-mjp` 65.2 dB" in table8[3] and table8[4] == "**refuted**"
     table9 = row(md, "MJP", "Table IX")
     assert "`ig(iterations=150)` 6.6 dB" in table9[2] and table9[4] == "**refuted**"
     # below 30 dB but above the paper's defended figure + 3 dB: partly; within it: confirmed
@@ -70,9 +70,13 @@ def test_aegis_text_partly_until_the_head_attack_identifies_the_sentence() -> No
     summaries = {"aegis-tag": {"tasks": {"sst2-text": task("transformer4", leak, knows)}}}
     got = row(render(summaries), "AEGIS", "token recovery")
     assert got[4] == "**partly**" and "rouge1 0.30, token recovery 0.25" in got[3]
+    # equal bag of words: the attack with more tokens in place is listed (the engine's score breaks the tie)
+    cells["span-mjp(corpus=none)"] = {"rouge1": 0.9, "token_recovery": 0.6}
+    cells["span-mjp"] = {"rouge1": 0.9, "token_recovery": 0.8}
+    assert "`span-mjp` rouge1 0.90" in row(render(summaries), "AEGIS", "token recovery")[3].split("; ")[0]
     cells["head-embedding"] = {"rouge1": 1.0, "token_recovery": 1.0}
     got = row(render(summaries), "AEGIS", "token recovery")
-    assert got[4] == "**refuted**" and got[3].startswith("aegis-tag / sst2-text: `head-embedding` rouge1 1.00")
+    assert got[4] == "**refuted**" and got[3].startswith("aegis-tag / sst2-text / aegis: `head-embedding` rouge1 1.00")
     cells.clear()
     cells["tag(iterations=100)"] = {"rouge1": 0.01, "token_recovery": 0.0}
     assert row(render(summaries), "AEGIS", "token recovery")[4] == "**confirmed**"
@@ -103,6 +107,11 @@ def test_the_dropout_claim_reads_only_minilm_tasks_with_client_dropout() -> None
     )
     got = row(render({"s": {"tasks": {"m": task("minilm", leak, knows, dropout=0.1)}}}), "veil", "dropout")
     assert got[4] == "**refuted**" and "`span-robust`" in got[3] and "`span`" in got[2]
+    # the claim is about the span attack: another attack on the same updates does not decide it
+    leak["none"]["head-embedding"] = {"rouge1": 1.0, "token_recovery": 1.0}
+    knows["head-embedding"] = NAIVE
+    got = row(render({"s": {"tasks": {"m": task("minilm", leak, knows, dropout=0.1)}}}), "veil", "dropout")
+    assert "head-embedding" not in got[2] + got[3] and "`span-robust`" in got[3]
     other = task("gpt-tiny", leak, knows, dropout=0.1)
     assert row(render({"s": {"tasks": {"g": other}}}), "veil", "dropout")[4] == "**open**"
 
@@ -112,7 +121,9 @@ def test_a_cell_lists_the_strongest_figures_first_and_counts_the_rest() -> None:
     tasks = {f"t{i}": task("transformer4", {"aegis": {"tag": {"token_recovery": i / 10}}}, knows) for i in range(6)}
     got = row(render({"a": {"tasks": tasks}}), "AEGIS", "token recovery")[3]
     parts = got.split("; ")
-    assert parts[0].startswith("a / t5:") and parts[-1] == f"+{6 - sc.SHOWN} more" and len(parts) == sc.SHOWN + 1
+    assert (
+        parts[0].startswith("a / t5 / aegis:") and parts[-1] == f"+{6 - sc.SHOWN} more" and len(parts) == sc.SHOWN + 1
+    )
 
 
 def test_the_section_waits_until_every_source_is_collected(tmp_path) -> None:

@@ -55,6 +55,7 @@ class Claim:
     dropout: float | None = None  # only tasks with this client dropout
     defended_db: float = 0.0  # images: the paper's defended PSNR
     naive: tuple[str, ...] = ()  # the naive column's attacks (name prefixes; '': any naive attack)
+    only: tuple[str, ...] = ()  # both columns: only these attacks (name prefixes; '': every attack)
     plain: str = "none"  # the undefended entry of the same task (features: split learning's unpermuted protocol)
 
 
@@ -103,6 +104,7 @@ CLAIMS = (
         "text",
         models=("minilm",),
         dropout=0.1,
+        only=("span",),
     ),
 )
 
@@ -119,8 +121,8 @@ def _strength(c: dict[str, Any], kind: str) -> float:
     return float(c["value"])
 
 
-def _figure(source: str, task: str, attack: str, c: dict[str, Any], kind: str) -> str:
-    where = f"{source} / {task}"
+def _figure(source: str, task: str, defense: str, attack: str, c: dict[str, Any], kind: str) -> str:
+    where = f"{source} / {task} / {defense}"
     if kind == "text":
         tok = c["beside"].get("token_recovery")
         extra = f", token recovery {float(tok):.2f}" if tok is not None and c["metric"] != "token_recovery" else ""
@@ -136,7 +138,8 @@ def _matches(claim: Claim, t: dict[str, Any]) -> bool:
 
 def _best(cells: dict[str, dict[str, Any]], kind: str, keep: Any = lambda a: True) -> tuple[str, dict[str, Any]] | None:
     scored = [(a, c) for a, m in cells.items() if keep(a) and (c := cell_leakage(m)) and c["tier"] == 1]
-    return max(scored, key=lambda ac: _strength(ac[1], kind), default=None)
+    # the verdict's figure first, then the engine's score (bag + tokens in place) between equals
+    return max(scored, key=lambda ac: (round(_strength(ac[1], kind), 3), ac[1]["score"]), default=None)
 
 
 def evidence(claim: Claim, summaries: dict[str, dict[str, Any]]) -> dict[str, list[tuple[float, str]]]:
@@ -156,14 +159,16 @@ def evidence(claim: Claim, summaries: dict[str, dict[str, Any]]) -> dict[str, li
                     cells,
                     claim.kind,
                     lambda a, knows=knows: (
-                        str(knows.get(a, "")).endswith("(naive)") and a.startswith(claim.naive or "")
+                        str(knows.get(a, "")).endswith("(naive)")
+                        and a.startswith(claim.naive or "")
+                        and a.startswith(claim.only or "")
                     ),
                 )
-                worst = _best(cells, claim.kind)
+                worst = _best(cells, claim.kind, lambda a: a.startswith(claim.only or ""))
                 for key, got in (("naive", naive), ("worst", worst)):
                     if got:
                         out[key].append(
-                            (_strength(got[1], claim.kind), _figure(source, name, got[0], got[1], claim.kind))
+                            (_strength(got[1], claim.kind), _figure(source, name, d, got[0], got[1], claim.kind))
                         )
                 plain = _best(leakage.get(claim.plain, {}), claim.kind)
                 if plain and claim.defense != claim.plain:
@@ -189,7 +194,7 @@ def verdict(claim: Claim, ev: dict[str, list[tuple[float, str]]]) -> str:
 def _cell(items: list[tuple[float, str]]) -> str:
     if not items:
         return NM
-    ranked = sorted(items, key=lambda vt: -vt[0])
+    ranked = sorted(dict((t, (v, t)) for v, t in items).values(), key=lambda vt: -vt[0])  # duplicates once
     more = f"; +{len(ranked) - SHOWN} more" if len(ranked) > SHOWN else ""
     return "; ".join(t for _, t in ranked[:SHOWN]) + more
 
@@ -225,4 +230,13 @@ def render(summaries: dict[str, dict[str, Any]], extra: dict[str, dict[str, Any]
             f"| {claim.paper} | {claim.claim} | {_cell(ev['naive'])} | {_cell(ev['worst'])} | "
             f"**{verdict(claim, ev)}** |"
         )
+    missing = [n for n in OPTIONAL if n not in summaries]
+    if missing:
+        lines += [
+            "",
+            "Not collected: " + ", ".join(f"`{n}`" for n in missing) + " (`veil audit configs/paper/NAME.yaml`, "
+            "then `python -m veil.report.results collect RUN_DIR`); a claim only they measure stays open until they "
+            "are (p-FeSTA: the split-learning feature attacks, hours on this 2-core machine; the script-made table "
+            "this section replaced read them from a cache no longer here).",
+        ]
     return "\n".join(lines)
