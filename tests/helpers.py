@@ -29,6 +29,7 @@ SMALL = {  # small widths so the whole registry runs in seconds
     "swin-tiny": {"image_size": 8, "in_chans": 1, "dim": 32},
     "llama-tiny": {"dim": 64, "depth": 2, "mlp_hidden": 96},
     "vit-seg": {"num_classes": 11, "depth": 2},
+    "transformer4-mc": {"vocab_size": 30522, "num_classes": 4},
 }
 
 
@@ -48,6 +49,11 @@ def batch_for(model: VeilModel, batch_size: int = 2, seq_len: int = 7) -> dict[s
     ids[0, -2:] = 0
     ids[0, -3] = 102
     mask[0, -2:] = 0
+    choices = getattr(model, "choices", None)
+    if choices:  # multiple choice: every choice of every item, (batch, choices, length)
+        ids, mask = ids.unsqueeze(1).repeat(1, choices, 1), mask.unsqueeze(1).repeat(1, choices, 1)
+        ids[:, :, 1] = torch.arange(choices) + 1000  # the choices differ
+        return {"input_ids": ids, "attention_mask": mask, "labels": torch.arange(batch_size) % choices}
     return {"input_ids": ids, "attention_mask": mask, "labels": torch.arange(batch_size) % 2}
 
 

@@ -46,7 +46,8 @@ def test_handles(name: str) -> None:
         assert up.shape[1] == model.width  # (out, in) after the Conv1D fix
     batch = batch_for(model)
     tok = model.embed_tokens(batch)
-    assert tok.shape[0] == 2 and tok.shape[-1] == model.width
+    rows = 2 * getattr(model, "choices", 1)  # a multiple-choice model embeds each (item, choice) pair
+    assert tok.shape[0] == rows and tok.shape[-1] == model.width
     assert model.movable(batch).shape == tok.shape[:2]
 
 
