@@ -99,3 +99,13 @@ def fed_config(tmp: Path, federated: str) -> Path:
 def events(run: Path) -> list[dict]:
     """The event log (metrics.jsonl) of a run folder."""
     return [json.loads(x) for x in (run / "metrics.jsonl").read_text().splitlines()]
+
+
+def split_config(tmp: Path) -> Path:
+    """A p-FeSTA split-learning config on digits (ViT, the permutation defense), written to `tmp`."""
+    p = tmp / "split.yaml"
+    p.write_text(
+        "model: {name: vit-digits}\ndata: {name: digits}\ndefense: permutation\ntrain: {lr: 0.002, seed: 0}\n"
+        "split: {protocol: pfesta}\n"
+    )
+    return p

@@ -8,6 +8,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from helpers import split_config as cfg
 from veil.defenses.permutation import PatchPermutation, fresh_keys, permute, unpermute
 from veil.errors import VeilError
 from veil.federated.split.spec import load_split_spec
@@ -21,15 +22,6 @@ TINY = [
     "split.clients_per_task=1",
     "split.tasks=[classify, segment]",
 ]
-
-
-def cfg(tmp: Path) -> Path:
-    p = tmp / "split.yaml"
-    p.write_text(
-        "model: {name: vit-digits}\ndata: {name: digits}\ndefense: permutation\ntrain: {lr: 0.002, seed: 0}\n"
-        "split: {protocol: pfesta}\n"
-    )
-    return p
 
 
 def test_permutation_is_inverted_and_body_is_equivariant() -> None:

@@ -19,6 +19,7 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
+from helpers import split_config as cfg
 from veil.errors import VeilError
 from veil.federated.split.spec import load_split_spec
 
@@ -33,15 +34,6 @@ TINY = [
     "split.tasks=[classify, segment]",
     "split.checkpoint_every=1",
 ]
-
-
-def cfg(tmp: Path) -> Path:
-    p = tmp / "split.yaml"
-    p.write_text(
-        "model: {name: vit-digits}\ndata: {name: digits}\ndefense: permutation\ntrain: {lr: 0.002, seed: 0}\n"
-        "split: {protocol: pfesta}\n"
-    )
-    return p
 
 
 def overrides(protocol: str, *extra: str) -> list[str]:
