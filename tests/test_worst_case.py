@@ -189,3 +189,14 @@ def test_psnr_means_are_unchanged_when_no_sample_or_every_sample_is_exact() -> N
     assert mean_metrics([{"psnr": 20.0}, {"psnr": 30.0}]) == {"psnr": 25.0}
     assert mean_metrics([{"psnr": 119.0}, {"psnr": 121.0}]) == {"psnr": 120.0, "psnr_exact": 1.0}
     assert mean_metrics([{"psnr": math.inf}, {"psnr": math.inf}])["psnr"] == math.inf
+
+
+def test_one_exact_image_of_ten_leaks_though_the_mean_is_low() -> None:
+    """1 of 10 images identified exactly, 9 at 10 dB: the mean is 19 dB, the verdict still leaks."""
+    from veil.attacks.harness import mean_metrics
+    from veil.report.headline import verdict
+
+    cell = mean_metrics([{"psnr": math.inf}] + [{"psnr": 10.0}] * 9)
+    assert cell["psnr"] == pytest.approx(19.0) and cell["psnr_exact"] == pytest.approx(0.1)
+    assert verdict(worst_case({"head-embedding": cell}, KNOWS)) == "leaks"
+    assert verdict(worst_case({"ig": {"psnr": 19.0}}, KNOWS)) != "leaks"  # the same mean with none exact

@@ -43,6 +43,8 @@ def verdict(wc: dict[str, Any] | None) -> str:
         return "holds" if wc and wc.get("blocked") else "untested"
     if wc["metric"] == "label_accuracy":
         return "partly"
+    if float(wc["beside"].get(f"{wc['metric']}_exact", 0.0)) > 0:
+        return "leaks"  # one sample rebuilt exactly is a leak, whatever the mean over the others
     score = float(wc["score"])
     lo, hi = IMAGE_BANDS if wc["metric"].startswith("psnr") else TEXT_BANDS
     return "leaks" if score >= hi else "partly" if score >= lo else "holds"
@@ -95,7 +97,7 @@ def glance_blocks(summary: dict[str, Any]) -> list[tuple]:
             "p",
             "Per task and defense: the accuracy cost against `none` and the worst case, the attack that rebuilt the "
             "most of a client's data. Verdicts: leaks (images from "
-            f"{IMAGE_BANDS[1]:g} dB PSNR, text from {TEXT_BANDS[1]:g} of words + words in place), partly (from "
+            f"{IMAGE_BANDS[1]:g} dB PSNR or any image rebuilt exactly, text from {TEXT_BANDS[1]:g} of words + words in place), partly (from "
             f"{IMAGE_BANDS[0]:g} dB / {TEXT_BANDS[0]:g}, or labels only), holds (below: these attacks failed at these "
             "budgets, which a stronger attacker may not).",
         ),
