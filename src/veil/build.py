@@ -15,7 +15,7 @@ import torch
 
 from veil.config import RunConfig, load_config
 from veil.errors import VeilError
-from veil.io import load_model_weights
+from veil.io import load_model_weights, settle
 from veil.registry import DATASETS, DEFENSES, MODELS
 
 if TYPE_CHECKING:  # types only: the objects come from the registries
@@ -94,6 +94,7 @@ def load_run(
     run_dir = Path(run_dir)
     cfg = load_config(run_dir, overrides)
     model, data, defenses = build_run(cfg)
+    settle(run_dir / "checkpoints")  # a checkpoint a kill left half-moved is completed first
     ckpt = run_dir / "checkpoints" / "model.safetensors"
     if not ckpt.is_file():
         ckpt = run_dir / "checkpoints" / "last.safetensors"

@@ -6,6 +6,9 @@ sees the old file or the new one, never a mix. A cached result (and each checkpo
 silently reused (`intact`, `verify`). The event log (`metrics.jsonl`) is one JSON object a line,
 appended per epoch or round and cut back to the checkpoint on resume (`truncate_events`).
 Tensors and model weights are safetensors files (never pickle), published with their hash.
+A checkpoint is several files that must change together; `staged` writes the new set beside the
+old one and `settle` moves it in, so a kill between two files never pairs new weights with an old
+`state.json` (or the reverse).
 
 This module sits in veil's core: training, the audit engine, federated runs and the report all
 write through it, and it imports nothing of theirs.
@@ -16,7 +19,9 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-from collections.abc import Iterable
+import shutil
+from collections.abc import Iterable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -32,6 +37,36 @@ def atomic_write_text(path: Path, text: str) -> None:
     tmp = path.with_name(path.name + ".tmp")
     tmp.write_text(text)
     os.replace(tmp, path)
+
+
+# ---- a set of files published as one step ----------------------------------------------------
+STAGE = ".next"
+
+
+@contextmanager
+def staged(folder: Path, marker: str = "state.json") -> Iterator[Path]:
+    """Where to write a checkpoint whose files must change together: the caller writes every file
+    into the yielded `folder/.next/`, `marker` last; on exit `settle` moves the set into `folder`.
+    A kill at any point leaves `folder` holding the old set or, after the next `settle`, the new one."""
+    settle(folder, marker)  # finish (or drop) what an earlier process left half-moved
+    stage = folder / STAGE
+    stage.mkdir(parents=True)
+    yield stage
+    settle(folder, marker)
+
+
+def settle(folder: Path, marker: str = "state.json") -> None:
+    """Complete an interrupted `staged` publish: a staged set whose `marker` was written is whole and
+    is moved in (its other files first, `marker` last: moving is redone from where it stopped); a
+    set without its `marker` was cut mid-write and is dropped, leaving the previous set untouched.
+    Every reader of a staged folder calls this first."""
+    stage = folder / STAGE
+    if not stage.is_dir():
+        return
+    if (stage / marker).is_file():
+        for f in sorted(stage.iterdir(), key=lambda f: f.name == marker):
+            os.replace(f, folder / f.name)
+    shutil.rmtree(stage)
 
 
 # ---- integrity: a SHA-256 recorded at write time, checked on reuse ----------------------------

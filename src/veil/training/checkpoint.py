@@ -2,8 +2,9 @@
 
 The file layer (safetensors, never pickle; temporary name then rename; a `NAME.sha256` beside
 each file, checked before reuse) lives in `veil.io`; this module adds what a resumed run needs:
-the optimiser flattened to named tensors, and `state.json`, renamed last, which marks a complete
-checkpoint.
+the optimiser flattened to named tensors, and `state.json`, written last, which marks a complete
+checkpoint. The files of one checkpoint are published together (`veil.io.staged`): a kill while
+the next one is written leaves the previous one whole.
 """
 
 from __future__ import annotations
@@ -15,7 +16,15 @@ from typing import Any
 import torch
 
 from veil.errors import VeilError
-from veil.io import atomic_write_text, load_model_weights, load_tensors, save_model_weights, save_tensors
+from veil.io import (
+    atomic_write_text,
+    load_model_weights,
+    load_tensors,
+    save_model_weights,
+    save_tensors,
+    settle,
+    staged,
+)
 
 
 def optimizer_tensors(opt: torch.optim.Optimizer) -> tuple[dict[str, torch.Tensor], dict[str, Any]]:
@@ -49,14 +58,14 @@ def save_training_state(
     loop: dict[str, Any],
     streams: dict[str, torch.Tensor] | None = None,
 ) -> None:
-    """Weights, optimiser, the defenses' random streams (`streams`) and loop counters; `state.json`
-    is renamed last, so it marks completeness."""
-    ckdir.mkdir(parents=True, exist_ok=True)
-    save_model_weights(model, ckdir / "last.safetensors")
+    """Weights, optimiser, the defenses' random streams (`streams`) and loop counters, published as
+    one set; `state.json` is written last, so it marks completeness."""
     tensors, scalars = optimizer_tensors(opt)
-    save_tensors(tensors, ckdir / "optimizer.safetensors")
-    save_tensors({k: v.contiguous() for k, v in (streams or {}).items()}, ckdir / "streams.safetensors")
-    atomic_write_text(ckdir / "state.json", json.dumps({"loop": loop, "optimizer": scalars}))
+    with staged(ckdir) as stage:
+        save_model_weights(model, stage / "last.safetensors")
+        save_tensors(tensors, stage / "optimizer.safetensors")
+        save_tensors({k: v.contiguous() for k, v in (streams or {}).items()}, stage / "streams.safetensors")
+        atomic_write_text(stage / "state.json", json.dumps({"loop": loop, "optimizer": scalars}))
 
 
 def restart_remedy(ckdir: Path) -> str:
@@ -67,6 +76,7 @@ def restart_remedy(ckdir: Path) -> str:
 def read_state(ckdir: Path, *keys: str) -> dict[str, Any] | None:
     """The checkpoint's `state.json` (None when there is none: no complete checkpoint), which must
     be a JSON object with `keys`; anything else is a one-line error, never a silent restart."""
+    settle(ckdir)
     path = ckdir / "state.json"
     if not path.is_file():
         return None
@@ -82,6 +92,7 @@ def read_state(ckdir: Path, *keys: str) -> dict[str, Any] | None:
 def load_streams(ckdir: Path) -> dict[str, torch.Tensor]:
     """The random streams `save_training_state` saved with the checkpoint ({} for a checkpoint
     written before streams were saved); a damaged file is a one-line `VeilError`."""
+    settle(ckdir)
     path = ckdir / "streams.safetensors"
     if not path.is_file():
         return {}

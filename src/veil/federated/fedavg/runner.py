@@ -9,6 +9,7 @@ from typing import Any
 
 from veil.errors import VeilError
 from veil.federated.fedavg.task import Spec
+from veil.io import settle
 from veil.runlock import holds_progress
 
 
@@ -23,6 +24,7 @@ def check_run_dir(spec: Spec, run_dir: Path, resume: bool) -> dict[str, Any] | N
         raise VeilError(f"run folder '{run_dir}' holds a different config; pick a new --out or remove it")
     if (run_dir / "summary.json").is_file():
         return json.loads((run_dir / "summary.json").read_text())
+    settle(run_dir / "checkpoints")
     if not resume and (run_dir / "checkpoints" / "state.json").is_file():
         raise VeilError(
             f"run folder '{run_dir}' holds an interrupted run; add --resume to continue it or pick a new --out"

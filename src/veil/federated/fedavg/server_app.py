@@ -50,6 +50,8 @@ from veil.io import (
     load_tensors,
     save_model_weights,
     save_tensors,
+    settle,
+    staged,
     truncate_events,
 )
 from veil.training.loop import evaluate, make_optimizer
@@ -90,6 +92,7 @@ class ServerState:
     def resume(self) -> None:
         from veil.training.checkpoint import restore_optimizer
 
+        settle(self.ck)
         state_path = self.ck / "state.json"
         if not state_path.is_file():
             return
@@ -131,18 +134,18 @@ class ServerState:
     def save(self) -> None:
         from veil.training.checkpoint import optimizer_tensors
 
-        self.ck.mkdir(parents=True, exist_ok=True)
-        save_model_weights(self.model, self.ck / "last.safetensors")
-        state: dict[str, Any] = {"round": self.round, "seconds": self.seconds}
-        if self.opt is not None:
-            tensors, scalars = optimizer_tensors(self.opt)
-            save_tensors(tensors, self.ck / "server_optimizer.safetensors")
-            state["optimizer"] = scalars
-        if self.auditor is not None and self.auditor.multi:
-            tensors, scalars = self.auditor.state_tensors()
-            save_tensors(tensors, self.ck / "auditor.safetensors")
-            state["auditor"] = scalars
-        atomic_write_text(self.ck / "state.json", json.dumps(state))
+        with staged(self.ck) as stage:  # one set: a kill mid-write leaves the previous round whole
+            save_model_weights(self.model, stage / "last.safetensors")
+            state: dict[str, Any] = {"round": self.round, "seconds": self.seconds}
+            if self.opt is not None:
+                tensors, scalars = optimizer_tensors(self.opt)
+                save_tensors(tensors, stage / "server_optimizer.safetensors")
+                state["optimizer"] = scalars
+            if self.auditor is not None and self.auditor.multi:
+                tensors, scalars = self.auditor.state_tensors()
+                save_tensors(tensors, stage / "auditor.safetensors")
+                state["auditor"] = scalars
+            atomic_write_text(stage / "state.json", json.dumps(state))
 
 
 def make_auditor(spec: Spec, state: ServerState, oracle: bool, sizes: dict[int, int] | None = None) -> Auditor | None:
