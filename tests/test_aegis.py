@@ -189,6 +189,31 @@ def test_presence_average_needs_rounds_and_averages_them() -> None:
     assert len(rec.token_set & truth) > 0.8 * len(rec.token_set)
 
 
+def test_the_harness_hands_presence_average_its_rounds_and_scores_presence_against_chance() -> None:
+    """In an audit cell the server sees the client export the batch `rounds` times: the harness
+    makes the other R - 1 exports (fresh noise each), so the attack runs as in the test above; the
+    score carries the F1 of as many random guesses (2 m K / (V (m + K)), hand-computed here)."""
+    from types import SimpleNamespace
+
+    from veil.attacks import create_attack
+    from veil.attacks.harness import attack_once, score
+
+    model = tiny()
+    d = create_defense("aegis", embed_noise=0.05).attach(model)
+    tok = SimpleNamespace(vocab_size=VOCAB, cls_id=101, sep_id=102, pad_id=0)
+    data = SimpleNamespace(meta={"tokenizer": tok, "special_ids": [0, 101, 102]})
+    data.test = batch()
+    rec, ref, _ = attack_once(create_attack("presence-average", rounds=8), model, batch(), [d], data, "original", 0)
+    assert rec.stats["rounds"] == 8
+    s = score(rec, ref, data)
+    m, k = len(_truth()), len(rec.token_set - {0, 101, 102})
+    assert s["presence_guesses"] == k
+    assert s["presence_random_f1"] == pytest.approx(2 * m * k / (VOCAB * (m + k)))
+    assert s["presence_f1"] > 10 * s["presence_random_f1"]
+    with pytest.raises(VeilError, match="rounds' must be at least 2"):
+        create_attack("presence-average", rounds=1)
+
+
 def test_span_unfrozen_finds_decoder_first_tokens_unless_mlp_down_is_noised() -> None:
     model = tiny("gpt-tiny")
     model.eval()

@@ -141,14 +141,29 @@ class PresenceAdaptive(_PresenceTest):
         return self._test(presence_rows(obs, self.options.source), obs, know, 1)
 
 
+@dataclass(frozen=True)
+class PresenceAverageOptions(PresenceTestOptions):
+    rounds: int = option(10, "exports of the same batch the server averages (the harness makes the other R - 1)")
+
+    def __post_init__(self) -> None:
+        if self.rounds < 2:
+            raise VeilError(
+                f"presence-average: option 'rounds' must be at least 2 (one export is presence-adaptive), got {self.rounds}"
+            )
+
+
 @ATTACKS.register(
     "presence-average", help="presence test on the mean of R rounds of one client's updates (needs aux_data rounds)"
 )
 class PresenceAverage(_PresenceTest):
-    """Options as presence-adaptive; the other rounds in ``Knowledge.aux_data["rounds"]``."""
+    """Options as presence-adaptive, and `rounds`; the other rounds in ``Knowledge.aux_data["rounds"]``
+    (`veil.attacks.harness` observes them when it runs the attack; a caller may pass its own)."""
 
     name = "presence-average"
     knows = "the defense's mechanism and R updates of the same client on the same batch"
+    options_type = PresenceAverageOptions
+    options: PresenceAverageOptions
+    needs_rounds = True
 
     def _reconstruct(self, obs: Observation, know: Knowledge) -> Reconstruction:
         source = self.options.source

@@ -153,6 +153,9 @@ class Attack:
     #: a closed-form attack names its one computation here (e.g. "one least-squares solve"): the
     #: input fixes its work, so its `budget` is {}; None: the attack declares its budget itself
     closed_form: ClassVar[str | None] = None
+    #: the attack reads R exports of the same client batch (its `rounds` option): the harness hands
+    #: it the other R - 1 as ``Knowledge.aux_data["rounds"]`` (a server that sees a client repeatedly)
+    needs_rounds: ClassVar[bool] = False
 
     def __init__(self, **settings: Any) -> None:
         self.options = parse_options(self.name, self.options_type, settings)

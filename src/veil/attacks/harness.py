@@ -19,6 +19,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
+from veil.attacks.adaptive import observe_rounds, random_guess_f1
 from veil.attacks.base import Attack, Knowledge, Observation, Reconstruction, observe
 from veil.errors import VeilError
 from veil.metrics.leakage import EXACT_DB
@@ -156,8 +157,13 @@ def attack_once(
         ref = {**ref, **shuffle_record(batch, rec["order"], defenses)}
     if getattr(attack, "needs_pool", False):
         grant = {**(grant or {}), "candidates": True}
+    know = knowledge_for(batch, data, defenses, seed, grant)
+    rounds = int(getattr(getattr(attack, "options", None), "rounds", 0) or 0) if attack.needs_rounds else 0
+    if rounds > 1:  # the server sees the same client export this batch R times (fresh defense noise each)
+        others = [o.grads for o in observe_rounds(model, batch, defenses, rounds)[1:]]
+        know.aux_data = {**(know.aux_data or {}), "rounds": others}
     with attacker_view(model):
-        out = attack.reconstruct(obs, knowledge_for(batch, data, defenses, seed, grant))
+        out = attack.reconstruct(obs, know)
     model.zero_grad(set_to_none=True)
     return out, ref, obs
 
@@ -207,6 +213,10 @@ def score(rec: Reconstruction, ref: dict[str, Tensor], data: Any) -> dict[str, f
         out.update(
             {f"presence_{k}" if not k.startswith("presence") else k: float(v) for k, v in presence(true, bag).items()}
         )
+        out["presence_guesses"] = float(len(bag))
+        vocab = getattr(data.meta.get("tokenizer"), "vocab_size", None)
+        if vocab:  # the F1 of as many guesses drawn at random: a presence F1 means something only above it
+            out["presence_random_f1"] = random_guess_f1(len(true), len(bag), int(vocab))
     if rec.labels is not None and "labels" in ref:
         from veil.attacks.labels import label_accuracy
 
