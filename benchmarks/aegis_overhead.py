@@ -6,7 +6,13 @@ always runs right after the same neighbour, whose memory traffic it inherits); w
 and the ratio to `none`.
 
     python benchmarks/aegis_overhead.py --model minilm --batch 16 --len 48 --repeats 10 --json out.json
-    python benchmarks/aegis_overhead.py --suite --device cuda --repeats 20 --json bench_gpu.json
+    python benchmarks/aegis_overhead.py --suite --device cuda --repeats 20 --json docs/results/bench/aegis-overhead-gpu.json
+    python benchmarks/aegis_overhead.py --cpu-table    # docs/results/bench/aegis-overhead.json (section aegis-overhead)
+
+`--cpu-table` is the docs' CPU table: transformer4, gpt-tiny and MiniLM at batch 16 x 48 on one
+thread (a fully loaded machine) and on every core, then the transformer4 bench again REPEAT_RUNS
+times REPEAT_GAP_S apart (this VM's speed drifts between runs). `python -m veil.report.results`
+renders both JSON files (sections aegis-overhead, aegis-overhead-gpu).
 """
 
 from __future__ import annotations
@@ -14,13 +20,16 @@ from __future__ import annotations
 import argparse
 import ctypes
 import json
+import os
 import statistics
 import time
+from pathlib import Path
 from typing import Any
 
 import torch
 
 from veil.defenses import create_defense
+from veil.io import write_checked_text
 from veil.models import create_model
 from veil.training.loop import make_optimizer
 from veil.training.step import client_step
@@ -128,6 +137,30 @@ def suite(device: str, shapes: list[tuple[int, int]], repeats: int) -> list[dict
     return out
 
 
+#: the transformer4 bench repeated on every core, REPEAT_GAP_S apart (--cpu-table)
+REPEAT_RUNS, REPEAT_GAP_S = 8, 15.0
+CPU_TABLE = [
+    ("transformer4", 20, ["none", "aegis", "dpsgd"]),
+    ("gpt-tiny", 10, ["none", "aegis", "aegis-published", "dpsgd"]),
+]
+CPU_TABLE += [("minilm", 6, ["none", "aegis", "dpsgd"])]
+BENCH_DIR = Path(__file__).resolve().parents[1] / "docs" / "results" / "bench"
+
+
+def cpu_table() -> dict[str, Any]:
+    """The docs' CPU table: every CPU_TABLE model on one thread, then on every core; the repeats."""
+    rows = []
+    for threads in sorted({1, os.cpu_count() or 1}):
+        torch.set_num_threads(threads)
+        rows += [bench(m, 16, 48, n, variants) for m, n, variants in CPU_TABLE]
+    torch.set_num_threads(os.cpu_count() or 1)
+    repeats = []
+    for i in range(REPEAT_RUNS):
+        time.sleep(REPEAT_GAP_S * (i > 0))
+        repeats.append(bench("transformer4", 16, 48, 20, ["none", "aegis"]))
+    return {"rows": rows, "repeats": repeats, "gap_s": REPEAT_GAP_S, "load": os.getloadavg()}
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__)
     p.add_argument("--model", default="transformer4")
@@ -138,15 +171,21 @@ def main() -> None:
     p.add_argument("--device", default="cpu")
     p.add_argument("--suite", action="store_true", help="every SUITE model at batch 16 x 48 and 64 x 128 (a JSON list)")
     p.add_argument("--json", default=None)
+    p.add_argument(
+        "--cpu-table", action="store_true", help="the docs' CPU table, into docs/results/bench/aegis-overhead.json"
+    )
     a = p.parse_args()
+    if a.cpu_table:
+        write_checked_text(BENCH_DIR / "aegis-overhead.json", json.dumps(cpu_table(), indent=1) + "\n")
+        print(f"wrote {BENCH_DIR / 'aegis-overhead.json'}; render with python -m veil.report.results")
+        return
     if a.suite:
         res: Any = suite(a.device, [(16, 48), (64, 128)], a.repeats)
     else:
         res = bench(a.model, a.batch, a.len, a.repeats, a.variants.split(","), device=a.device)
     print(json.dumps(res, indent=2))
     if a.json:
-        with open(a.json, "w") as f:
-            json.dump(res, f, indent=2)
+        write_checked_text(Path(a.json), json.dumps(res, indent=2) + "\n")
 
 
 if __name__ == "__main__":
