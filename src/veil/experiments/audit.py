@@ -30,6 +30,7 @@ from veil.build import build_data, build_defenses, build_model, build_run, load_
 from veil.errors import VeilError
 from veil.experiments.cells import cell_path, make_attack, run_cell, step_overhead
 from veil.experiments.evaluations import run_evaluations
+from veil.experiments.features import frozen_run
 from veil.experiments.scenario import Scenario, Task, dump_scenario, label
 from veil.experiments.summary import build_summary
 from veil.io import atomic_write_text, intact, write_checked_text
@@ -55,11 +56,15 @@ class Cell:
 def validate(s: Scenario) -> list[Cell]:
     """Check every name, key, path and attack before any training; return the cells to run."""
     cells: list[Cell] = []
+    loaded: dict[str, Any] = {}  # tasks that share a data set load it once (a full SST-2 takes seconds)
     for task in s.tasks:
         if task.protocol != "single-step":  # trained and attacked by its protocol's module, not by cells
             protocol_module(task).validate_task(task, s)
             continue
-        data = build_data(task.run)
+        key = json.dumps(task.run.data, sort_keys=True, default=str)
+        if key not in loaded:
+            loaded[key] = build_data(task.run)
+        data = loaded[key]
         model = build_model(task.run, data)
         for d in task.defenses:
             cfg = task.run_for(d, s.seeds[0])  # validates the defense name and its keys
@@ -118,7 +123,12 @@ def run_audit(s: Scenario, out: str | Path, progress: bool = True, jobs: int = 1
     return summary
 
 
-def _train_one(cfg: Any, path: Path, progress: bool) -> dict[str, Any]:
+def _train_one(cfg: Any, path: Path, progress: bool, features: Path | None = None) -> dict[str, Any]:
+    """One run through `veil.training.loop.train`; a `train.frozen_features` run gets the frozen
+    encoder's features of both splits from the audit's cache (`veil.experiments.features`)."""
+    if features is not None and cfg.train.frozen_features and not (path / "summary.json").is_file():
+        model, data, defenses = frozen_run(cfg, features, progress)
+        return train(cfg, path, model=model, data=data, defenses=defenses, progress=progress)
     return train(cfg, path, progress=progress)
 
 
@@ -140,12 +150,17 @@ def _train_all(
     # seed-major: the first finished runs already cover every defense of every task
     todo = [(t, d, seed) for seed in s.seeds for t in s.tasks for d in t.defenses if t.weights == "trained"]
     args = [(t.run_for(d, seed), run_dir(out, t, d, seed)) for t, d, seed in todo]
+    features = out / "features"
     if pool is not None and len(args) > 1:
-        futures = [pool.submit(_train_one, cfg, path, False) for cfg, path in args]
+        for cfg, path in args:  # the shared features first, here: workers only read them (no two write one file)
+            if cfg.train.frozen_features and not (path / "summary.json").is_file():
+                frozen_run(cfg, features, progress)
+        futures = [pool.submit(_train_one, cfg, path, False, features) for cfg, path in args]
         summaries = [f.result() for f in tqdm(futures, desc="train", disable=not progress, unit="run")]
     else:
         summaries = [
-            _train_one(cfg, path, progress) for cfg, path in tqdm(args, desc="train", disable=not progress, unit="run")
+            _train_one(cfg, path, progress, features)
+            for cfg, path in tqdm(args, desc="train", disable=not progress, unit="run")
         ]
     utility: dict[str, dict[str, list[dict[str, Any]]]] = {
         t.name: {label(d): [] for d in t.defenses} for t in s.tasks if t.weights == "init"

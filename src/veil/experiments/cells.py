@@ -23,6 +23,10 @@ from veil.metrics import text_report
 from veil.models.base import VeilModel
 from veil.training.step import client_step
 
+#: numbers an attack reports about its own result (`Reconstruction.stats`) that the cell keeps, as
+#: ``match_KEY``: a matching attack's best cosine and its margin to the runner-up (head-embedding)
+MATCH_STATS = ("cosine", "margin")
+
 
 def example_of(ref: dict[str, Tensor], rec: Any, tokenizer: Any) -> dict[str, Any]:
     """What the report shows of one attacked update: images side by side, or aligned tokens."""
@@ -66,7 +70,9 @@ def run_cell(
         for d, state in zip(defenses, start):
             d.load_state_dict(state)
         rec, ref, _ = attack_once(attack, model, batch, defenses, data, reference, seed * 1000 + k, grant)
-        rows.append(score(rec, ref, data))
+        row = score(rec, ref, data)
+        row.update({f"match_{k}": float(v) for k in MATCH_STATS if isinstance(v := rec.stats.get(k), (int, float))})
+        rows.append(row)
         example = example or example_of(ref, rec, data.meta.get("tokenizer"))
     for d, state in zip(defenses, start):
         d.load_state_dict(state)
