@@ -47,6 +47,7 @@ from veil.attacks.labels import recover_labels
 from veil.attacks.options import Options, option
 from veil.errors import VeilError
 from veil.models.base import VeilModel
+from veil.models.vit_grads import ViTGrads
 
 
 class GradientTarget:
@@ -66,6 +67,7 @@ class GradientTarget:
         self.target_sq = sum((t * t).sum() for t in self.target)
         self._flat = [t.reshape(-1) for t in self.target]
         self._norm = float(self.target_sq) ** 0.5
+        self._parts: dict[tuple[str, ...], Tensor] = {}
 
     def dummy_grads(self, loss: Tensor) -> list[Tensor | None]:
         return list(torch.autograd.grad(loss, self.params, create_graph=True, allow_unused=True))
@@ -81,6 +83,21 @@ class GradientTarget:
         if not pairs:
             return torch.ones((), dtype=self.target[0].dtype)
         return _Cosine.apply([t for _, t in pairs], self._norm, consume, *[g for g, _ in pairs])
+
+    def cosine_adjoint(self, parts: list[tuple[Tensor, tuple[str, ...]]]) -> tuple[float, list[Tensor]]:
+        """`cosine` of dummy gradients given as parts (`veil.models.vit_grads.Part`: a tensor per tuple
+        of compared names, their flattened gradients concatenated) and its gradient in each part,
+        written over the parts (dF/dg = a t + b g, see `_Cosine`); the parts cover every compared name."""
+        targets = []
+        for g, names in parts:
+            if names not in self._parts:
+                flat = dict(zip(self.names, self._flat))
+                self._parts[names] = torch.cat([flat[n] for n in names]).view_as(g).to(g.dtype)
+            targets.append(self._parts[names])
+        if sorted(n for _, ns in parts for n in ns) != sorted(self.names):
+            raise VeilError("cosine_adjoint: the parts do not cover the compared parameters exactly")
+        value, a, b = _cosine_terms([g for g, _ in parts], targets, self._norm)
+        return value, [g.mul_(b / a).add_(t).mul_(a) for (g, _), t in zip(parts, targets)]
 
     def layer_cosine(self, grads: list[Tensor | None]) -> Tensor:
         """Mean over layers of 1 - cos(g_l, g'_l): every exported tensor weighs the same."""
@@ -104,6 +121,19 @@ class GradientTarget:
         raise VeilError(f"gradient distance must be 'cosine', 'layer_cosine' or 'l2', got {kind!r}")
 
 
+def _cosine_terms(grads: list[Tensor], targets: list[Tensor], target_norm: float) -> tuple[float, float, float]:
+    """F = 1 - <g, t> / (||g|| ||t|| + 1e-12) over all tensors jointly, and (a, b) of dF/dg = a t + b g."""
+    dot = sq = 0.0
+    for g, t in zip(grads, targets):
+        v = g.reshape(-1)
+        dot += float(torch.dot(v, t.reshape(-1)))
+        sq += float(torch.dot(v, v))
+    norm = sq**0.5
+    den = norm * target_norm + 1e-12
+    # d(-dot/den)/dg = -t/den + dot * target_norm * g / (norm * den^2)
+    return 1.0 - dot / den, -1.0 / den, dot * target_norm / (norm * den * den) if norm > 0 else 0.0
+
+
 class _Cosine(torch.autograd.Function):
     """F(g) = 1 - <g, t> / (||g|| ||t|| + 1e-12) as one node (see the module docstring). Differentiable
     once: the search differentiates F once, through g, to the image."""
@@ -112,22 +142,13 @@ class _Cosine(torch.autograd.Function):
     def forward(
         ctx: FunctionCtx, flat_targets: list[Tensor], target_norm: float, consume: bool, *grads: Tensor
     ) -> Tensor:
-        dot = sq = 0.0
-        targets = []
-        for g, t in zip(grads, flat_targets):
-            v = g.reshape(-1)
-            t = t if t.dtype == v.dtype else t.to(v.dtype)
-            targets.append(t)
-            dot += float(torch.dot(v, t))
-            sq += float(torch.dot(v, v))
-        norm = sq**0.5
-        den = norm * target_norm + 1e-12
+        targets = [t if t.dtype == g.dtype else t.to(g.dtype) for g, t in zip(grads, flat_targets)]
+        value, a, b = _cosine_terms(list(grads), targets, target_norm)
         ctx.save_for_backward(*grads)
         ctx.targets = targets
         ctx.consume = consume
-        # dF/dg = a t + b g: d(-dot/den)/dg = -t/den + dot * target_norm * g / (norm * den^2)
-        ctx.coef = (-1.0 / den, dot * target_norm / (norm * den * den) if norm > 0 else 0.0)
-        return grads[0].new_tensor(1.0 - dot / den)
+        ctx.coef = (a, b)
+        return grads[0].new_tensor(value)
 
     @staticmethod
     @once_differentiable
@@ -145,6 +166,14 @@ class _Cosine(torch.autograd.Function):
 
 def total_variation(x: Tensor) -> Tensor:
     return (x[..., 1:, :] - x[..., :-1, :]).abs().mean() + (x[..., :, 1:] - x[..., :, :-1]).abs().mean()
+
+
+def _tv_grad(x: Tensor) -> Tensor:
+    """d total_variation / dx."""
+    with torch.enable_grad():
+        leaf = x.detach().requires_grad_(True)
+        (g,) = torch.autograd.grad(total_variation(leaf), [leaf])
+    return g
 
 
 def image_shape(model: VeilModel, know: Knowledge) -> tuple[int, int, int]:
@@ -184,6 +213,9 @@ class IGOptions(Options):
     distance: Literal["cosine", "layer_cosine", "l2"] = option("cosine", "gradient distance matched")
     layers: Literal["input", "all"] = option("input", "gradients compared: the input layers or every exported one")
     schedule: Literal["cosine", "step"] = option("cosine", "lr schedule: cosine to lr/1000, or x0.1 at 3/8, 5/8, 7/8")
+    engine: Literal["auto", "autograd"] = option(
+        "auto", "auto: veil's ViT with the cosine takes the hand-written step (veil.models.vit_grads); autograd: always"
+    )
 
 
 class _Inversion(Attack):
@@ -394,12 +426,19 @@ class InvertingGradients(_Inversion):
             sched = torch.optim.lr_scheduler.MultiStepLR(
                 opt, milestones=[its * 3 // 8, its * 5 // 8, its * 7 // 8], gamma=0.1
             )
+        fast = None
+        if o.engine == "auto" and dist == "cosine" and ViTGrads.supports(model):
+            fast = ViTGrads(model, set(target.names))
         for _ in range(its):
-            dummy = target.dummy_grads(_forward_loss(model, x, labels, None))
-            match = target.cosine(dummy, consume=True) if dist == "cosine" else target.distance(dist, dummy)
-            del dummy  # consumed by the backward below
-            loss = match + tv * total_variation(x)
-            (grad,) = torch.autograd.grad(loss, [x])  # the image's gradient only (module docstring)
+            if fast is not None:  # the same objective and image gradient, no autograd graph (vit_grads)
+                _, bars = target.cosine_adjoint(fast.grads(x.detach(), labels))
+                grad = fast.image_grad(bars).add_(_tv_grad(x), alpha=tv)
+            else:
+                dummy = target.dummy_grads(_forward_loss(model, x, labels, None))
+                match = target.cosine(dummy, consume=True) if dist == "cosine" else target.distance(dist, dummy)
+                del dummy  # consumed by the backward below
+                loss = match + tv * total_variation(x)
+                (grad,) = torch.autograd.grad(loss, [x])  # the image's gradient only (module docstring)
             x.grad = grad.sign_() if o.signed else grad
             opt.step()
             sched.step()
