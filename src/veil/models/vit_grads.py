@@ -108,11 +108,15 @@ def _bar(bars: list[Tensor], i: int | list[int | None] | None) -> Tensor | None:
     return torch.cat([torch.zeros_like(like) if k is None else bars[k] for k in i])
 
 
-def _lin_adjoint(gb: Tensor | None, x: Tensor, wb: Tensor | None, bb: Tensor | None) -> Tensor | None:
-    """The adjoint of dW = dy^T x, db = sum(dy) toward dy: x Wbar^T + bbar."""
-    out = None if wb is None else torch.mm(x, wb.t())
-    out = out if bb is None else (bb.expand(x.shape[0], -1) if out is None else out + bb)
-    return _acc(gb, out)
+def _lin_adjoint(a: Tensor | None, w: Tensor | None, x: Tensor, wb: Tensor | None, bb: Tensor | None) -> Tensor | None:
+    """a w (the chain's own term, when given) plus the adjoint of dW = dy^T x, db = sum(dy) toward dy,
+    x Wbar^T + bbar, accumulated in one output (addmm's beta)."""
+    if a is not None:
+        out = torch.mm(a, w) if bb is None else torch.addmm(bb, a, w)
+        return out if wb is None else out.addmm_(x, wb.t())
+    if wb is None:
+        return None if bb is None else bb.expand(x.shape[0], -1)
+    return torch.mm(x, wb.t()) if bb is None else torch.addmm(bb, x, wb.t())
 
 
 class _Block:
@@ -163,7 +167,8 @@ class _Block:
         dy = dout.reshape(R, D)
         idx["w2"], idx["c2"] = tape.linear(dy, s["g"], nm("mlp.fc2.weight"), nm("mlp.fc2.bias"))
         dgact = torch.mm(dy, self.w2)
-        du = _aten.gelu_backward(dgact, s["u"])
+        d1 = _aten.gelu_backward(torch.ones_like(s["u"]), s["u"])  # gelu'(u), read again by both adjoints
+        du = dgact * d1
         idx["w1"], idx["c1"] = tape.linear(du, s["m"], nm("mlp.fc1.weight"), nm("mlp.fc1.bias"))
         dm = torch.mm(du, self.w1).view(B, Tq, D)
         dx2, dg2, db2 = _ln_grad(dm, s["hm"], s["mu2"], s["r2"], self.g2, self.b2)
@@ -197,7 +202,7 @@ class _Block:
             s.update(dqkv=dqkv)
         dx1, dg1, db1 = _ln_grad(da, s["h"], s["mu1"], s["r1"], self.g1, self.b1)
         idx["g1"], idx["b1"] = tape.add(nm("ln1.weight"), lambda: dg1), tape.add(nm("ln1.bias"), lambda: db1)
-        s.update(dy=dy, dgact=dgact, du=du, dm=dm, dx2=dx2, do=do, dctx=dctx, dp=dp, dpc=dpc, ds=ds, da=da, dx1=dx1)
+        s.update(dy=dy, dgact=dgact, d1=d1, du=du, dm=dm, dx2=dx2, do=do, dctx=dctx, dp=dp, dpc=dpc, ds=ds, da=da, dx1=dx1)
         s["idx"] = idx
         return torch.cat([dx1[:, :1] + dhm, dx1[:, 1:]], dim=1) if s["last"] else dx1 + dhm
 
@@ -220,17 +225,17 @@ class _Block:
         a = s["a"]
         if s["last"]:
             wb, bb = pb("wkv"), pb("bkv")
-            dkv_bar = _lin_adjoint(torch.mm(da_bar, self.wqkv[D:].t()), a, wb, bb)
+            dkv_bar = _lin_adjoint(da_bar, self.wqkv[D:].t(), a, wb, bb)
             a_bar = None if wb is None else torch.mm(s["dkv"], wb)
             wq, bq = pb("wq"), pb("bq")
-            dq_bar = _lin_adjoint(torch.mm(da_bar.view(B, T, D)[:, 0], self.wqkv[:D].t()), s["a0"], wq, bq)
+            dq_bar = _lin_adjoint(da_bar.view(B, T, D)[:, 0], self.wqkv[:D].t(), s["a0"], wq, bq)
             if wq is not None:
                 a_bar = torch.zeros_like(a) if a_bar is None else a_bar
                 a_bar.view(B, T, D)[:, 0] += torch.mm(s["dq2"], wq)
             dk_bar, dv_bar = dkv_bar.split(D, dim=1)
         else:
             wb, bb = pb("wqkv"), pb("bqkv")
-            dqkv_bar = _lin_adjoint(torch.mm(da_bar, self.wqkv.t()), a, wb, bb)
+            dqkv_bar = _lin_adjoint(da_bar, self.wqkv.t(), a, wb, bb)
             a_bar = None if wb is None else torch.mm(s["dqkv"], wb)
             dq_bar, dk_bar, dv_bar = dqkv_bar.split(D, dim=1)
         heads = lambda t, rows: t.reshape(B, rows, H, dh).transpose(1, 2)  # noqa: E731
@@ -249,7 +254,7 @@ class _Block:
         v_bar = torch.matmul(dp_bar.transpose(-2, -1), dctx)
         dctx_bar = dctx_bar.transpose(1, 2).reshape(R, D)
         wo = pb("wo")
-        dhm_bar = dhm_bar + _lin_adjoint(torch.mm(dctx_bar, self.wo.t()), s["ctx"], wo, pb("bo")).view(B, Tq, D)
+        dhm_bar = dhm_bar + _lin_adjoint(dctx_bar, self.wo.t(), s["ctx"], wo, pb("bo")).view(B, Tq, D)
         ctx_bar = None if wo is None else torch.mm(s["do"], wo)
         # dhm = dout + LN2-backward(dm)
         dn, n2 = s["dm"] * self.g2, s["n2"]
@@ -260,13 +265,14 @@ class _Block:
         if (bb := pb("b2")) is not None:
             dm_bar = dm_bar + bb
         w1 = pb("w1")
-        du_bar = _lin_adjoint(torch.mm(dm_bar.reshape(R, D), self.w1.t()), s["m"], w1, pb("c1"))
+        du_bar = _lin_adjoint(dm_bar.reshape(R, D), self.w1.t(), s["m"], w1, pb("c1"))
         m_bar = None if w1 is None else torch.mm(s["du"], w1)
         u = s["u"]
-        dgact_bar = _aten.gelu_backward(du_bar, u)
-        u_bar = du_bar * s["dgact"] * torch.exp(-0.5 * u * u) * _INV_SQRT_2PI * (2.0 - u * u)  # gelu''(u)
+        dgact_bar = du_bar * s["d1"]
+        uu = u * u
+        u_bar = torch.exp(uu * -0.5).mul_(uu.neg_().add_(2.0)).mul_(du_bar).mul_(s["dgact"]).mul_(_INV_SQRT_2PI)  # gelu''
         w2 = pb("w2")
-        dout_bar = dhm_bar + _lin_adjoint(torch.mm(dgact_bar, self.w2.t()), s["g"], w2, pb("c2")).view(B, Tq, D)
+        dout_bar = _lin_adjoint(dgact_bar, self.w2.t(), s["g"], w2, pb("c2")).view(B, Tq, D).add_(dhm_bar)
         g_bar = None if w2 is None else torch.mm(s["dy"], w2)
         s["bar"] = dict(n1=nb1, r1=rb1, a=a_bar, q=q_bar, k=k_bar, v=v_bar, p=p_bar, ctx=ctx_bar)
         s["bar"].update(n2=nb2, r2=rb2, m=m_bar, u=u_bar, g=g_bar)
@@ -277,7 +283,7 @@ class _Block:
         B, T, D, H, dh, Tq = s["dims"]
         R, bar, scale = B * Tq, s["bar"], s["scale"]
         g_bar = _acc(bar["g"], torch.mm(hb.reshape(R, D), self.w2))
-        u_bar = _acc(bar["u"], _aten.gelu_backward(g_bar, s["u"]))
+        u_bar = torch.addcmul(bar["u"], g_bar, s["d1"])
         m_bar = _acc(bar["m"], torch.mm(u_bar, self.w1))
         n2_bar = _acc(bar["n2"], m_bar.view(B, Tq, D) * self.g2)
         hm_bar = hb + _norm_adjoint(n2_bar, bar["r2"], s["hm"], s["mu2"], s["r2"], s["n2"])
@@ -392,7 +398,7 @@ class ViTGrads:
                 wbar[:, :1] += t
         if pos is not None:
             wbar[:, 1:] += pos[1:]
-        tok = _lin_adjoint(None, S["P2"], wpe, bpe)
+        tok = _lin_adjoint(None, None, S["P2"], wpe, bpe)
         if tok is not None:
             wbar[:, 1:] += tok.view(B, N, D)
         P2_bar = None if wpe is None else torch.mm(S["dtok"], wpe)
@@ -407,7 +413,7 @@ class ViTGrads:
             dz_bar, nfb = torch.addcmul(dz_bar, S["nf"], gf), torch.addcmul(nfb, S["dz"], gf)
         if bf is not None:
             dz_bar = dz_bar + bf
-        dlog_bar = _lin_adjoint(torch.mm(dz_bar, self.wh.t()), S["z"], wh, bh)
+        dlog_bar = _lin_adjoint(dz_bar, self.wh.t(), S["z"], wh, bh)
         z_bar = None if wh is None else torch.mm(S["dlog"], wh)
         logit_bar = torch._softmax_backward_data(dlog_bar / B, S["pi"], -1, dlog_bar.dtype)
         # the reverse of the forward, output side first
