@@ -15,6 +15,9 @@ mean pooling), so every DP variant trains all parameters but those three (veil's
 hooks freeze the two tables themselves); veil-functorch trains the same set, like for like.
 
     python benchmarks/dp_step.py --batch 16 --len 32 --repeats 10 --json runs/dp/bench.json
+    python benchmarks/dp_step.py --write     # docs/results/bench/dp-step.json (section dp of docs/results.md)
+
+`python -m veil.report.results` renders the JSON `--write` leaves (with its hash) in section dp.
 """
 
 from __future__ import annotations
@@ -37,6 +40,7 @@ from aegis_overhead import make_batch, steady_allocator  # noqa: E402
 
 from veil.defenses.dpsgd import DPSGD  # noqa: E402
 from veil.defenses.dpsgd_engines import per_sample_loss  # noqa: E402
+from veil.io import write_checked_text  # noqa: E402
 from veil.models import create_model  # noqa: E402
 from veil.training.loop import make_optimizer  # noqa: E402
 from veil.training.step import client_step  # noqa: E402
@@ -44,6 +48,7 @@ from veil.training.step import client_step  # noqa: E402
 RAW = r"position_embeddings|token_type_embeddings|pooler"
 TRAINABLE = r"^(?!.*(" + RAW + r"))"  # all but the two raw-read tables and the unused pooler
 VARIANTS = ["none", "veil-ghost", "opacus-ghost", "veil-hooks", "opacus-hooks", "veil-functorch"]
+BENCH = Path(__file__).resolve().parents[1] / "docs" / "results" / "bench" / "dp-step.json"
 
 
 def _model() -> nn.Module:
@@ -138,13 +143,15 @@ def main() -> None:
     p.add_argument("--threads", type=int, default=1)
     p.add_argument("--variants", default=",".join(VARIANTS))
     p.add_argument("--json")
+    p.add_argument("--write", action="store_true", help=f"write the JSON to {BENCH.relative_to(BENCH.parents[3])}")
     args = p.parse_args()
     torch.set_num_threads(args.threads)
     res = bench(args.batch, args.len, args.repeats, args.variants.split(","))
     print(json.dumps(res, indent=1))
-    if args.json:
-        Path(args.json).parent.mkdir(parents=True, exist_ok=True)
-        Path(args.json).write_text(json.dumps(res, indent=1))
+    for path in [Path(args.json)] * bool(args.json) + [BENCH] * args.write:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        write_checked_text(path, json.dumps(res, indent=1) + "\n")
+        print(f"wrote {path}")
 
 
 if __name__ == "__main__":

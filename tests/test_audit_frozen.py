@@ -111,3 +111,18 @@ def test_features_follow_the_config_not_the_seed_of_a_pretrained_head(tmp_path: 
     frozen_run(cfg, tmp_path)
     _, data, _ = frozen_run(other, tmp_path)
     assert len(list(tmp_path.glob("*.safetensors"))) == 2 and len(data.train["labels"]) == 64
+
+
+def test_a_dp_schedule_the_data_cannot_hold_fails_before_training(tmp_path: Path) -> None:
+    big = {**RUN, "train": {**RUN["train"], "batch_size": 512}}
+    with pytest.raises(VeilError, match=r"^task 't', defense dpsgd\(.*\): dpsgd needs 1 <= train.batch_size"):
+        engine.validate(parse_scenario({"tasks": [{"name": "t", "run": big, "defenses": [DP]}]}))
+    assert not (tmp_path / "runs").exists()
+
+
+def test_the_step_time_of_a_target_epsilon_run_is_measured_at_its_sigma(tmp_path: Path) -> None:
+    """The audit's step-time measurement prepares DP-SGD for the run's schedule (sigma from the accountant)."""
+    eps = {k: v for k, v in DP.items() if k != "noise_multiplier"} | {"target_epsilon": 8.0}
+    s = run_audit(parse_scenario({"tasks": [{"name": "t", "run": RUN, "defenses": [DP, eps]}]}), tmp_path, False)
+    label = "dpsgd(chunk=16,clip=0.5,seed=3,target_epsilon=8.0,trainable=classifier)"
+    assert label in s["tasks"]["t"]["overhead"] and s["tasks"]["t"]["utility"][label]["privacy"]["epsilon"] <= 8.0

@@ -226,19 +226,30 @@ def test_the_report_states_epsilon() -> None:
     assert "Privacy of `dpsgd`: epsilon = 7.99 at delta = 0.000125 (rdp accountant, noise multiplier 0.720" in text
 
 
-@pytest.mark.slow
-def test_the_cached_encoder_screen_computes_veils_dp_update() -> None:
-    """scripts/screen_dp_minilm.py trains MiniLM's last layer + head with Opacus on cached last-layer
-    inputs; its clipped update must be veil's `dpsgd(trainable=...)` update on the whole model."""
-    import sys
-    from pathlib import Path
+class _Top(torch.nn.Module):
+    """MiniLM's last layer + mean pooling + classifier, as veil's HFBert runs them, on the hidden
+    states entering that layer."""
 
+    def __init__(self, layer: torch.nn.Module, classifier: torch.nn.Module) -> None:
+        super().__init__()
+        self.layer, self.classifier = layer, classifier
+
+    def forward(self, h: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+        from veil.models.base import padding_bias
+
+        seq = self.layer(h, attention_mask=padding_bias(mask, causal=False, dtype=h.dtype))
+        seq = seq[0] if isinstance(seq, tuple) else seq
+        m = mask.unsqueeze(-1).to(seq.dtype)
+        return self.classifier((seq * m).sum(1) / m.sum(1).clamp_min(1.0))
+
+
+@pytest.mark.slow
+def test_veils_dp_update_of_the_top_layer_is_opacus_ghost_clipping_on_that_layer() -> None:
+    """veil's `dpsgd(trainable='layer\\.5\\.|classifier')` on the whole MiniLM gives the clipped update
+    Opacus' own ghost clipping gives on MiniLM's last layer + head fed the hidden states entering it."""
     from opacus.grad_sample.grad_sample_module_fast_gradient_clipping import GradSampleModuleFastGradientClipping
     from opacus.optimizers import DPOptimizerFastGradientClipping
     from opacus.utils.fast_gradient_clipping_utils import DPLossFastGradientClipping
-
-    sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "scripts"))
-    from screen_dp_minilm import Top
 
     torch.manual_seed(0)
     model = create_model("minilm", dropout=0.0, pooling="mean").train()
@@ -253,7 +264,7 @@ def test_the_cached_encoder_screen_computes_veils_dp_update() -> None:
     d.detach()
     import copy
 
-    top = Top(copy.deepcopy(model.hf.bert.encoder.layer[5]), copy.deepcopy(model.hf.classifier))
+    top = _Top(copy.deepcopy(model.hf.bert.encoder.layer[5]), copy.deepcopy(model.hf.classifier))
     gsm = GradSampleModuleFastGradientClipping(top, max_grad_norm=0.3, use_ghost_clipping=True)
     opt = DPOptimizerFastGradientClipping(
         torch.optim.SGD(top.parameters(), lr=0.0), noise_multiplier=0.0, max_grad_norm=0.3, expected_batch_size=6

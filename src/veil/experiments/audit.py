@@ -12,6 +12,7 @@ from __future__ import annotations
 import contextlib
 import importlib.metadata as md
 import json
+import math
 import multiprocessing as mp
 import os
 import platform
@@ -71,6 +72,8 @@ def validate(s: Scenario) -> list[Cell]:
             for defense in build_defenses(cfg):
                 defense.attach(model)
                 defense.detach()
+                if task.weights == "trained":
+                    _check_schedule(defense, cfg, len(data.train["labels"]), f"task '{task.name}', defense {label(d)}")
         own = [(a, True) for a in task.attacks]
         shared = [(a, False) for a in s.attacks if label(a) not in {label(x) for x in task.attacks}]
         for a, required in own + shared:
@@ -83,6 +86,18 @@ def validate(s: Scenario) -> list[Cell]:
                 for seed in s.seeds:
                     cells.append(Cell(task, d, a, seed, reason))
     return cells
+
+
+def _check_schedule(defense: Any, cfg: Any, n_train: int, where: str) -> None:
+    """A DP defense learns the run's schedule before its first step (`prepare`): a batch larger
+    than the training set, or an epsilon the accountant cannot reach, fails here, before any training."""
+    if not getattr(defense, "poisson", False):
+        return
+    steps = cfg.train.max_steps or cfg.train.epochs * math.ceil(n_train / cfg.train.batch_size)
+    try:
+        defense.prepare(n_train, cfg.train.batch_size, steps)
+    except VeilError as e:
+        raise VeilError(f"{where}: {e}") from None
 
 
 def protocol_module(task: Task) -> Any:
@@ -230,7 +245,10 @@ def _overhead(task: Task, out: Path, seed: int) -> dict[str, float]:
     models = {}
     data = None
     for d in task.defenses:
-        model, data, defenses = build_run(task.run_for(d, seed), data)
+        cfg = task.run_for(d, seed)
+        model, data, defenses = build_run(cfg, data)
+        for defense in defenses:  # DP-SGD's noise for the run's schedule (target_epsilon: from the accountant)
+            _check_schedule(defense, cfg, len(data.train["labels"]), f"task '{task.name}', defense {label(d)}")
         models[label(d)] = (model, defenses)
     assert data is not None
     batch = private_batches(data.train, min(32, len(data.train["labels"])), 1, seed)[0]

@@ -24,8 +24,8 @@ from veil.models.base import VeilModel
 from veil.training.step import client_step
 
 #: numbers an attack reports about its own result (`Reconstruction.stats`) that the cell keeps, as
-#: ``match_KEY``: a matching attack's best cosine and its margin to the runner-up (head-embedding)
-MATCH_STATS = ("cosine", "margin")
+#: ``match_KEY``: a matching attack's best cosine, its margin to the runner-up, its pool size (head-embedding)
+MATCH_STATS = ("cosine", "margin", "pool")
 
 
 def example_of(ref: dict[str, Tensor], rec: Any, tokenizer: Any) -> dict[str, Any]:
