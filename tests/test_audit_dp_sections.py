@@ -60,6 +60,7 @@ def test_the_dp_section_reads_the_curve_the_screen_the_bench_and_both_attack_tab
     )
     assert "not met with the 8,000 shipped sentences: 79.70 ± 0.08 (3 seeds)" in out
     assert "The best validation row: `head-lr3e-2-B512-E5`" in out and "reached 76.00 % on validation" in out
+    assert "training on the other 7,000, delta 1/7,000" in out
     assert "veil ghost / Opacus ghost = **1.062**" in out and "| veil-ghost | 11.000 | 2.20 |" in out
     assert "| none |" not in out.split("Worst case")[1]  # only DP-SGD rows of the AEGIS ladder
     # sigma 0.1 at the utility schedule (q = 32/8000, 500 steps) costs epsilon in the thousands

@@ -64,9 +64,14 @@ def _target(entry: dict[str, Any]) -> str:
     return f"{t:g}" if t is not None else "none (clipping, no noise)" if not entry.get("noise_multiplier") else "—"
 
 
+def entries(summary: dict[str, Any], name: str) -> list[dict[str, Any]]:
+    """A task's defense entries as the scenario wrote them, each as a mapping."""
+    return [{"name": e} if isinstance(e, str) else e for e in raw_tasks(summary)[name]["defenses"]]
+
+
 def curve_rows(summary: dict[str, Any], name: str) -> list[list[Any]]:
     rows = []
-    for entry in raw_tasks(summary)[name]["defenses"]:
+    for entry in entries(summary, name):
         u = summary["tasks"][name]["utility"].get(entry_label(entry), {})
         p, acc = u.get("privacy", {}), u.get("test_accuracy_values", [])
         rows.append(
@@ -81,7 +86,7 @@ def curve_rows(summary: dict[str, Any], name: str) -> list[list[Any]]:
 
 
 def _at(summary: dict[str, Any], name: str, target: float | None) -> list[float]:
-    for entry in raw_tasks(summary)[name]["defenses"]:
+    for entry in entries(summary, name):
         if entry.get("target_epsilon") == target and (target is not None or not entry.get("noise_multiplier")):
             return summary["tasks"][name]["utility"].get(entry_label(entry), {}).get("test_accuracy_values", [])
     return []
@@ -164,13 +169,15 @@ def render(s: dict[str, dict[str, Any]]) -> str:
     u8 = next(
         (
             curve["tasks"][recipe_task]["utility"][entry_label(e)]
-            for e in raw_tasks(curve)[recipe_task]["defenses"]
+            for e in entries(curve, recipe_task)
             if e.get("target_epsilon") == 8.0
         ),
         {},
     )
     eight, free, one = (_at(curve, recipe_task, t) for t in (8.0, None, 1.0))
     srows, best = screen_rows(screen)
+    sp = next(iter(next(iter(screen["tasks"].values()))["utility"].values())).get("privacy", {})
+    n_screen = f"{round(1 / sp['delta']):,}" if sp.get("delta") else "?"
     atable, rtable, reading = attack_tables(s["dp-attacks"], s["aegis-attacks"], u8.get("privacy", {}))
     met = bool(eight) and mean(eight) >= GOAL
     top = [n for n in screen["tasks"] if n.startswith("top1")]
@@ -210,8 +217,9 @@ def render(s: dict[str, dict[str, Any]]) -> str:
         "",
         "### How the recipe was chosen (validation split of the training pool, epsilon 8)",
         "",
-        "`veil audit configs/paper/dp_minilm_screen.yaml`: `sst2-val` (1,000 sentences held out of the training file, "
-        "training on the other 7,000, delta 1/7,000), epsilon 8, one seed. `head` trains the classifier on the frozen "
+        "`veil audit configs/paper/dp_minilm_screen.yaml`: `sst2-val` (sentences held out of the training file, "
+        f"training on the other {n_screen}, delta 1/{n_screen}), epsilon 8, seeds {screen['seeds']}. `head` trains the "
+        "classifier on the frozen "
         f"mean-pooled encoder, `top1` MiniLM's last layer too. The best validation row: `{best}`.",
         "",
         table(

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from veil.report.results.sections.dp import GOAL, curve_rows, fmt_eps, screen_rows
+from veil.report.results.sections.dp import GOAL, curve_rows, entries, fmt_eps, screen_rows
 from veil.report.results.tables import entry_label, mean_std, raw_tasks, table
 
 SOURCES = ("dp-glue", "dp-glue-screen", "dp-head-embedding")
@@ -53,13 +53,17 @@ def _setting(entry: dict[str, Any]) -> tuple[str, str]:
     return (f"{part}, no noise" if s == 0 else f"{part}, noise multiplier {s:.3g}"), f"{s:.3g}"
 
 
-def attack_rows(summary: dict[str, Any]) -> list[list[Any]]:
+def attack_rows(summary: dict[str, Any], recipe_sigma: float | None = None) -> list[list[Any]]:
     rows = []
     for name, t in summary["tasks"].items():
         for entry in raw_tasks(summary)[name]["defenses"]:
+            entry = {"name": entry} if isinstance(entry, str) else entry
             d = entry_label(entry)
             m = t["leakage"].get(d, {}).get("head-embedding")
             what, noise = _setting(entry)
+            sigma = entry.get("noise_multiplier")
+            if recipe_sigma and sigma and abs(float(sigma) - recipe_sigma) < 1e-3:
+                what += " (the recipe's epsilon-8 noise)"
             if m is None:
                 why = t["blocked"].get(d, {}).get("head-embedding", "not run")
                 rows.append([what, noise, t["samples"], "—", "0 (blocked)", f"blocked: {why[:80]}"])
@@ -75,7 +79,7 @@ def attack_rows(summary: dict[str, Any]) -> list[list[Any]]:
 def render(s: dict[str, dict[str, Any]]) -> str:
     curve, screen = s["dp-glue"], s["dp-glue-screen"]
     name = next(iter(curve["tasks"]))
-    eight_entry = next(e for e in raw_tasks(curve)[name]["defenses"] if e.get("target_epsilon") == 8.0)
+    eight_entry = next(e for e in entries(curve, name) if e.get("target_epsilon") == 8.0)
     u8 = curve["tasks"][name]["utility"].get(entry_label(eight_entry), {})
     eight = u8.get("test_accuracy_values", [])
     p8 = u8.get("privacy", {})
@@ -109,7 +113,7 @@ def render(s: dict[str, dict[str, Any]]) -> str:
         "",
         table(
             ["update", "noise multiplier", "updates attacked", "pool", "sentences identified", "mean best cosine"],
-            attack_rows(s["dp-head-embedding"]),
+            attack_rows(s["dp-head-embedding"], p8.get("noise_multiplier")),
         ),
         "",
         f"The recipe's epsilon-8 noise multiplier on this schedule is {p8.get('noise_multiplier', float('nan')):.4f} "
