@@ -44,6 +44,46 @@ def test_permutation_is_inverted_and_body_is_equivariant() -> None:
     assert d.before_send(h, {}) is h  # zero strength: identity
 
 
+def test_sincos_head_positions_are_fixed_row_major_and_permuted_with_the_patches() -> None:
+    """split.head_pos=sincos: the head adds fixed 2-D sine-cosine embeddings (row in the first half
+    of the features, column in the second, row-major like patchify), every position distinct; the
+    permutation still moves them with their patches, and the body stays equivariant."""
+    from veil.federated.split.models import Body, Head, sincos_2d
+    from veil.models import create_model
+
+    table = sincos_2d(4, 16)
+    assert table.shape == (16, 16) and table.abs().max() <= 1
+    rows, cols = table[:, :8].reshape(4, 4, 8), table[:, 8:].reshape(4, 4, 8)
+    assert torch.equal(rows, rows[:, :1].expand(4, 4, 8)) and torch.equal(cols, cols[:1].expand(4, 4, 8))
+    assert torch.cdist(table, table).add(torch.eye(16) * 9).min() > 0.1  # 16 distinct positions
+    vit = create_model("vit-digits").eval()
+    head, body = Head(vit, "sincos"), Body(vit)
+    assert torch.equal(head.pos.detach(), sincos_2d(vit.grid, vit.width))
+    assert torch.equal(head.proj.weight, vit.patch_embed.weight)  # the projection is the model's
+    h = head(torch.rand(2, 1, 8, 8))
+    k = fresh_keys(2, h.shape[1], torch.Generator().manual_seed(1))
+    out, out_p = body(h), body(permute(h, k))
+    assert torch.allclose(out_p[:, 0], out[:, 0], atol=1e-5)
+    assert torch.allclose(unpermute(out_p[:, 1:], k), out[:, 1:], atol=1e-5)
+    with pytest.raises(VeilError, match="split.head_pos must be one of"):
+        Head(vit, "rope")
+
+
+def test_head_pos_reaches_every_client_and_is_validated(tmp_path: Path) -> None:
+    from veil.federated.split.models import sincos_2d
+    from veil.federated.split.multitask import build_parts
+
+    spec = load_split_spec(cfg(tmp_path), ["split.head_pos=sincos"])
+    a, _ = build_parts(spec, "classify")
+    b, _ = build_parts(spec, "segment")
+    assert torch.equal(a.pos, b.pos) and torch.equal(a.pos.detach(), sincos_2d(4, a.pos.shape[1]))
+    learned, _ = build_parts(load_split_spec(cfg(tmp_path)), "classify")
+    assert not torch.equal(learned.pos, a.pos) and torch.equal(learned.proj.weight, a.proj.weight)
+    assert "head_pos: sincos" in spec.text() and "head_pos" not in load_split_spec(cfg(tmp_path)).text()
+    with pytest.raises(VeilError, match="split.head_pos must be one of"):
+        load_split_spec(cfg(tmp_path), ["split.head_pos=learned"])
+
+
 def _spy_run(tmp: Path, monkeypatch: pytest.MonkeyPatch, *overrides: str) -> tuple[dict, list, list]:
     """Run split learning on the in-process grid, recording every message that reaches the server
     and every object the server holds."""

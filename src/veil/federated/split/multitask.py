@@ -141,4 +141,4 @@ def build_parts(spec: SplitSpec, task: str) -> tuple[nn.Module, nn.Module]:
     vit = build_vit(spec)
     torch.manual_seed(spec.cfg.train.seed + 17 * (1 + list(TASK_DEFS).index(task)))
     tail = TASK_DEFS[task].make_tail(vit.width, vit.cfg.patch_size, vit.cfg.image_size)
-    return Head(vit), tail
+    return Head(vit, spec.split.head_pos), tail

@@ -15,6 +15,8 @@ from veil.errors import VeilError
 from veil.federated.client_secret import MODES as SECRET_MODES
 from veil.federated.sections import SpecText, check_choices, read_sections, split_sections
 
+#: `split.head_pos`: the head's position embedding, the model's learned table or fixed 2-D sine-cosine
+HEAD_POS = ("model", "sincos")
 #: the multi-task setting's tasks (`veil.federated.split.multitask` defines each)
 TASKS = ("classify", "zones", "segment")
 
@@ -32,6 +34,7 @@ class SplitConfig:
     backend: inline         # inline | ray
     eval_every: 0           # epochs between evaluations (0: only at the end)
     freeze_head: false      # central only: keep the patch-embedding head at its initialisation, as p-FeSTA does
+    head_pos: model         # the head's position embedding: model (the ViT's learned table) | sincos (fixed 2-D)
     secret: random          # random: permutation keys also seeded from a client-held secret; seeded: from the run seed
     checkpoint_every: 0     # steps between checkpoints for resume (0: each epoch; fl: each unification)
     """
@@ -46,6 +49,7 @@ class SplitConfig:
     eval_every: int = 0
     num_cpus: float = 1.0
     freeze_head: bool = False
+    head_pos: str = "model"
     secret: str = "random"
     checkpoint_every: int = 0
 
@@ -54,6 +58,7 @@ _SPLIT_CHOICES = {
     "protocol": ("sl", "festa", "pfesta", "fl", "central"),
     "backend": ("inline", "ray"),
     "secret": SECRET_MODES,
+    "head_pos": HEAD_POS,
 }
 
 
@@ -107,7 +112,10 @@ def split_spec_from_raw(raw: dict[str, Any]) -> SplitSpec:
     cfg = from_dict(base)
     sc = split_config(extra.get("split"))
     check_defenses(cfg, sc.protocol)
-    return SplitSpec(cfg, sc, {**cfg.to_dict(), "split": {**sc.__dict__}})
+    split = {**sc.__dict__}
+    if split["head_pos"] == "model":  # the default stays out of the text: older run folders still match
+        del split["head_pos"]
+    return SplitSpec(cfg, sc, {**cfg.to_dict(), "split": split})
 
 
 def permutes(spec: SplitSpec) -> bool:
