@@ -239,6 +239,7 @@ def main() -> None:
     ap.add_argument("--max-len", type=int, default=32)
     ap.add_argument("--budget", type=int, default=200_000)
     ap.add_argument("--threads", type=int, default=1)
+    ap.add_argument("--prefix-seeds", action="store_true", help="span option prefix_seeds (veil.attacks.span.prefix)")
     ap.add_argument("--device", default="cpu", help="cpu, cuda or auto (cuda when present)")
     ap.add_argument("--minilm-pooling", default="cls", choices=("cls", "mean"))
     ap.add_argument("--json", default=str(ROOT / "docs/results/bench/span-scale.json"), help="the collected JSON")
@@ -295,7 +296,16 @@ def main() -> None:
                 result["ranks"][name] = ranks(model, data, defenses, rb, device)
                 print(f"{name} ranks: {result['ranks'][name]}", file=sys.stderr, flush=True)
             for B in batches:
-                c = cell(name, model, data, defenses, B, args.samples, {"budget": args.budget}, device)
+                c = cell(
+                    name,
+                    model,
+                    data,
+                    defenses,
+                    B,
+                    args.samples,
+                    {"budget": args.budget, **({"prefix_seeds": True} if args.prefix_seeds else {})},
+                    device,
+                )
                 result["cells"].append(c)
                 print(
                     f"{name} B={B}: token {c['token_recovery']:.3f} exact {c['exact_recovery']:.2f} "

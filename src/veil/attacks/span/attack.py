@@ -43,6 +43,9 @@ class SpanOptions(Options):
     tol_cls: float = option(1e-4, "last-block span distance below which a peeled sentence is exact")
     prior_weight: float = option(0.2, "weight of the position prior where the layer-2 span is crowded")
     narrow: int = option(8, "peeling sweeps try each position's k likeliest tokens first (0: all at once)")
+    prefix_seeds: bool = option(
+        False, "peeling: grow beam prefixes by layer-2 distance and repair them before the walkers (span.prefix)"
+    )
     restarts: int = option(4, "restarts of the encoder assignment search")
     sweeps: int = option(12, "coordinate sweeps per restart of the encoder assignment search")
     budget: int = option(500_000, "candidate sentences scored, all searches together (counted work, never seconds)")
@@ -109,6 +112,8 @@ class SpanAttack(Attack):
                         budget=budget,
                         prior_weight=o.prior_weight,
                         narrow=o.narrow,
+                        tol2=tol2,
+                        seeds=o.prefix_seeds,
                     )
                     left = budget - (found[1]["sentences_scored"] if found is not None else 0)
                     if found is not None and not found[1]["sentences_exact"] and left > 0:

@@ -32,6 +32,7 @@ from torch import Tensor
 
 from veil.attacks.span.checks import CLSCheck
 from veil.attacks.span.core import last_position
+from veil.attacks.span.prefix import prefix_seed
 from veil.attacks.span.residual import Residual
 from veil.attacks.span.score import PositionPrior, SentenceScore
 from veil.attacks.span.walker import CALL_COST, Walker
@@ -52,10 +53,13 @@ class Stage:
     used: list[float] = field(default_factory=list)
     rounds: int = 0
     tried: set[tuple[int, tuple[int, ...]]] = field(default_factory=set)  # cross seeds used (`cross_seed`)
+    cands: list[Tensor] = field(default_factory=list)  # the layer-1 candidates per position
+    seeder: Any = None  # the left-to-right seeds (`veil.attacks.span.prefix`), made on first use
+    check_left: int = 1  # sentences left in the residual
 
     @property
     def scored(self) -> int:
-        return sum(w.steps for w in self.walkers)
+        return sum(w.steps for w in self.walkers) + (self.seeder.steps if self.seeder is not None else 0)
 
 
 def setup_stage(
@@ -94,11 +98,30 @@ def setup_stage(
             w.seed(carried[w.n][1:-1])
         if not crowded and narrow > 0:
             w.narrow = narrow
-    return Stage(check, span1.rank, span2.rank, crowded, prior, score, walkers, used=[0.0] * len(walkers))
+    return Stage(
+        check,
+        span1.rank,
+        span2.rank,
+        crowded,
+        prior,
+        score,
+        walkers,
+        used=[0.0] * len(walkers),
+        cands=cands,
+        check_left=res.left,
+    )
 
 
 def search_stage(
-    stage: Stage, specials: Any, carried: dict[int, list[int]], budget: int, tol_cls: float
+    stage: Stage,
+    specials: Any,
+    carried: dict[int, list[int]],
+    budget: int,
+    tol_cls: float,
+    tol2: float = 1e-3,
+    seeds: bool = False,
+    pending: list[list[int]] | None = None,
+    grown: dict[int, int] | None = None,
 ) -> list[int] | None:
     """Step the walkers by fair share of work until one sentence passes the exact check
     (distance < `tol_cls`) or `budget` sentences are scored; returns that sentence or None.
@@ -110,6 +133,18 @@ def search_stage(
     from the longest sentence a shorter walker has settled on (often the prefix of a longer one).
     Ties go to the shorter hypothesis (a fixed order)."""
     walkers, used = stage.walkers, stage.used
+    pending = [] if pending is None else pending
+    for sent in list(pending):  # exact sentences a previous stage found beside the one it peeled
+        pending.remove(sent)
+        if stage.score.cls(torch.tensor([sent])) < tol_cls:
+            return sent
+    if seeds and not stage.crowded:
+        hits = prefix_seed(
+            stage, specials, budget, tol2, tol_cls, stage.check_left + 4, grown if grown is not None else {}
+        )
+        if hits:
+            pending.extend(hits[1:])
+            return hits[0]
     first = [float(w.n * w.sweep_size() + CALL_COST * (len(w.free) + 1)) for w in walkers]
     share = _shares(walkers, stage.prior, specials.sep)
     while stage.scored < budget:
@@ -197,6 +232,8 @@ def peel_search(
     min_len: int = 3,
     prior_weight: float = 0.2,
     narrow: int = 8,
+    tol2: float = 1e-3,
+    seeds: bool = False,
 ) -> tuple[list[list[int]], dict[str, Any]] | None:
     """Find the batch one sentence at a time (see `Residual`, `CLSCheck`). Each stage: the exact
     check of the residual (`CLSCheck`), the walkers of its length hypotheses (`setup_stage`), a
@@ -215,6 +252,8 @@ def peel_search(
     reports: list[dict[str, Any]] = []
     guesses: list[list[int]] = []
     carried: dict[int, list[int]] = {}  # per length, the best sentence of the previous stage's walker
+    pending: list[list[int]] = []  # exact sentences found beside the one peeled (`veil.attacks.span.prefix`)
+    grown: dict[int, int] = {}  # first tokens the prefix seeds grew from, and how often
     note = None
     while res.left > 0 and steps < budget:
         check = CLSCheck(res)
@@ -239,7 +278,7 @@ def peel_search(
             reports.append(stage_report(stage, res.left, None, time.perf_counter() - t0))
             note = None if found else "no token passes layer 1 (dropout or noise? raise tol1)"
             break
-        hit = search_stage(stage, specials, carried, budget - steps, tol_cls)
+        hit = search_stage(stage, specials, carried, budget - steps, tol_cls, tol2, seeds, pending, grown)
         steps += stage.scored
         rounds += stage.rounds
         reports.append(stage_report(stage, res.left, hit, time.perf_counter() - t0))
@@ -251,7 +290,9 @@ def peel_search(
         label, _ = res.peel(hit, check)
         found.append(hit)
         labels.append(label)
-    seqs = found + guesses[: max(0, res.batch_size - len(found))]  # unsolved: the best guesses
+    exact = found + [s for s in pending if s not in found]  # exact sentences found but not yet peeled, too
+    seqs = exact + guesses[: max(0, res.batch_size - len(exact))]  # unsolved: the best guesses
+    seqs += [[] for _ in range(res.batch_size - len(seqs))]  # no guess: an empty sentence (scored, not skipped)
     info = {
         "sentences_exact": len(found),
         "walker_steps": rounds,
