@@ -134,7 +134,8 @@ def render(s: dict[str, dict[str, Any]]) -> str:
             "next-token accuracy), 2 epochs, trained FROM SCRATCH (lr 1e-3): with its attention frozen at random "
             "init and its embedding / MLP-up gradients noised, AEGIS cannot learn a model from scratch; it is a "
             "fine-tuning defense (the pretrained MiniLM and HF GPT-2 are in *Utility of MJP and AEGIS* below). "
-            "DP-SGD at every noise multiplier of the attack table's ladder.",
+            "DP-SGD at every noise multiplier of the attack table's ladder on the encoder, at the lowest on the decoder "
+            "(its DP-SGD runs cost ~10x its undefended ones here).",
             "",
             table(
                 ["model", "defense", "seeds", "test accuracy (%)", "minus undefended (points)", "test perplexity"]
