@@ -67,13 +67,6 @@ class PrefixSeeder:
         self.hits: list[list[int]] = []
         self.repaired: list[list[int]] = []  # sentences already repaired (a path equal to one is not repaired again)
 
-    def sep_weight(self, t: int) -> float:
-        """The position prior's coefficient of [SEP] at position t (0 without a prior)."""
-        cost = self.stage.prior.cost
-        if cost is None or t >= cost.shape[0]:
-            return 0.0
-        return float((1 - cost[t, self.specials.sep]).clamp(0, 1))
-
     def _score(self, ids: Tensor) -> Tensor:
         pc, _ = self.stage.score(ids)
         self.steps += len(ids)
@@ -171,7 +164,7 @@ def prefix_seed(
             break
         grown[v] = grown.get(v, 0) + 1
         path, closed = sd.grow(v, budget, tol2, tol_cls)
-        for _, n in sorted(closed, key=lambda c: (c[0] / (0.1 + sd.sep_weight(c[1] - 1)), c[1]))[: sd.n_ends]:
+        for _, n in sorted(closed)[: sd.n_ends]:
             sent = path[: n - 1] + [specials.sep]
             if sd.hits or sent in sd.repaired or stage.scored >= budget:
                 break
