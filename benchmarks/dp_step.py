@@ -148,7 +148,7 @@ def main() -> None:
     torch.set_num_threads(args.threads)
     res = bench(args.batch, args.len, args.repeats, args.variants.split(","))
     print(json.dumps(res, indent=1))
-    for path in [Path(args.json)] * bool(args.json) + [BENCH] * args.write:
+    for path in ([Path(args.json)] if args.json else []) + ([BENCH] if args.write else []):
         path.parent.mkdir(parents=True, exist_ok=True)
         write_checked_text(path, json.dumps(res, indent=1) + "\n")
         print(f"wrote {path}")
