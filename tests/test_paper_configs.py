@@ -15,7 +15,7 @@ def test_there_are_reproduction_configs() -> None:
 
 
 @pytest.mark.parametrize("path", PAPER, ids=lambda p: p.name)
-def test_paper_config_validates(path: Path) -> None:
+def test_paper_config_validates(path: Path, tmp_path: Path) -> None:
     header = path.read_text().split("\n", 3)
     assert header[0].startswith("# Mirrors") and "Scaled down" in path.read_text()
     if "split:" in path.read_text():
@@ -32,7 +32,24 @@ def test_paper_config_validates(path: Path) -> None:
         if init and not (Path(init) / "pretrained.json").is_file():
             assert f"--out {init}" in path.read_text(), f"{path.name}: say how {init} is made"
             task.run.model = {k: v for k, v in task.run.model.items() if k != "init"}  # the rest still checked
+        data_path = task.run.data.get("path")
+        if data_path and not Path(data_path).exists():  # a reproduction's data outside the repository
+            assert "point `path` at" in path.read_text(), f"{path.name}: say where {data_path} comes from"
+            task.run.data = {**task.run.data, "path": str(_stand_in(tmp_path, data_path))}  # the rest still checked
     validate(scenario)
+
+
+def _stand_in(tmp: Path, data_path: str) -> Path:
+    """A small SST-2-shaped folder (train.tsv, test.tsv: sentence<TAB>label) where a reproduction's
+    data is not on this machine, or its file when the config names one."""
+    rows = "sentence\tlabel\n" + "".join(
+        f"a {'good' if i % 2 else 'bad'} film number {i}\t{i % 2}\n" for i in range(400)
+    )
+    folder = tmp / "stand-in"
+    folder.mkdir(exist_ok=True)
+    for name in ("train.tsv", "test.tsv"):
+        (folder / name).write_text(rows)
+    return folder / Path(data_path).name if data_path.endswith(".tsv") else folder
 
 
 def test_a_task_at_init_attacks_the_seeded_weights_and_trains_nothing(tmp_path: Path) -> None:
