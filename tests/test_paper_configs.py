@@ -43,7 +43,7 @@ def _stand_in(tmp: Path, data_path: str) -> Path:
     """A small SST-2-shaped folder (train.tsv, test.tsv: sentence<TAB>label) where a reproduction's
     data is not on this machine, or its file when the config names one."""
     rows = "sentence\tlabel\n" + "".join(
-        f"a {'good' if i % 2 else 'bad'} film number {i}\t{i % 2}\n" for i in range(400)
+        f"a {'good' if i % 2 else 'bad'} film number {i}\t{i % 2}\n" for i in range(6000)
     )
     folder = tmp / "stand-in"
     folder.mkdir(exist_ok=True)
