@@ -202,7 +202,9 @@ class _Block:
             s.update(dqkv=dqkv)
         dx1, dg1, db1 = _ln_grad(da, s["h"], s["mu1"], s["r1"], self.g1, self.b1)
         idx["g1"], idx["b1"] = tape.add(nm("ln1.weight"), lambda: dg1), tape.add(nm("ln1.bias"), lambda: db1)
-        s.update(dy=dy, dgact=dgact, d1=d1, du=du, dm=dm, dx2=dx2, do=do, dctx=dctx, dp=dp, dpc=dpc, ds=ds, da=da, dx1=dx1)
+        s.update(
+            dy=dy, dgact=dgact, d1=d1, du=du, dm=dm, dx2=dx2, do=do, dctx=dctx, dp=dp, dpc=dpc, ds=ds, da=da, dx1=dx1
+        )
         s["idx"] = idx
         return torch.cat([dx1[:, :1] + dhm, dx1[:, 1:]], dim=1) if s["last"] else dx1 + dhm
 
@@ -270,7 +272,9 @@ class _Block:
         u = s["u"]
         dgact_bar = du_bar * s["d1"]
         uu = u * u
-        u_bar = torch.exp(uu * -0.5).mul_(uu.neg_().add_(2.0)).mul_(du_bar).mul_(s["dgact"]).mul_(_INV_SQRT_2PI)  # gelu''
+        u_bar = (
+            torch.exp(uu * -0.5).mul_(uu.neg_().add_(2.0)).mul_(du_bar).mul_(s["dgact"]).mul_(_INV_SQRT_2PI)
+        )  # gelu''
         w2 = pb("w2")
         dout_bar = _lin_adjoint(dgact_bar, self.w2.t(), s["g"], w2, pb("c2")).view(B, Tq, D).add_(dhm_bar)
         g_bar = None if w2 is None else torch.mm(s["dy"], w2)

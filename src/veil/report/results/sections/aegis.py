@@ -128,7 +128,14 @@ def render(s: dict[str, dict[str, Any]]) -> str:
                 rrows,
             ),
             "",
-            f"### Utility ({len(utility['seeds'])} seeds)",
+            "**What this goal does not test: the classifier's gradient.** Every attack above reads a token channel "
+            "(embedding rows, Q/K/V spans, the MLP). AEGIS leaves the classifier's (or LM head's) gradient clean, and "
+            "`head-embedding` reads the pooled input of the head off it and identifies the private sentence among "
+            "candidates: under AEGIS it does so as well as without a defense (sections aegis-tag and dp-glue, where "
+            "DP-SGD's noise stops it). A 'yes' here is the token channels' verdict, not the update's; the worst case "
+            "of each defense over every attack is the verdict to read.",
+            "",
+            f"### Utility ({len(utility['seeds'])} seed{'s' if len(utility['seeds']) > 1 else ''})",
             "",
             "veil's encoder (SST-2, 2,000 sentences) and decoder (AG News causal LM, 2,000 texts; accuracy = "
             "next-token accuracy), 2 epochs, trained FROM SCRATCH (lr 1e-3): with its attention frozen at random "
