@@ -158,11 +158,7 @@ def attack_once(
     if getattr(attack, "needs_pool", False):
         grant = {**(grant or {}), "candidates": True}
     know = knowledge_for(batch, data, defenses, seed, grant)
-    rounds = (
-        int(getattr(getattr(attack, "options", None), "rounds", 0) or 0)
-        if getattr(attack, "needs_rounds", False)
-        else 0
-    )
+    rounds = attack.options.rounds if getattr(attack, "needs_rounds", False) else 0  # its options declare it
     if rounds > 1:  # the server sees the same client export this batch R times (fresh defense noise each)
         others = [o.grads for o in observe_rounds(model, batch, defenses, rounds)[1:]]
         know.aux_data = {**(know.aux_data or {}), "rounds": others}

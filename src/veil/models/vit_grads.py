@@ -68,6 +68,20 @@ def _ln_back_adjoint(w: Tensor, dn: Tensor, n: Tensor, r: Tensor, dx: Tensor, h:
     return d_dn, d_n, d_r
 
 
+def _affine_ln_adjoint(
+    w: Tensor, d: Tensor, g: Tensor, n: Tensor, r: Tensor, dx: Tensor, h: Tensor, mu: Tensor, gb, bb
+) -> tuple:
+    """The adjoint of an affine LayerNorm's backward (dx = LN-backward(d * g), dg = sum d n, db = sum d)
+    given w = dL/d(dx) and the bars of dg / db (None where not wanted): (dL/d(d), dL/dn, dL/dr)."""
+    d_dn, n_bar, r_bar = _ln_back_adjoint(w, d * g, n, r, dx, h, mu)
+    d_bar = d_dn * g
+    if gb is not None:
+        d_bar, n_bar = torch.addcmul(d_bar, n, gb), torch.addcmul(n_bar, d, gb)
+    if bb is not None:
+        d_bar = d_bar + bb
+    return d_bar, n_bar, r_bar
+
+
 def _acc(a: Tensor | None, b: Tensor | None) -> Tensor | None:
     return b if a is None else a if b is None else a + b
 
@@ -216,13 +230,9 @@ class _Block:
         pb = lambda k: _bar(bars, ix.get(k))  # noqa: E731
         # dh = LN1-backward(da) + dhm (rows Tq)
         dhm_bar = wbar[:, :Tq]
-        dn, n1 = s["da"] * self.g1, s["n1"]
-        d_dn, nb1, rb1 = _ln_back_adjoint(wbar, dn, n1, s["r1"], s["dx1"], s["h"], s["mu1"])
-        da_bar = d_dn * self.g1
-        if (gb := pb("g1")) is not None:
-            da_bar, nb1 = torch.addcmul(da_bar, n1, gb), torch.addcmul(nb1, s["da"], gb)
-        if (bb := pb("b1")) is not None:
-            da_bar = da_bar + bb
+        da_bar, nb1, rb1 = _affine_ln_adjoint(
+            wbar, s["da"], self.g1, s["n1"], s["r1"], s["dx1"], s["h"], s["mu1"], pb("g1"), pb("b1")
+        )
         da_bar = da_bar.reshape(B * T, D)
         a = s["a"]
         if s["last"]:
@@ -259,13 +269,9 @@ class _Block:
         dhm_bar = dhm_bar + _lin_adjoint(dctx_bar, self.wo.t(), s["ctx"], wo, pb("bo")).view(B, Tq, D)
         ctx_bar = None if wo is None else torch.mm(s["do"], wo)
         # dhm = dout + LN2-backward(dm)
-        dn, n2 = s["dm"] * self.g2, s["n2"]
-        d_dn, nb2, rb2 = _ln_back_adjoint(dhm_bar, dn, n2, s["r2"], s["dx2"], s["hm"], s["mu2"])
-        dm_bar = d_dn * self.g2
-        if (gb := pb("g2")) is not None:
-            dm_bar, nb2 = torch.addcmul(dm_bar, n2, gb), torch.addcmul(nb2, s["dm"], gb)
-        if (bb := pb("b2")) is not None:
-            dm_bar = dm_bar + bb
+        dm_bar, nb2, rb2 = _affine_ln_adjoint(
+            dhm_bar, s["dm"], self.g2, s["n2"], s["r2"], s["dx2"], s["hm"], s["mu2"], pb("g2"), pb("b2")
+        )
         w1 = pb("w1")
         du_bar = _lin_adjoint(dm_bar.reshape(R, D), self.w1.t(), s["m"], w1, pb("c1"))
         m_bar = None if w1 is None else torch.mm(s["du"], w1)
@@ -410,13 +416,9 @@ class ViTGrads:
             wbar = blk.adjoint(wbar, s, bars)
         # the head: dh = LN-backward(dz), dWh = dlog^T z, dz = dlog Wh, dlog = (softmax - q) / B
         w = wbar.view(B, D)
-        dn = S["dz"] * self.gf
-        d_dn, nfb, rfb = _ln_back_adjoint(w, dn, S["nf"], S["rf"], S["dxf"], S["hf"], S["muf"])
-        dz_bar = d_dn * self.gf
-        if gf is not None:
-            dz_bar, nfb = torch.addcmul(dz_bar, S["nf"], gf), torch.addcmul(nfb, S["dz"], gf)
-        if bf is not None:
-            dz_bar = dz_bar + bf
+        dz_bar, nfb, rfb = _affine_ln_adjoint(
+            w, S["dz"], self.gf, S["nf"], S["rf"], S["dxf"], S["hf"], S["muf"], gf, bf
+        )
         dlog_bar = _lin_adjoint(dz_bar, self.wh.t(), S["z"], wh, bh)
         z_bar = None if wh is None else torch.mm(S["dlog"], wh)
         logit_bar = torch._softmax_backward_data(dlog_bar / B, S["pi"], -1, dlog_bar.dtype)

@@ -13,6 +13,11 @@ def fmt(v: Any, digits: int = 3) -> str:
     return f"{v:.{digits}f}" if isinstance(v, (int, float)) and not isinstance(v, bool) else str(v)
 
 
+def count(v: Any, missing: str = "?") -> str:
+    """A count with thousands separators; `missing` for anything that is not an int."""
+    return f"{v:,}" if isinstance(v, int) and not isinstance(v, bool) else missing
+
+
 def table(header: Sequence[str], rows: Sequence[Sequence[Any]]) -> str:
     """A Markdown table; cells are written as given (format them with `fmt` first)."""
     lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]

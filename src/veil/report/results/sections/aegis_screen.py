@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from veil.report.results.tables import entry_label, raw_tasks, table
+from veil.report.results.tables import count, entry_label, raw_tasks, table
 
 SOURCES = ("aegis-screen",)
 #: what each variant of the screen is, by (task, defense label)
@@ -26,7 +26,7 @@ CHANGED = (
 
 
 def _n(v: Any) -> str:
-    return f"{v:,}" if isinstance(v, int) else "all the"
+    return count(v, "all the")
 
 
 def _lr(run: dict[str, Any]) -> float:

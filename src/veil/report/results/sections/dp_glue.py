@@ -8,7 +8,7 @@ from __future__ import annotations
 from typing import Any
 
 from veil.report.results.sections.dp import GOAL, curve_rows, entries, fmt_eps, screen_rows
-from veil.report.results.tables import entry_label, mean_std, raw_tasks, table
+from veil.report.results.tables import count, entry_label, mean_std, raw_tasks, table
 
 SOURCES = ("dp-glue", "dp-glue-screen", "dp-head-embedding")
 
@@ -42,7 +42,7 @@ CHANGED = (
 
 
 def _n(v: Any) -> str:
-    return f"{v:,}" if isinstance(v, int) else "?"
+    return count(v, "?")
 
 
 def _setting(entry: dict[str, Any]) -> tuple[str, str]:
