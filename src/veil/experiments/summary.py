@@ -31,7 +31,7 @@ from pathlib import Path
 from typing import Any
 
 from veil.experiments.cells import cell_path, make_attack
-from veil.experiments.scenario import Scenario, label
+from veil.experiments.scenario import Scenario, Task, label
 from veil.metrics.leakage import worst_case
 
 #: a cell whose attack did more than this many times its stated budget is over budget (issue 23:
@@ -42,6 +42,42 @@ _BUDGET_KEYS = ("budget_used", "budget_used_max", "budget_stopped")
 
 def _mean_std(values: list[float]) -> tuple[float, float]:
     return statistics.fmean(values), (statistics.stdev(values) if len(values) > 1 else 0.0)
+
+
+def task_entry(
+    task: Task,
+    samples: int,
+    *,
+    dropout: float | None = None,
+    about: dict[str, Any] | None = None,
+    skipped: dict[str, str] | None = None,
+    attacker_knows: dict[str, str] | None = None,
+    tables: tuple[str, ...] = (),
+) -> dict[str, Any]:
+    """A task's summary entry before its numbers: what was trained and attacked, then the tables
+    every engine fills (see the module doc), empty. `dropout` defaults to the model config's;
+    `about` follows `samples` (the single-step tasks' weights and reference); `tables` are the
+    engine's own, after the common ones (budget; rounds, clients, bytes; split)."""
+    if dropout is None:
+        dropout = float(task.run.model.get("dropout", 0.0) or 0.0)
+    return {
+        "model": task.run.model["name"],
+        "data": task.run.data["name"],
+        "protocol": task.protocol,
+        "dropout": dropout,
+        "knowledge": task.knowledge,
+        "samples": samples,
+        **(about or {}),
+        "utility": {},
+        "leakage": {},
+        "skipped": {} if skipped is None else skipped,
+        "blocked": {},
+        "overhead": {},
+        "step_seconds": {},
+        "attacker_knows": {} if attacker_knows is None else attacker_knows,
+        "worst_case": {},
+        **{name: {} for name in tables},
+    }
 
 
 def build_summary(
@@ -55,25 +91,9 @@ def build_summary(
     """The single-step tasks' entries (see the module doc) from their cells' files and training summaries."""
     tasks: dict[str, Any] = {}
     for task in s.tasks:
-        t: dict[str, Any] = {
-            "model": task.run.model["name"],
-            "data": task.run.data["name"],
-            "protocol": task.protocol,
-            "dropout": float(task.run.model.get("dropout", 0.0) or 0.0),
-            "knowledge": task.knowledge,
-            "samples": task.samples,
-            "weights": task.weights,
-            "reference": task.reference,
-            "utility": {},
-            "leakage": {},
-            "skipped": {},
-            "blocked": {},
-            "overhead": {},
-            "step_seconds": {},
-            "attacker_knows": {},
-            "worst_case": {},
-            "budget": {},
-        }
+        t = task_entry(
+            task, task.samples, about={"weights": task.weights, "reference": task.reference}, tables=("budget",)
+        )
         for d, runs in utility[task.name].items():
             u: dict[str, Any] = {}
             if not runs:  # attacked at its initial weights: nothing trained

@@ -50,6 +50,7 @@ from veil.errors import VeilError
 from veil.experiments.audit import run_dir
 from veil.experiments.cells import make_attack
 from veil.experiments.scenario import Scenario, Task, label
+from veil.experiments.summary import task_entry
 from veil.federated.fedavg.config import federated_config
 from veil.federated.fedavg.runner import federate
 from veil.federated.fedavg.task import spec_from_raw
@@ -194,25 +195,7 @@ def run_task(task: Task, s: Scenario, out: Path, progress: bool = False) -> dict
     """Train and audit every (defense, seed) on Flower; the task's summary entry (see the module doc)."""
     attacks, skipped = plan(task, s)
     knows = {label(a): make_attack(a).knows for a in attacks}
-    t: dict[str, Any] = {
-        "model": task.run.model["name"],
-        "data": task.run.data["name"],
-        "protocol": task.protocol,
-        "dropout": float(task.run.model.get("dropout", 0.0) or 0.0),
-        "knowledge": task.knowledge,
-        "samples": 0,
-        "utility": {},
-        "leakage": {},
-        "skipped": skipped,
-        "blocked": {},
-        "overhead": {},
-        "step_seconds": {},
-        "attacker_knows": knows,
-        "worst_case": {},
-        "rounds": {},
-        "clients": {},
-        "bytes": {},
-    }
+    t = task_entry(task, 0, skipped=skipped, attacker_knows=knows, tables=("rounds", "clients", "bytes"))
     for d in task.defenses:
         runs, events = [], []
         for seed in s.seeds:

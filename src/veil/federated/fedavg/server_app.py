@@ -43,16 +43,14 @@ from veil.federated.fedavg.silo import Schema
 from veil.federated.fedavg.strategy import AuditedStrategy
 from veil.federated.fedavg.task import Spec, client_world, load_arrays, load_spec, model_arrays, round_lr
 from veil.federated.grid import exchange, quick_pulls
-from veil.io import (
-    append_events,
-    atomic_write_text,
-    load_model_weights,
-    load_tensors,
-    save_model_weights,
-    save_tensors,
-    settle,
-    staged,
-    truncate_events,
+from veil.io import append_events, atomic_write_text, save_model_weights, truncate_events
+from veil.training.checkpoint import (
+    load_group,
+    load_optimizer,
+    load_weights,
+    optimizer_tensors,
+    read_state,
+    save_checkpoint,
 )
 from veil.training.loop import evaluate, make_optimizer
 
@@ -90,21 +88,12 @@ class ServerState:
         self.auditor_state: dict[str, Any] = {}
 
     def resume(self) -> None:
-        from veil.training.checkpoint import restore_optimizer
-
-        settle(self.ck)
-        state_path = self.ck / "state.json"
-        if not state_path.is_file():
+        state = read_state(self.ck, "round", "seconds", unit="round")
+        if state is None:
             return
-        state = json.loads(state_path.read_text())
-        load_model_weights(self.model, self.ck / "last.safetensors")
+        load_weights(self.ck, self.model, unit="round")
         if self.opt is not None:
-            path = self.ck / "server_optimizer.safetensors"
-            restore_optimizer(
-                self.opt,
-                load_tensors(path, f"remove '{self.ck}' to restart the run from its first round"),
-                state["optimizer"],
-            )
+            load_optimizer(self.ck, self.opt, "server_optimizer", state["optimizer"], unit="round")
         self.round, self.seconds = int(state["round"]), float(state["seconds"])
         self.auditor_state = state.get("auditor", {})
 
@@ -112,13 +101,7 @@ class ServerState:
         """Give the auditor its checkpointed multi-round memory (resume) and checkpoint it from now on."""
         self.auditor = auditor
         if auditor is not None and auditor.multi and self.round > 0:
-            path = self.ck / "auditor.safetensors"
-            tensors = (
-                load_tensors(path, f"remove '{self.ck}' to restart the run from its first round")
-                if path.is_file()
-                else {}
-            )
-            auditor.load_state(tensors, self.auditor_state)
+            auditor.load_state(load_group(self.ck, "auditor", unit="round", missing_ok=True), self.auditor_state)
 
     def apply(self, agg: ArrayRecord, lr: float) -> None:
         if self.opt is None:
@@ -132,20 +115,14 @@ class ServerState:
         self.opt.step()
 
     def save(self) -> None:
-        from veil.training.checkpoint import optimizer_tensors
-
-        with staged(self.ck) as stage:  # one set: a kill mid-write leaves the previous round whole
-            save_model_weights(self.model, stage / "last.safetensors")
-            state: dict[str, Any] = {"round": self.round, "seconds": self.seconds}
-            if self.opt is not None:
-                tensors, scalars = optimizer_tensors(self.opt)
-                save_tensors(tensors, stage / "server_optimizer.safetensors")
-                state["optimizer"] = scalars
-            if self.auditor is not None and self.auditor.multi:
-                tensors, scalars = self.auditor.state_tensors()
-                save_tensors(tensors, stage / "auditor.safetensors")
-                state["auditor"] = scalars
-            atomic_write_text(stage / "state.json", json.dumps(state))
+        """The round's checkpoint as one set: a kill mid-write leaves the previous round whole."""
+        state: dict[str, Any] = {"round": self.round, "seconds": self.seconds}
+        groups: dict[str, dict[str, torch.Tensor]] = {}
+        if self.opt is not None:
+            groups["server_optimizer"], state["optimizer"] = optimizer_tensors(self.opt)
+        if self.auditor is not None and self.auditor.multi:
+            groups["auditor"], state["auditor"] = self.auditor.state_tensors()
+        save_checkpoint(self.ck, state, groups, self.model)
 
 
 def make_auditor(spec: Spec, state: ServerState, oracle: bool, sizes: dict[int, int] | None = None) -> Auditor | None:

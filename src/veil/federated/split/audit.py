@@ -43,6 +43,7 @@ from veil.errors import VeilError
 from veil.experiments.audit import run_dir
 from veil.experiments.cells import make_attack
 from veil.experiments.scenario import Scenario, Task, label
+from veil.experiments.summary import task_entry
 from veil.federated.split.compare import cached_run
 from veil.federated.split.feature_audit import attack_features, victim_view
 from veil.federated.split.spec import permutes, split_spec_from_raw
@@ -120,23 +121,7 @@ def run_task(task: Task, s: Scenario, out: Path, progress: bool = False) -> dict
     attacks, skipped = attacks_of(task, s)
     victims = int(task.federated.get("victims", 64))
     knows = {label(a): make_attack(a).knows for a in attacks}
-    t: dict[str, Any] = {
-        "model": task.run.model["name"],
-        "data": task.run.data["name"],
-        "protocol": task.protocol,
-        "dropout": 0.0,
-        "knowledge": task.knowledge,
-        "samples": victims,
-        "utility": {},
-        "leakage": {},
-        "skipped": skipped,
-        "blocked": {},
-        "overhead": {},
-        "step_seconds": {},
-        "attacker_knows": knows,
-        "worst_case": {},
-        "split": {},
-    }
+    t = task_entry(task, victims, dropout=0.0, skipped=skipped, attacker_knows=knows, tables=("split",))
     for d in task.defenses:
         dn, runs, cells = label(d), [], []
         for seed in s.seeds:

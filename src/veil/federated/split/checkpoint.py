@@ -28,7 +28,8 @@ import torch
 from flwr.app import ArrayRecord, ConfigRecord, RecordDict
 
 from veil.errors import VeilError
-from veil.io import atomic_write_text, intact, load_tensors, save_tensors, settle, staged, write_checked_text
+from veil.io import intact, load_tensors, save_tensors, write_checked_text
+from veil.training.checkpoint import load_group, read_state, save_checkpoint
 
 RNG = "__torch_rng__"
 
@@ -85,27 +86,17 @@ def load_client_state(state_dir: Path, step: int, spec_text: str) -> RecordDict:
 
 # ---- the server's side: RUN_DIR/checkpoints/ ------------------------------------------------------
 def save_server_state(ckdir: Path, tensors: dict[str, dict[str, torch.Tensor]], state: dict[str, Any]) -> None:
-    """One safetensors file per group of tensors (body, optimiser, cache, ...), then `state.json`,
-    published as one set (`veil.io.staged`)."""
-    with staged(ckdir) as stage:
-        for name, group in tensors.items():
-            save_tensors({k: v.detach().contiguous() for k, v in group.items()}, stage / f"{name}.safetensors")
-        atomic_write_text(stage / "state.json", json.dumps({**state, "groups": sorted(tensors)}))
+    """One safetensors file per group of tensors (body, optimiser, cache, ...), then `state.json`
+    naming the groups (which vary with the protocol), published as one set (`save_checkpoint`)."""
+    save_checkpoint(ckdir, {**state, "groups": sorted(tensors)}, tensors)
 
 
 def load_server_state(ckdir: Path) -> tuple[dict[str, Any], dict[str, dict[str, torch.Tensor]]] | None:
     """`state.json` and its tensor groups, or None when there is no complete checkpoint."""
-    settle(ckdir)
-    path = ckdir / "state.json"
-    if not path.is_file():
+    state = read_state(ckdir, "groups")
+    if state is None:
         return None
-    remedy = f"remove '{ckdir}' to restart the run from its first step"
-    try:
-        state = json.loads(path.read_text())
-        groups = list(state["groups"])
-    except (ValueError, KeyError, TypeError):
-        raise VeilError(f"checkpoint '{path}' is not a readable split-learning state; {remedy}") from None
-    return state, {g: load_tensors(ckdir / f"{g}.safetensors", remedy) for g in groups}
+    return state, {g: load_group(ckdir, g) for g in state["groups"]}
 
 
 def rng_to_json(state: tuple[Any, ...]) -> list[Any]:
