@@ -30,6 +30,7 @@ SMALL = {  # small widths so the whole registry runs in seconds
     "llama-tiny": {"dim": 64, "depth": 2, "mlp_hidden": 96},
     "vit-seg": {"num_classes": 11, "depth": 2},
     "transformer4-mc": {"vocab_size": 30522, "num_classes": 4},
+    "minilm-mc": {},
 }
 
 
