@@ -69,3 +69,20 @@ def test_the_harness_grants_the_pool_and_scores_the_identified_sentence(setup) -
     batch = {k: v[3:4] for k, v in data.test.items()}
     rec, ref, _ = attack_once(create_attack("head-embedding"), model, batch, [], data, "original", 0)
     assert score(rec, ref, data)["rouge1"] == 1.0
+
+
+def test_a_batch_of_four_is_pursued_sentence_by_sentence(setup) -> None:
+    """Batch 4, binary head: dW's rows mix the four embeddings; the matching pursuit over the pool
+    returns the four sentences (a pool smaller than the width represents the mixture uniquely)."""
+    model, data, pool = setup
+    batch = {k: v[4:8] for k, v in data.test.items()}
+    d = DPSGD(clip=1e9, noise_multiplier=0.0, trainable="classifier", chunk=8).attach(model)
+    try:
+        rec = create_attack("head-embedding").reconstruct(
+            observe(model, batch, [d]), Knowledge(batch_size=4, aux_data={"candidates": pool})
+        )
+    finally:
+        d.detach()
+    truth = [batch["input_ids"][i][batch["attention_mask"][i].bool()].tolist() for i in range(4)]
+    assert len(rec.token_ids) == 4 and sorted(rec.token_ids) == sorted(truth)
+    assert rec.stats["residual"] < 1e-6

@@ -288,3 +288,14 @@ def test_metric_keys():
         "seconds",
     )
     assert set(IMAGE_KEYS) | set(TEXT_KEYS) | set(PRESENCE_KEYS) | {"seconds"} == set(METRIC_KEYS)
+
+
+def test_text_report_counts_a_missed_reference_as_a_miss():
+    """Two of four references rebuilt exactly: exact_recovery is 2/4, not 2/2 over the matched pairs."""
+    refs = [[1, 2, 3], [4, 5], [6, 7, 8], [9]]
+    report = text_report(refs, [[6, 7, 8], [4, 5]])
+    assert report["exact_recovery"] == pytest.approx(0.5)
+    assert report["token_accuracy"] == pytest.approx(0.5)
+    assert report["token_recovery"] == pytest.approx(5 / 9)
+    assert report["order"] == [-1, 1, 0, -1]
+    assert report["bag_recall"] == pytest.approx(5 / 9) and report["bag_precision"] == pytest.approx(1.0)

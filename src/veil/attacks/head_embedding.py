@@ -11,8 +11,19 @@ even though no encoder gradient does. The attacker holds the global model, so it
 candidate inputs with the same frozen encoder and returns the candidate whose embedding has the
 highest cosine with h (Song & Raghunathan, CCS 2020, "Information Leakage in Embedding Models":
 embeddings identify their inputs). k is the class with the largest |dL/db_k| (the least noise
-relative to the signal). For a batch of B > 1, dL/dW mixes the B embeddings: the attack then
-returns the best single candidate of the mixture (weak; said in its stats).
+relative to the signal).
+
+For a batch of B > 1, every row of dL/dW is a mixture of the B embeddings,
+
+    dL/dW_k = sum_i (p_ik - y_ik) h_i^T,
+
+so the rows span (part of) span{h_1 .. h_B}: all of it when the classes outnumber the batch
+(C - 1 >= B; the rows sum to zero), one direction for a binary head. The attack then runs a
+simultaneous orthogonal matching pursuit over the embedded pool (Tropp et al., "Algorithms for
+simultaneous sparse approximation", 2006): B times, take the candidate whose unit embedding the
+residual rows R point along most (max ||R c|| / ||c||), then remove from dL/dW its projection on the
+span of the candidates taken so far. It returns the B candidates (stats: `residual`, the part of
+dL/dW the B candidates leave unexplained; 0 when they are the batch and span it).
 
 What it needs is strong: the pool must contain the private input (an attribution / membership
 setting); `Knowledge.aux_data["candidates"]` (the text or image split to search; veil's harness grants
@@ -43,6 +54,21 @@ def embedding_from_head(gW: Tensor, gb: Tensor) -> Tensor:
     return gW[k] / gb[k]
 
 
+def pursue(gW: Tensor, pool: Tensor, picks: int) -> tuple[list[int], float]:
+    """`picks` pool rows chosen by simultaneous orthogonal matching pursuit on the rows of gW, and
+    the fraction of gW's norm the span of the chosen rows leaves unexplained."""
+    g = gW.double()
+    unit = torch.nn.functional.normalize(pool.double(), dim=1)
+    residual, chosen = g, []
+    for _ in range(min(picks, len(pool))):  # one step per sentence of the batch, not per token
+        fit = (residual @ unit.T).norm(dim=0)
+        fit[chosen] = -1.0
+        chosen.append(int(fit.argmax()))
+        basis, _ = torch.linalg.qr(unit[chosen].T)
+        residual = g - (g @ basis) @ basis.T
+    return chosen, float(residual.norm() / g.norm().clamp_min(1e-300))
+
+
 def best_match(h: Tensor, pool: Tensor) -> tuple[int, float, float]:
     """Index of the pool row closest to h in cosine, its cosine, and the margin to the runner-up."""
     cos = torch.nn.functional.cosine_similarity(pool.double(), h.double()[None], dim=1)
@@ -62,8 +88,8 @@ class HeadEmbedding(Attack):
     name = "head-embedding"
     modality = "any"
     knows = (
-        "the classifier's update (batch 1), the frozen global model, and a pool of candidate inputs that holds the "
-        "private one (Knowledge.aux_data['candidates']); not the defense (naive)"
+        "the classifier's update and the batch size, the frozen global model, and a pool of candidate inputs that "
+        "holds the private ones (Knowledge.aux_data['candidates']); not the defense (naive)"
     )
     options_type = HeadEmbeddingOptions
     options: HeadEmbeddingOptions
@@ -83,10 +109,13 @@ class HeadEmbedding(Attack):
             feats = self._pool_features(obs, pool, h.device)
         i, cos, margin = best_match(h, feats)
         stats = {"cosine": cos, "margin": margin, "pool": len(feats), "batch_one_exact": know.batch_size in (None, 1)}
+        picked = [i]
+        if (know.batch_size or 1) > 1:  # the rows of dW mix the batch's embeddings: pursue B of them
+            picked, stats["residual"] = pursue(obs.grad(head, "weight").detach(), feats, know.batch_size)
         if "input_ids" in pool:
-            ids = pool["input_ids"][i][pool["attention_mask"][i].bool()].tolist()
-            return Reconstruction(token_ids=[ids], stats=stats)
-        return Reconstruction(images=pool["pixels"][i : i + 1].clamp(0, 1), stats=stats)
+            masks = pool["attention_mask"].bool()
+            return Reconstruction(token_ids=[pool["input_ids"][j][masks[j]].tolist() for j in picked], stats=stats)
+        return Reconstruction(images=pool["pixels"][picked].clamp(0, 1), stats=stats)
 
     def _pool_features(self, obs: Observation, pool: dict[str, Tensor], device: torch.device) -> Tensor:
         """The pool's embeddings, computed once per model state: the updates of one cell share the
@@ -101,8 +130,8 @@ class HeadEmbedding(Attack):
 
 ATTACKS.register(
     "head-embedding",
-    help="the classifier's input read off its gradient (batch 1), matched to a candidate "
+    help="the classifier's input read off its gradient (batch 1; a matching pursuit for more), matched to a candidate "
     "pool with the frozen model (needs aux_data candidates)",
 )(HeadEmbedding)
 
-__all__ = ["HeadEmbedding", "best_match", "embedding_from_head"]
+__all__ = ["HeadEmbedding", "best_match", "embedding_from_head", "pursue"]

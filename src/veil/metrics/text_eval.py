@@ -42,8 +42,10 @@ def text_report(
 
     With ``match=True`` pairs are chosen by Hungarian matching with cost ``-ROUGE-L`` (or
     ``-token_accuracy`` with ``match_by="token_accuracy"``), ties broken by token accuracy;
-    ``hyps`` may then hold a different number of sequences than ``refs``, and only the
-    ``min(len(refs), len(hyps))`` matched pairs are scored. With ``match=False`` item ``b`` is
+    ``hyps`` may then hold a different number of sequences than ``refs``. A reference left without
+    a reconstruction (fewer hyps than refs) is scored against an empty sequence, a miss: an attack
+    that rebuilds 2 sentences of 8 exactly has exact_recovery 0.25, not 1.0. Surplus hyps (more than
+    refs) compete for the references and the unpaired ones are not scored, except by the bag scores. With ``match=False`` item ``b`` is
     compared with item ``b``. ``ignore`` (e.g. ``{"[CLS]", "[SEP]", "[PAD]"}``) is dropped from the
     word-level scores and not counted by token_recovery; token_accuracy and exact_recovery compare
     the raw sequences. ``moved`` and ``shuffled`` (one bool per reference token: the client's
@@ -55,6 +57,8 @@ def text_report(
         hyp it was paired with (``-1`` if unmatched).
     """
     r, h = _check_texts(refs, hyps, same_len=not match)
+    found = len(h)
+    h = h + [[] for _ in range(len(r) - found)]  # every missed reference scores as an empty reconstruction
     shuffled = moved if shuffled is None else shuffled
     _slot_mask(moved, r, "moved"), _slot_mask(shuffled, r, "shuffled")  # reject a malformed record before matching
     if match:
@@ -76,10 +80,13 @@ def text_report(
     report["token_accuracy"] = token_accuracy(rr, hh)
     report["token_recovery"] = token_recovery(rr, hh, ignore)
     report["exact_recovery"] = exact_recovery(rr, hh)
-    report.update(bag_scores(r, h, ignore))  # every reference and hyp: the bag ignores the pairing
+    report.update(
+        bag_scores(r, h, ignore)
+    )  # every reference and hyp (padding adds no word): the bag ignores the pairing
     report["unshuffled_recovery"] = unshuffled_recovery(
         rr, hh, [shuffled[i] for i in rows] if shuffled is not None else None, ignore
     )
     report["moved_tokens"] = float(moved_tokens(r, moved, ignore))  # every reference, matched or not
-    report["order"] = order_from_match(rows, cols, len(r))
+    paired = cols < found  # a reference paired with a padding row was not reconstructed
+    report["order"] = order_from_match(rows[paired], cols[paired], len(r))
     return report

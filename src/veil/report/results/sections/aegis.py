@@ -41,6 +41,14 @@ def _over_chance(m: dict[str, Any]) -> float:
     return m.get("presence_f1", 0.0) - m.get("presence_random_f1", 0.0)
 
 
+#: attacks that read the classifier's gradient, not a token channel (AEGIS leaves the head clean)
+HEAD_ATTACKS = ("head-embedding",)
+
+
+def token_channels(cells: dict[str, dict[str, Any]]) -> dict[str, dict[str, Any]]:
+    return {a: m for a, m in cells.items() if not a.startswith(HEAD_ATTACKS)}
+
+
 def resists(cells: dict[str, dict[str, Any]]) -> bool:
     """AEGIS's goal on one defense's cells (blocked attacks recovered nothing)."""
     return all(m.get("token_recovery", 0.0) <= SPAN_GOAL and _over_chance(m) <= PRESENCE_MARGIN for m in cells.values())
@@ -68,9 +76,17 @@ def resistance_rows(t: dict[str, Any], model: str) -> list[list[str]]:
     for d, cells in t["leakage"].items():
         tr = max((m.get("token_recovery", 0.0) for m in cells.values()), default=0.0)
         pf = max((_over_chance(m) for m in cells.values()), default=0.0)
-        rows.append([model, d, fmt(tr), f"{pf:+.3f}", "yes" if resists(cells) else "no"])
-    match = next((d for d in _ladder(list(t["leakage"])) if resists(t["leakage"][d])), None)
-    rows.append([model, "**DP-SGD matching AEGIS**", "", "", match or "none of the ladder"])
+        worst = max(cells, key=lambda a: (cells[a].get("token_recovery", 0.0), _over_chance(cells[a])), default="—")
+        verdict = "**yes**" if resists(cells) else "**no**"
+        rows.append(
+            [model, d, fmt(tr), f"{pf:+.3f}", worst, verdict, "yes" if resists(token_channels(cells)) else "no"]
+        )
+    ladder = _ladder(list(t["leakage"]))
+    match = next((d for d in ladder if resists(t["leakage"][d])), None)
+    token_match = next((d for d in ladder if resists(token_channels(t["leakage"][d]))), None)
+    rows.append(
+        [model, "**lowest DP-SGD meeting the goal**", "", "", "", match or "none of the ladder", token_match or "none"]
+    )
     return rows
 
 
@@ -123,17 +139,21 @@ def render(s: dict[str, dict[str, Any]]) -> str:
                     "defense",
                     "best token recovery",
                     "best presence F1 minus random",
-                    "goal met (<= 0.05, <= 0.05)",
+                    "worst attack",
+                    "goal met, every attack (the verdict)",
+                    "goal met, token channels only",
                 ],
                 rrows,
             ),
             "",
-            "**What this goal does not test: the classifier's gradient.** Every attack above reads a token channel "
-            "(embedding rows, Q/K/V spans, the MLP). AEGIS leaves the classifier's (or LM head's) gradient clean, and "
-            "`head-embedding` reads the pooled input of the head off it and identifies the private sentence among "
-            "candidates: under AEGIS it does so as well as without a defense (sections aegis-tag and dp-glue, where "
-            "DP-SGD's noise stops it). A 'yes' here is the token channels' verdict, not the update's; the worst case "
-            "of each defense over every attack is the verdict to read.",
+            "**The verdict is the worst case over every attack.** All attacks but one read a token channel "
+            "(embedding rows, Q/K/V spans, the MLP), which AEGIS closes. AEGIS leaves the classifier's gradient "
+            "clean, and `head-embedding` reads the head's inputs off it (for a batch: a matching pursuit of the 4 "
+            "pooled embeddings over the 200 test sentences the batch is drawn from, the pool of a membership or "
+            "attribution attacker) and returns the sentences it identifies. Where it finds them, the update is not "
+            "protected, whatever the token channels say; the last column is the token channels' verdict alone, for "
+            "comparison with the paper's claim. The decoders have no classifier: head-embedding is blocked there, and "
+            "an LM head's gradient (the next-token targets) is read by the presence attacks.",
             "",
             f"### Utility ({len(utility['seeds'])} seed{'s' if len(utility['seeds']) > 1 else ''})",
             "",
