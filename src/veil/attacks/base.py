@@ -127,6 +127,9 @@ def work_bar(total: int, desc: str) -> Any:
     return tqdm(total=total, desc=desc, unit="it", leave=False, disable=not _PROGRESS["on"])
 
 
+_WORDS = {2: "two", 3: "three", 4: "four"}
+
+
 class Attack:
     """Base class: `reconstruct(observation, knowledge) -> Reconstruction`.
 
@@ -156,6 +159,9 @@ class Attack:
     #: the attack reads R exports of the same client batch (its `rounds` option): the harness hands
     #: it the other R - 1 as ``Knowledge.aux_data["rounds"]`` (a server that sees a client repeatedly)
     needs_rounds: ClassVar[bool] = False
+    #: the fewest attention layers the attack reads, and what the deepest is for ("to resolve
+    #: positions"): `applies_to` skips a model with fewer; (0, ""): no such need
+    needs_attention_layers: ClassVar[tuple[int, str]] = (0, "")
 
     def __init__(self, **settings: Any) -> None:
         self.options = parse_options(self.name, self.options_type, settings)
@@ -175,6 +181,9 @@ class Attack:
         """None if the attack applies to `model`, else the reason it is skipped."""
         if self.modality != "any" and model.modality != self.modality:
             return f"{self.name} attacks {self.modality} models; this model is {model.modality}"
+        layers, why = self.needs_attention_layers
+        if layers and len(model.attention_layers()) < layers:
+            return f"{self.name} needs at least {_WORDS.get(layers, layers)} attention layers {why}"
         return None
 
     def reconstruct(self, obs: Observation, know: Knowledge) -> Reconstruction:

@@ -26,7 +26,6 @@ from veil.attacks.span.core import (
 from veil.attacks.span.peel import Residual, peel_search
 from veil.attacks.span.search import decoder_search, encoder_search
 from veil.errors import VeilError
-from veil.models.base import VeilModel
 
 
 @dataclass(frozen=True)
@@ -63,12 +62,7 @@ class SpanAttack(Attack):
     name = "span"
     knows = "the first layers' Q/K/V gradients, the weights, the vocabulary and batch size; not the defense (naive)"
     modality = "text"
-
-    def applies_to(self, model: VeilModel) -> str | None:
-        reason = super().applies_to(model)
-        if reason is None and len(model.attention_layers()) < 2:
-            return "span needs at least two attention layers to resolve positions"
-        return reason
+    needs_attention_layers = (2, "to resolve positions")
 
     def budget(self) -> dict[str, int]:
         """Candidate sentences scored (decoders: prefixes), all searches together. Every search

@@ -212,12 +212,7 @@ class SpanRobustAttack(Attack):
         "the update, the weights, batch size, length and tokenizer, and that the client trains with dropout at rate p "
         "(from the model config), not the dropout masks"
     )
-
-    def applies_to(self, model: VeilModel) -> str | None:
-        reason = super().applies_to(model)
-        if reason is None and len(model.attention_layers()) < 2:
-            return "span-robust needs at least two attention layers to order tokens into sentences"
-        return reason
+    needs_attention_layers = (2, "to order tokens into sentences")
 
     def budget(self) -> dict[str, int]:
         """{}: no open-ended search; the work is fixed by the input and the options (layer 1:

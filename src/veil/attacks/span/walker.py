@@ -149,6 +149,17 @@ class Walker:
             var[r, i], var[r, j] = x[j], x[i]
         return var
 
+    def _move_to_best(self, score: SentenceScore, var: Tensor) -> bool:
+        """Score the candidate sentences `var` and move to the best one where it beats the current
+        sentence (`pick`); True when it moved."""
+        assert self.cur is not None
+        f, dc, pc = self._objective(score, var)
+        j = pick(f, self.cur[0])
+        if j is None:
+            return False
+        self.x, self.cur, self._pc = var[j : j + 1].clone(), (float(f[j]), float(dc[j])), pc[j : j + 1]
+        return True
+
     def step(self, score: SentenceScore, limit: int | None = None) -> tuple[float, float, Tensor]:
         """One sweep (every position, then the swaps); at a local minimum the next step kicks.
         Returns (objective, [CLS] distance, ids) of the current sentence (the [CLS] distance is
@@ -179,29 +190,13 @@ class Walker:
                 return self._stop()
             var = self.x.repeat(len(moves), 1)
             var[:, t] = moves
-            f, dc, pc = self._objective(score, var[: room(len(var))])
-            j = pick(f, self.cur[0])
-            if j is not None:
-                self.x, self.cur, self._pc, improved = (
-                    var[j : j + 1].clone(),
-                    (float(f[j]), float(dc[j])),
-                    pc[j : j + 1],
-                    True,
-                )
+            improved = self._move_to_best(score, var[: room(len(var))]) or improved
         var = self._swaps()
         if len(var) and spent():
             return self._stop()
         if len(var):
             cut = room(len(var)) < len(var)
-            f, dc, pc = self._objective(score, var[: room(len(var))])
-            j = pick(f, self.cur[0])
-            if j is not None:
-                self.x, self.cur, self._pc, improved = (
-                    var[j : j + 1].clone(),
-                    (float(f[j]), float(dc[j])),
-                    pc[j : j + 1],
-                    True,
-                )
+            improved = self._move_to_best(score, var[: room(len(var))]) or improved
             if cut:  # not every swap was tried: not a sweep
                 return self._stop()
         self.sweeps += 1

@@ -1,8 +1,10 @@
-"""The generic pieces the results sections share: one number format and one Markdown table."""
+"""The generic pieces the results sections share: one number format, one Markdown table, the
+"within N points of the baseline" cells, and the walk over a summary's tasks in the scenario's order."""
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from statistics import mean
 from typing import Any
 
 
@@ -43,3 +45,32 @@ def entry_label(entry: dict[str, Any] | str) -> str:
 def raw_tasks(summary: dict[str, Any]) -> dict[str, dict[str, Any]]:
     """The scenario's own task entries (summary['config']), by task name."""
     return {t["name"]: t for t in summary.get("config", {}).get("tasks", [])}
+
+
+def scenario_tasks(summary: dict[str, Any]) -> Iterator[tuple[str, dict[str, Any], dict[str, Any], list[str]]]:
+    """Every task of the summary as (name, its summary entry, its scenario entry ({} when the
+    summary carries no config), its defense labels in the scenario's order, else the summary's)."""
+    raw = raw_tasks(summary)
+    for name, t in summary["tasks"].items():
+        entry = raw.get(name, {})
+        yield name, t, entry, [entry_label(d) for d in entry.get("defenses", [])] or list(t["utility"])
+
+
+def config_values(summary: dict[str, Any], *path: str, missing: str = "?") -> str:
+    """The setting at `path` of every task's scenario entry (`missing` where it has none), each
+    value once, sorted as text and joined by '/': a note's "{epochs} epochs"."""
+    raw = raw_tasks(summary)
+    values = set()
+    for name in summary["tasks"]:
+        node = raw.get(name, {})
+        for key in path[:-1]:
+            node = node.get(key, {})
+        values.add(node.get(path[-1], missing))
+    return "/".join(str(v) for v in sorted(values, key=str))
+
+
+def within_points(values: Sequence[float], base: Sequence[float], points: float) -> list[str]:
+    """The cells of a "within `points` of the baseline" goal: mean(values) - mean(base) in points
+    (accuracies are fractions; signed, 2 decimals) and "yes" where it is at least -`points`, else "**no**"."""
+    gap = 100 * (mean(values) - mean(base))
+    return [f"{gap:+.2f}", "yes" if gap >= -points else "**no**"]

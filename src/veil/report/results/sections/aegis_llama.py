@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from veil.report.results.tables import entry_label, fmt, raw_tasks, table
+from veil.report.results.tables import fmt, scenario_tasks, table
 
 SOURCES = ("aegis-llama-attacks",)
 METRICS = ("presence_f1", "presence_recall", "token_recovery", "rouge1")
@@ -42,11 +42,9 @@ def _short(reason: str, width: int = 110) -> str:
 
 
 def render(summary: dict[str, Any]) -> str:
-    raw = raw_tasks(summary)
     parts, meta = [], {"samples": "?", "batch": "?"}
-    for name, t in summary["tasks"].items():
+    for _, t, _, defenses in scenario_tasks(summary):
         meta = {"samples": t.get("samples", "?"), "batch": t.get("knowledge", {}).get("batch_size", "?")}
-        defenses = [entry_label(d) for d in raw.get(name, {}).get("defenses", [])] or list(t["utility"])
         util = [
             [
                 d,

@@ -7,7 +7,7 @@ from __future__ import annotations
 from typing import Any
 
 from veil.report.results.sections.aegis_recipe import recipe_table
-from veil.report.results.tables import entry_label, raw_tasks
+from veil.report.results.tables import scenario_tasks
 
 SOURCES = ("aegis-pretrained-decoders",)
 NOTE = (
@@ -26,10 +26,8 @@ NOTE = (
 
 
 def render(summary: dict[str, Any]) -> str:
-    raw = raw_tasks(summary)
     parts = []
-    for name, t in summary["tasks"].items():
-        defenses = [entry_label(d) for d in raw.get(name, {}).get("defenses", [])] or list(t["utility"])
+    for _, t, _, defenses in scenario_tasks(summary):
         parts.append(f"**`{t['model']}` (pretrained) on `{t['data']}`**\n\n{recipe_table(t, defenses)}")
     body = "\n\n".join(parts)
     return (

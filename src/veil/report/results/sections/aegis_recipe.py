@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from veil.report.results.tables import entry_label, fmt, raw_tasks, table
+from veil.report.results.tables import fmt, scenario_tasks, table
 
 SOURCES = ("aegis-decoder-recipe",)
 ROLE = {
@@ -79,11 +79,9 @@ def recipe_table(t: dict[str, Any], defenses: list[str]) -> str:
 
 
 def render(summary: dict[str, Any]) -> str:
-    raw = raw_tasks(summary)
     parts, meta = [], {"batch": "?", "samples": "?"}
-    for name, t in summary["tasks"].items():
+    for _, t, _, defenses in scenario_tasks(summary):
         meta = {"batch": t.get("knowledge", {}).get("batch_size", "?"), "samples": t.get("samples", "?")}
-        defenses = [entry_label(d) for d in raw.get(name, {}).get("defenses", [])] or list(t["utility"])
         parts.append(f"**`{t['model']}` on `{t['data']}`**\n\n{recipe_table(t, defenses)}")
     note = NOTE.format(seeds=summary["seeds"], **meta)
     body = "\n\n".join(parts)

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from veil.report.results.tables import count, entry_label, raw_tasks, table
+from veil.report.results.tables import count, raw_tasks, scenario_tasks, table
 
 SOURCES = ("aegis-screen",)
 #: what each variant of the screen is, by (task, defense label)
@@ -39,9 +39,8 @@ def render(summary: dict[str, Any]) -> str:
     base_task = min(raw, key=lambda n: _lr(raw[n]["run"])) if raw else next(iter(summary["tasks"]))
     base = summary["tasks"][base_task]["utility"].get("none", {}).get("test_accuracy_values", [])
     rows = []
-    for name, t in summary["tasks"].items():
-        lr = _lr(raw.get(name, {}).get("run", {}))
-        entries = [entry_label(d) for d in raw.get(name, {}).get("defenses", [])] or list(t["utility"])
+    for name, t, entry, entries in scenario_tasks(summary):
+        lr = _lr(entry.get("run", {}))
         for d in entries:
             u = t["utility"].get(d, {})
             role = ROLE.get(d, "undefended" if d == "none" else "AEGIS (defaults)" if d == "aegis" else d)

@@ -4,10 +4,9 @@ with and without MJP on digits, from configs/paper/mjp_table1_models.yaml
 
 from __future__ import annotations
 
-from statistics import mean
 from typing import Any
 
-from veil.report.results.tables import entry_label, mean_std, raw_tasks, table
+from veil.report.results.tables import config_values, mean_std, scenario_tasks, table, within_points
 
 SOURCES = ("mjp-table1-models",)
 #: the paper's ImageNet-1K top-1 (%) without and with MJP, by our task's architecture
@@ -23,22 +22,19 @@ NOTE = (
 
 
 def render(summary: dict[str, Any]) -> str:
-    raw = raw_tasks(summary)
-    rows, epochs = [], set()
-    for name, t in summary["tasks"].items():
-        labels = [entry_label(d) for d in raw.get(name, {}).get("defenses", [])] or list(t["utility"])
-        epochs.add(raw.get(name, {}).get("run", {}).get("train", {}).get("epochs", "?"))
+    rows = []
+    for name, t, _, labels in scenario_tasks(summary):
         base = t["utility"]["none"]["test_accuracy_values"]
         for d in labels:
             if d == "none":
                 continue
             acc = t["utility"][d]["test_accuracy_values"]
-            diff = 100 * (mean(acc) - mean(base))
             paper = PAPER.get(name)
             ratio = t.get("overhead", {}).get(d)
             rows.append(
-                [f"{name} (`{t['model']}`)", d, len(acc), mean_std(base, 100.0), mean_std(acc, 100.0), f"{diff:+.2f}"]
-                + ["yes" if diff >= -1.0 else "**no**", "—" if ratio is None else f"{ratio:.2f}"]
+                [f"{name} (`{t['model']}`)", d, len(acc), mean_std(base, 100.0), mean_std(acc, 100.0)]
+                + within_points(acc, base, 1.0)
+                + ["—" if ratio is None else f"{ratio:.2f}"]
                 + ([f"{paper[0]}: {paper[1]} → {paper[2]}"] if paper else ["—"])
             )
     header = ["architecture (model)", "defense", "seeds", "undefended (%)", "MJP (%)", "MJP - undefended (points)"]
@@ -49,5 +45,6 @@ def render(summary: dict[str, Any]) -> str:
         if len(summary["seeds"]) == 1
         else " Accuracy: mean ± std over the seeds."
     )
-    note = NOTE.format(epochs="/".join(str(e) for e in sorted(epochs, key=str)), seeds=summary["seeds"], single=single)
+    epochs = config_values(summary, "run", "train", "epochs")
+    note = NOTE.format(epochs=epochs, seeds=summary["seeds"], single=single)
     return f"### MJP across architectures (Table I analogue)\n\n{note}\n\n{table(header, rows)}"

@@ -4,10 +4,9 @@ accuracy, mIoU, mAcc) on digit mosaics, from configs/paper/mjp_table3_segmentati
 
 from __future__ import annotations
 
-from statistics import mean
 from typing import Any
 
-from veil.report.results.tables import entry_label, mean_std, raw_tasks, table
+from veil.report.results.tables import mean_std, scenario_tasks, table, within_points
 
 SOURCES = ("mjp-table3-segmentation",)
 NOTE = (
@@ -27,23 +26,20 @@ NOTE = (
 
 
 def render(summary: dict[str, Any]) -> str:
-    raw = raw_tasks(summary)
     rows, meta = [], {}
-    for name, t in summary["tasks"].items():
-        run = raw.get(name, {}).get("run", {})
+    for _, t, entry, labels in scenario_tasks(summary):
+        run = entry.get("run", {})
         meta = {"epochs": run.get("train", {}).get("epochs", "?")}
         data = run.get("data") if isinstance(run.get("data"), dict) else {}
         meta.update(train=data.get("train_size", 2000), test=data.get("test_size", 500))
-        labels = [entry_label(d) for d in raw.get(name, {}).get("defenses", [])] or list(t["utility"])
         base = t["utility"]["none"].get("test_miou_values", [])
         for d in labels:
             u = t["utility"][d]
             miou = u.get("test_miou_values", [])
-            diff = "—" if d == "none" else f"{100 * (mean(miou) - mean(base)):+.2f}"
-            within = "—" if d == "none" else ("yes" if 100 * (mean(miou) - mean(base)) >= -1.0 else "**no**")
             rows.append(
                 [f"`{t['model']}` on `{t['data']}`", d, len(miou), mean_std(u["test_accuracy_values"], 100.0)]
-                + [mean_std(miou, 100.0), mean_std(u.get("test_macc_values", []), 100.0), diff, within]
+                + [mean_std(miou, 100.0), mean_std(u.get("test_macc_values", []), 100.0)]
+                + (["—", "—"] if d == "none" else within_points(miou, base, 1.0))
             )
     header = [
         "task",

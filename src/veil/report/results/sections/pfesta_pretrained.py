@@ -4,10 +4,9 @@
 
 from __future__ import annotations
 
-from statistics import mean
 from typing import Any
 
-from veil.report.results.tables import entry_label, fmt, mean_std, raw_tasks, table
+from veil.report.results.tables import config_values, fmt, mean_std, scenario_tasks, table, within_points
 
 SOURCES = ("pfesta-pretrained-head",)
 NOTE = (
@@ -36,20 +35,16 @@ NOTE = (
 
 
 def render(summary: dict[str, Any]) -> str:
-    raw = raw_tasks(summary)
-    rows, epochs = [], set()
+    rows = []
     attacks = sorted({a for t in summary["tasks"].values() for leak in t["leakage"].values() for a in leak})
-    for name, t in summary["tasks"].items():
-        epochs.add(raw.get(name, {}).get("federated", {}).get("epochs", "?"))
-        labels = [entry_label(d) for d in raw.get(name, {}).get("defenses", [])] or list(t["utility"])
+    for name, t, _, labels in scenario_tasks(summary):
         sl = t["utility"].get("sl", {}).get("test_accuracy_values")
         for d in labels:
             acc = t["utility"][d]["test_accuracy_values"]
             diff = within = "—"
             if sl and d != "sl":
-                gap = 100 * (mean(acc) - mean(sl))
-                diff = f"{gap:+.2f}"
-                within = ("yes" if gap >= -3.0 else "**no**") if d.startswith("pfesta") else "—"
+                diff, within = within_points(acc, sl, 3.0)
+                within = within if d.startswith("pfesta") else "—"
             leak = t["leakage"].get(d, {})
             e = t["split"].get(d, {})
             mb = e.get("bytes_per_client")
@@ -59,5 +54,5 @@ def render(summary: dict[str, Any]) -> str:
             )
     header = ["start", "protocol", "seeds", "classify accuracy (%)", "minus SL (points)", "within 3 points of SL"]
     header += ["bytes / client", *[f"PSNR `{a}`" for a in attacks]]
-    note = NOTE.format(epochs="/".join(str(e) for e in sorted(epochs, key=str)), seeds=summary["seeds"])
+    note = NOTE.format(epochs=config_values(summary, "federated", "epochs"), seeds=summary["seeds"])
     return f"### p-FeSTA with a pretrained frozen head\n\n{note}\n\n{table(header, rows)}"
