@@ -24,7 +24,7 @@ from veil.attacks.span.core import (
     vocabulary,
 )
 from veil.attacks.span.peel import Residual, peel_search
-from veil.attacks.span.search import decoder_search, encoder_search
+from veil.attacks.span.search import SearchInput, decoder_search, encoder_search
 from veil.errors import VeilError
 
 
@@ -118,33 +118,19 @@ class SpanAttack(Attack):
                     seqs, info = found
                     info = {"search": "peel", **info}
                 elif model.task == "lm":
-                    seqs, info = decoder_search(
-                        model,
-                        span2,
-                        cands,
-                        specials,
-                        beam=o.beam,
-                        tol2=tol2,
-                        seed=seed,
-                        batch_size=know.batch_size,
-                        budget=budget,
-                    )
+                    search = SearchInput(model, span2, cands, specials, tol2, know.batch_size)
+                    seqs, info = decoder_search(search, beam=o.beam, budget=budget)
                 else:
                     if o.layernorm_positions:
                         pinned = pin_positions(obs, cands, o.tol_ln)
                         cands = pinned[0] if pinned is not None else cands
                     seqs, info = encoder_search(
-                        model,
-                        span2,
-                        cands,
-                        specials,
+                        SearchInput(model, span2, cands, specials, tol2, know.batch_size),
+                        seed=seed,
                         restarts=o.restarts,
                         sweeps=o.sweeps,
-                        budget=budget,
                         pins=pinned[1] if pinned else None,
-                        tol2=tol2,
-                        seed=seed,
-                        batch_size=know.batch_size,
+                        budget=budget,
                     )
                     info = {"search": "assignment", **info}
         finally:

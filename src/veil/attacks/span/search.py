@@ -35,6 +35,20 @@ from veil.attacks.span.core import Span, last_position, layer_inputs
 from veil.models.base import VeilModel
 
 
+@dataclass(frozen=True)
+class SearchInput:
+    """What a whole-sentence search starts from (the decoder's and the encoder's alike): the model
+    and its layer-2 span, each position's layer-1 candidate tokens, the tokenizer's special ids,
+    the layer-2 tolerance and the batch size (None: the most candidates at one position)."""
+
+    model: VeilModel
+    span2: Span
+    cands: list[Tensor]
+    specials: Any
+    tol2: float
+    batch_size: int | None
+
+
 def sentence_costs(model: VeilModel, span2: Span, ids: Tensor, mask: Tensor) -> Tensor:
     """Per-position layer-2 span distance (N, T) of sentences `ids`; 0 at padding."""
     return span2.distance(layer_inputs(model, ids, mask)).float().cpu() * mask
@@ -42,23 +56,15 @@ def sentence_costs(model: VeilModel, span2: Span, ids: Tensor, mask: Tensor) -> 
 
 # ----------------------------------------------------------------------------- decoder
 def decoder_search(
-    model: VeilModel,
-    span2: Span,
-    cands: list[Tensor],
-    specials: Any,
-    *,
-    tol2: float,
-    seed: int,
-    batch_size: int | None,
-    beam: int | None = None,
-    budget: int = 500_000,
+    inp: SearchInput, *, beam: int | None = None, budget: int = 500_000
 ) -> tuple[list[list[int]], dict[str, Any]]:
     """Greedy left-to-right extension of prefixes (see the module docstring); stops extending once
     `budget` prefixes are scored (a position's extensions are cut at what is left of it)."""
+    model, span2, cands, specials, tol2 = inp.model, inp.span2, inp.cands, inp.specials, inp.tol2
     T = last_position(cands)
     if T == 0:
         return [], {"prefixes_tested": 0, "note": "no token passes layer 1 (dropout or noise? raise tol1)"}
-    B = batch_size or max((len(c) for c in cands), default=1)
+    B = inp.batch_size or max((len(c) for c in cands), default=1)
     beam = int(beam or 4 * B)
     active: list[list[int]] = [[]]
     scores: list[float] = [0.0]
@@ -230,14 +236,9 @@ def carry(ids: Tensor, lay: _Layout, kept: list[list[int]]) -> set[int]:
 
 
 def encoder_search(
-    model: VeilModel,
-    span2: Span,
-    cands: list[Tensor],
-    specials: Any,
+    inp: SearchInput,
     *,
-    tol2: float,
     seed: int,
-    batch_size: int | None,
     restarts: int = 4,
     sweeps: int = 12,
     pins: dict[int, int] | None = None,
@@ -246,13 +247,14 @@ def encoder_search(
     """Length hypotheses x restarts x coordinate sweeps; solved sentences are frozen and carried
     across restarts and layouts (see the module docstring). `budget` caps the candidate sentences
     scored (counted work, never time: the result does not depend on the machine's load)."""
+    model, span2, cands, specials, tol2 = inp.model, inp.span2, inp.cands, inp.specials, inp.tol2
     start = time.perf_counter()
     T = last_position(cands)
     if T == 0:
         return [], {"sentences_scored": 0, "note": "no token passes layer 1 (dropout or noise? raise tol1)"}
     sets = [c.tolist() for c in cands[:T]]
     sep, pad = specials.sep, specials.pad if specials.pad is not None else 0
-    B = batch_size or max([len(s) for s in sets] + [1])
+    B = inp.batch_size or max([len(s) for s in sets] + [1])
     rng = np.random.default_rng(seed)
     pinned = set(pins or {})
     content = [sorted((v for v in s if v != sep), key=lambda v: v not in pinned) for s in sets]  # pinned first
