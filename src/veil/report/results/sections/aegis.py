@@ -49,9 +49,18 @@ def token_channels(cells: dict[str, dict[str, Any]]) -> dict[str, dict[str, Any]
     return {a: m for a, m in cells.items() if not a.startswith(HEAD_ATTACKS)}
 
 
+def _leaks(attack: str, m: dict[str, Any]) -> bool:
+    """Over the goal. A head attack returns real pool sentences, whose common words overlap any
+    batch: its token and presence figures have no random-guess baseline here, so it is judged by
+    the sentences it identifies (exact_recovery; a random pick of B of N identifies B/N = 0.02)."""
+    if attack.startswith(HEAD_ATTACKS):
+        return m.get("exact_recovery", 0.0) > SPAN_GOAL
+    return m.get("token_recovery", 0.0) > SPAN_GOAL or _over_chance(m) > PRESENCE_MARGIN
+
+
 def resists(cells: dict[str, dict[str, Any]]) -> bool:
     """AEGIS's goal on one defense's cells (blocked attacks recovered nothing)."""
-    return all(m.get("token_recovery", 0.0) <= SPAN_GOAL and _over_chance(m) <= PRESENCE_MARGIN for m in cells.values())
+    return not any(_leaks(a, m) for a, m in cells.items())
 
 
 def _ladder(defenses: list[str]) -> list[str]:
@@ -76,7 +85,11 @@ def resistance_rows(t: dict[str, Any], model: str) -> list[list[str]]:
     for d, cells in t["leakage"].items():
         tr = max((m.get("token_recovery", 0.0) for m in cells.values()), default=0.0)
         pf = max((_over_chance(m) for m in cells.values()), default=0.0)
-        worst = max(cells, key=lambda a: (cells[a].get("token_recovery", 0.0), _over_chance(cells[a])), default="—")
+        worst = max(
+            cells,
+            key=lambda a: (_leaks(a, cells[a]), cells[a].get("token_recovery", 0.0), _over_chance(cells[a])),
+            default="—",
+        )
         verdict = "**yes**" if resists(cells) else "**no**"
         rows.append(
             [model, d, fmt(tr), f"{pf:+.3f}", worst, verdict, "yes" if resists(token_channels(cells)) else "no"]
@@ -150,10 +163,14 @@ def render(s: dict[str, dict[str, Any]]) -> str:
             "(embedding rows, Q/K/V spans, the MLP), which AEGIS closes. AEGIS leaves the classifier's gradient "
             "clean, and `head-embedding` reads the head's inputs off it (for a batch: a matching pursuit of the 4 "
             "pooled embeddings over the 200 test sentences the batch is drawn from, the pool of a membership or "
-            "attribution attacker) and returns the sentences it identifies. Where it finds them, the update is not "
+            "attribution attacker) and returns the sentences it identifies. Where it finds one, the update is not "
             "protected, whatever the token channels say; the last column is the token channels' verdict alone, for "
-            "comparison with the paper's claim. The decoders have no classifier: head-embedding is blocked there, and "
-            "an LM head's gradient (the next-token targets) is read by the presence attacks.",
+            "comparison with the paper's claim. head-embedding is judged by the sentences it identifies exactly "
+            "(exact recovery <= 0.05: none of the 4; a random pick of 4 of the 200 identifies 4/200 = 0.02 of them "
+            "on average): its token recovery and presence F1 count the common words any 4 pool sentences share with "
+            "the batch, and the random-guess F1 beside them is not that baseline (a chance score measured by drawing "
+            "random pool sentences is not in the engine yet). The decoders have no classifier: head-embedding is "
+            "blocked there. One sample (one batch of 4) per cell: a single identified sentence reads 0.25.",
             "",
             f"### Utility ({len(utility['seeds'])} seed{'s' if len(utility['seeds']) > 1 else ''})",
             "",
