@@ -146,8 +146,10 @@ def test_the_table7_section_reports_each_gamma_against_undefended() -> None:
         "none": {"test_accuracy_values": [0.50]},
         "mjp(gamma=0.5,window=32)": {"test_accuracy_values": [0.485]},
         "mjp(gamma=0.1,window=32)": {"test_accuracy_values": [0.505]},
+        "mjp(gamma=0.3,window=32)": {"test_accuracy_values": [0.49]},  # exactly 1 point below, a hair more in floats
     }
     entries = ["none", {"name": "mjp", "gamma": 0.5, "window": 32}, {"name": "mjp", "gamma": 0.1, "window": 32}]
+    entries.append({"name": "mjp", "gamma": 0.3, "window": 32})
     summary = {
         "seeds": [0],
         "tasks": {"t": {"utility": util}},
@@ -155,7 +157,11 @@ def test_the_table7_section_reports_each_gamma_against_undefended() -> None:
     }
     text = mjp_table7.render(summary)
     lines = [x for x in text.splitlines() if x.startswith("| ")]
-    assert lines[1].startswith("| 0.0 (none) | none | 1 | 50.00 ± 0.00 | — | — |")
-    assert lines[2] == "| 0.1 | mjp(gamma=0.1,window=32) | 1 | 50.50 ± 0.00 | +0.50 | yes |"  # sorted by gamma
-    assert lines[3] == "| 0.5 | mjp(gamma=0.5,window=32) | 1 | 48.50 ± 0.00 | -1.50 | **no** |"
+    assert lines[1] == "| 0.0 (none) | none | 1 | 50.00 ± 0.00 | 25.0 | +25.00 | — | — |"
+    assert lines[2] == "| 0.1 | mjp(gamma=0.1,window=32) | 1 | 50.50 ± 0.00 | 25.0 | +25.50 | +0.50 | yes |"  # by gamma
+    assert lines[3] == "| 0.3 | mjp(gamma=0.3,window=32) | 1 | 49.00 ± 0.00 | 25.0 | +24.00 | -1.00 | yes |"
+    assert lines[4] == "| 0.5 | mjp(gamma=0.5,window=32) | 1 | 48.50 ± 0.00 | 25.0 | +23.50 | -1.50 | **no** |"
     assert "2,000 training items" in text and "(40 tokens" in text
+    assert "largest drop under MJP is 1.50 points; gamma 0.5 misses the 1-point goal" in text
+    util["none"]["test_accuracy_values"] = [0.26]  # an undefended model at chance: the gaps mean nothing
+    assert "stays near chance here (26.0 %)" in mjp_table7.render(summary)
