@@ -171,3 +171,17 @@ def test_optimisation_attacks_run_against_a_model_with_defense_parameters() -> N
             create_attack(name, iterations=10), model, batch, defenses, data, "original", 0, {"labels": True}
         )
         assert "token_recovery" in score(rec, ref, data)
+
+
+def test_tag_on_a_rope_decoder_takes_the_known_length_and_recovers_tokens(sst2):
+    """llama has no position table (RoPE): no length leaks through one, so the dummy takes the known
+    (padded) length, and TAG still matches the gradient and recovers the sentence's bag of tokens;
+    the slots past the true end are filled with repeats, so positions come out shifted (measured
+    token_recovery 0.5 on this sentence of 10 tokens in 12 slots)."""
+    model = _model("llama-tiny", sst2.meta["vocab_size"])
+    batch = _batch(sst2, [1])
+    rec, rep = _attack("tag", model, sst2, batch, iterations=200)
+    assert len(rec.token_ids[0]) == 12 + 1  # the known seq_len (no position table's rows), then the unseen [SEP]
+    assert rec.stats["final_loss"] < 0.1 * rec.stats["initial_loss"]
+    assert rep["rouge1"] >= 0.75, (rep, rec.token_ids)
+    assert rep["token_recovery"] > _random_baseline(_refs(batch), sst2.meta["vocab_size"]), (rep, rec.token_ids)

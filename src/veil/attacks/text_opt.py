@@ -50,7 +50,7 @@ from veil.attacks.base import Attack, Knowledge, Observation, Reconstruction, se
 from veil.attacks.options import Options, option
 from veil.attacks.presence import embedding_row_norms, present_tokens
 from veil.errors import VeilError
-from veil.models.base import VeilModel
+from veil.models.base import NoPositionTable, VeilModel
 
 
 # ----------------------------------------------------------------------------- what is matched
@@ -70,9 +70,15 @@ def matched_gradients(obs: Observation, attack: str) -> dict[str, Tensor]:
 
 
 def dummy_length(obs: Observation, know: Knowledge) -> int:
-    """Last position with a non-zero position-table gradient + 1, else the known sequence length."""
-    table = obs.model.position_table()
-    limit = table.reshape(-1, table.shape[-1]).shape[0]
+    """Last position with a non-zero position-table gradient + 1, else the known sequence length.
+
+    A model without a position table (RoPE rotates queries and keys; nothing per position is
+    trained) leaks no length this way: the dummy takes the known length, capped at the model's."""
+    limit = obs.model.max_positions()
+    try:
+        table = obs.model.position_table()
+    except NoPositionTable:
+        return min(int(know.seq_len or limit), limit)
     if obs.has_grad(table):
         rows = obs.grad(table).reshape(-1, table.shape[-1]).float().norm(dim=1)
         used = torch.nonzero(rows > 1e-12 * rows.max().clamp_min(1e-30)).flatten()

@@ -29,10 +29,12 @@ SPAN = (
     "still holds the inputs, but each input is RMSNorm(E[v]), the same vector at every position: the candidates "
     "shrink to |V| and the first layer yields the bag of tokens, never their order; order has to come from deeper "
     "layers whose inputs mix earlier tokens, which a search must test as whole prefixes (`span-unfrozen`'s way on "
-    "the MLP down-projection), not (token, position) pairs. veil's span, TAG and LAMP build on the table (TAG and "
-    "LAMP read the length off its gradient), so on this model they refuse in one line; `presence` and "
-    "`span-unfrozen` are the text attacks that run (docs/models.md). A stronger attacker would run a bag-of-tokens "
-    "span test at layer 0 and a prefix search above it: the refusals here are not protection."
+    "the MLP down-projection), not (token, position) pairs. veil's span attacks build on the table, so on this "
+    "model they refuse in one line. TAG and LAMP optimise the inputs through the model's own forward (RoPE "
+    "included); on an absolute-table model they read the sentence length off the table's gradient, here no "
+    "length leaks that way, so the dummy takes the known (padded) length and the slots past a sentence's end "
+    "come out as repeats, which shifts positions (docs/models.md). A stronger attacker would run a bag-of-tokens "
+    "span test at layer 0 and a prefix search above it: the span refusals here are not protection."
 )
 
 
