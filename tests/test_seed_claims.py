@@ -139,3 +139,31 @@ def test_the_section_waits_until_every_source_is_collected(tmp_path) -> None:
     assert render_section(section, tmp_path) is None
     write_checked_text(tmp_path / f"{sc.SOURCES[-1]}.json", json.dumps({"tasks": {}}))
     assert render_section(section, tmp_path).startswith("## Seed claims")
+
+
+def test_pfesta_with_the_split_audits_own_labels_and_no_naive_figure() -> None:
+    """The split audit's labels and `knows` as veil's attacks state them: `feature_inversion(unshuffle=False)`
+    is the naive decoder; without any naive figure a knowing attacker as good as FeSTA's still refutes."""
+    from veil.attacks import create_attack
+
+    knows = {
+        "feature_inversion": create_attack("feature_inversion").knows,
+        "feature_inversion(unshuffle=False)": create_attack("feature_inversion", unshuffle=False).knows,
+    }
+    assert knows["feature_inversion(unshuffle=False)"].endswith("(naive)")
+    assert not knows["feature_inversion"].endswith("(naive)")
+    leak = {
+        "festa": {"feature_inversion": {"psnr": 25.6}},
+        "pfesta": {"feature_inversion": {"psnr": 25.6}, "feature_inversion(unshuffle=False)": {"psnr": 9.7}},
+    }
+    got = row(render({"split": {"tasks": {"t": task("vit-digits", leak, knows)}}}), "p-FeSTA", "permuted")
+    assert got[4] == "**refuted**" and "9.7 dB" in got[2] and "25.6 dB" in got[3]
+    del leak["pfesta"]["feature_inversion(unshuffle=False)"]
+    got = row(
+        render(
+            {"split": {"tasks": {"t": task("vit-digits", leak, {"feature_inversion": knows["feature_inversion"]})}}}
+        ),
+        "p-FeSTA",
+        "permuted",
+    )
+    assert got[4] == "**refuted**" and got[2] == "not measured"

@@ -128,6 +128,14 @@ class FeatureInversion(_FeatureAttack):
     options_type = FeatureInversionOptions
     options: FeatureInversionOptions
 
+    def __init__(self, **settings: object) -> None:
+        super().__init__(**settings)
+        if self.options.unshuffle is False:  # the decoder of 1. alone: blind to the permutation
+            self.knows = (
+                "the intercepted features, query access to the frozen head and public auxiliary images; "
+                "not the permutation (naive)"
+            )
+
     def unshuffles(self, know: Knowledge) -> bool:
         """Whether this run un-shuffles: forced by ``unshuffle``, else when the permutation is known to be on."""
         mode = self.options.unshuffle

@@ -185,9 +185,13 @@ def verdict(claim: Claim, ev: dict[str, list[tuple[float, str]]]) -> str:
     if claim.kind == "features":
         plain = max((v for v, _ in ev["plain"]), default=None)
         naive = max((v for v, _ in ev["naive"]), default=None)
-        if plain is None or naive is None:
+        if plain is None:
             return "open"
-        return "refuted" if best >= plain - 3 else "confirmed" if best <= naive + 3 else "partly"
+        if best >= plain - 3:  # refuting needs only the unpermuted inversion beside it
+            return "refuted"
+        if naive is None:
+            return "open"
+        return "confirmed" if best <= naive + 3 else "partly"
     return "refuted" if best >= 0.5 else "confirmed" if best <= 0.05 else "partly"
 
 
