@@ -167,3 +167,12 @@ def test_the_mjp_section_renders_each_table_from_its_scenario() -> None:
     assert "| none | 90.00 | 60.00 | 30.00 |" in text and "met (10.00 vs 30.00 points)" in text
     assert "| mjp | 70.00 ± 0.00 |" in text
     assert "| ViT (vit-digits) on digits, none | 36.40 |" in text and "| Transformer4 on SST-2, none | 5.00 |" in text
+
+
+def test_within_points_is_hand_computed_and_exactly_n_points_is_within() -> None:
+    from veil.report.results.tables import within_points
+
+    assert within_points([0.49], [0.50], 1.0) == ["-1.00", "yes"]  # 100 * (0.49 - 0.50) = -1.0000000000000009
+    assert within_points([0.485], [0.50], 1.0) == ["-1.50", "**no**"]
+    assert within_points([0.70, 0.72], [0.68], 3.0) == ["+3.00", "yes"]
+    assert within_points([0.62], [0.68], 3.0) == ["-6.00", "**no**"]

@@ -8,11 +8,9 @@ from __future__ import annotations
 from statistics import mean
 from typing import Any
 
-from veil.report.results.tables import count, entry_label, mean_std, raw_tasks, table
+from veil.report.results.tables import count, entry_label, mean_std, raw_tasks, table, within_points
 
 SOURCES = ("mjp-table7-mcqa",)
-#: float slack on the 1-point goal: 6 of 600 items is exactly 1 point, which float division puts a hair below
-TOL = 1e-9
 #: how each multiple-choice model is built (the scenario names one)
 MODELS = {
     "minilm-mc": (
@@ -78,11 +76,10 @@ def render(summary: dict[str, Any]) -> str:
         base = meta["base"] = mean(t["utility"]["none"]["test_accuracy_values"])
         for d, e in pairs:
             acc = t["utility"][d]["test_accuracy_values"]
-            gap = 100 * (mean(acc) - base)
             over = 100 * mean(acc) - meta["chance"]
             rows.append(
                 [gamma_of(d, e), d, len(acc), mean_std(acc, 100.0), f"{meta['chance']:.1f}", f"{over:+.2f}"]
-                + (["—", "—"] if d == "none" else [f"{gap:+.2f}", "yes" if gap >= -1.0 - TOL else "**no**"])
+                + (["—", "—"] if d == "none" else within_points(acc, [base], 1.0))
             )
         if 100 * base < meta["chance"] + 5:
             verdicts.append(
