@@ -15,6 +15,20 @@ from veil.models import VeilModel
 if TYPE_CHECKING:
     import pytest
 
+#: news-like sentences of at least 8 words (and one too short) for the multiple-choice QA tests
+MC_TEXTS = [
+    "the team won the final match of the season at home on sunday",
+    "oil prices rose again as traders worried about supply in the gulf",
+    "the new phone ships with a faster chip and a larger screen next month",
+    "rain delayed the opening game of the series for three hours",
+    "the central bank kept its key rate unchanged for the fourth time",
+    "scientists found water ice near the south pole of the moon",
+    "too short",
+    "the company said profits fell sharply in the third quarter",
+    "the striker scored twice as the club beat its old rivals",
+]
+
+
 SMALL = {  # small widths so the whole registry runs in seconds
     "vit-digits": {},
     "vit-tiny": {"depth": 2},

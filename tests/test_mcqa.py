@@ -7,21 +7,12 @@ import numpy as np
 import pytest
 import torch
 
+from helpers import MC_TEXTS
 from veil.data.multiple_choice import build_split, draw_choices, encode_pairs, split_halves
 from veil.data.tokenizers import WordTokenizer
 from veil.errors import VeilError
 
-TEXTS = [
-    "the team won the final match of the season at home on sunday",
-    "oil prices rose again as traders worried about supply in the gulf",
-    "the new phone ships with a faster chip and a larger screen next month",
-    "rain delayed the opening game of the series for three hours",
-    "the central bank kept its key rate unchanged for the fourth time",
-    "scientists found water ice near the south pole of the moon",
-    "too short",
-    "the company said profits fell sharply in the third quarter",
-    "the striker scored twice as the club beat its old rivals",
-]
+TEXTS = MC_TEXTS
 
 
 @pytest.fixture(scope="module")

@@ -9,6 +9,7 @@ import copy
 import pytest
 import torch
 
+from helpers import MC_TEXTS
 from veil.data.multiple_choice import build_split
 from veil.data.tokenizers import make_tokenizer
 from veil.defenses.mjp import MJP
@@ -16,14 +17,7 @@ from veil.models import create_model
 from veil.models.multiple_choice import MultipleChoiceMiniLM
 from veil.training.step import client_step
 
-TEXTS = [
-    "the team won the final match of the season at home on sunday",
-    "oil prices rose again as traders worried about supply in the gulf",
-    "the new phone ships with a faster chip and a larger screen next month",
-    "rain delayed the opening game of the series for three hours",
-    "the central bank kept its key rate unchanged for the fourth time",
-    "scientists found water ice near the south pole of the moon",
-]
+TEXTS = MC_TEXTS[:6]  # the first six: every one long enough
 
 
 @pytest.fixture(scope="module")
