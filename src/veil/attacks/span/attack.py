@@ -37,13 +37,15 @@ class SpanOptions(Options):
     presence_filter: bool = option(True, "test only the tokens the embedding gradient shows (and the specials)")
     max_per_position: int | None = option(None, "keep at most this many layer-1 candidates per position")
     layernorm_positions: bool = option(True, "pin encoder tokens to their position by the embedding LayerNorm")
-    tol_ln: float = option(1e-4, "cosine floor of the LayerNorm pins")
+    tol_ln: float = option(1e-6, "cosine floor of the LayerNorm pins (MiniLM: true pins <= 6e-8, false >= 1e-5)")
     peel: bool = option(True, "encoder classifiers: peel one exact sentence at a time (needs the batch size)")
     tol_cls: float = option(1e-4, "last-block span distance below which a peeled sentence is exact")
     prior_weight: float = option(0.2, "weight of the position prior where the layer-2 span is crowded")
     narrow: int = option(8, "peeling sweeps try each position's k likeliest tokens first (0: all at once)")
-    prefix_seeds: bool = option(
-        False, "peeling: grow beam prefixes by layer-2 distance and repair them before the walkers (span.prefix)"
+    prefix_seeds: bool | None = option(
+        None,
+        "peeling: grow beam prefixes by layer-2 distance and repair them before the walkers (span.prefix); "
+        "unset: where the embedding LayerNorm pins at least half of the layer-1 candidate tokens",
     )
     restarts: int = option(4, "restarts of the encoder assignment search")
     sweeps: int = option(12, "coordinate sweeps per restart of the encoder assignment search")
@@ -83,7 +85,7 @@ class SpanAttack(Attack):
         seed = know.seed if o.seed is None else o.seed
         was = model.training
         model.eval()
-        pinned = None
+        pinned = pins = None
         try:
             with torch.no_grad():
                 vocab = vocabulary(obs, know) if o.presence_filter else None
@@ -95,10 +97,15 @@ class SpanAttack(Attack):
                 specials = Specials.of(model, know)
                 found, budget, peeled = None, o.budget, 0
                 if model.task != "lm" and o.peel and know.batch_size:
+                    pins = pin_positions(obs, cands, o.tol_ln) if o.layernorm_positions else None
+
+                    def pinned_candidates(span: Span) -> list[Tensor]:
+                        return _apply_pins(candidates(span), pins[1] if pins else {})
+
                     found = peel_search(
                         obs,
                         Residual(obs, know.batch_size),
-                        candidates,
+                        pinned_candidates,
                         specials,
                         seed=seed,
                         tol_cls=o.tol_cls,
@@ -107,7 +114,7 @@ class SpanAttack(Attack):
                         prior_weight=o.prior_weight,
                         narrow=o.narrow,
                         tol2=tol2,
-                        seeds=o.prefix_seeds,
+                        seeds=_mostly_pinned(cands, pins) if o.prefix_seeds is None else o.prefix_seeds,
                     )
                     left = budget - (found[1]["sentences_scored"] if found is not None else 0)
                     if found is not None and not found[1]["sentences_exact"] and left > 0:
@@ -140,7 +147,7 @@ class SpanAttack(Attack):
             "rank2": span2.rank,
             "width": width,
             "full_rank": span1.rank >= width,
-            "layernorm_pins": len(pinned[1]) if pinned else 0,
+            "layernorm_pins": len(pinned[1]) if pinned else len(pins[1]) if pins else 0,
             "vocabulary": len(vocab) if vocab is not None else "all",
             "candidates_per_position": [len(c) for c in cands if len(c)],
             **info,
@@ -150,3 +157,24 @@ class SpanAttack(Attack):
         if not seqs:  # nothing passed: say so with empty sentences rather than an empty batch
             seqs = [[] for _ in range(know.batch_size or 1)]
         return Reconstruction(token_ids=seqs, token_set={int(v) for c in cands for v in c.tolist()}, stats=stats)
+
+
+def _apply_pins(cands: list[Tensor], pins: dict[int, int]) -> list[Tensor]:
+    """Each position's candidates without the tokens the embedding LayerNorm pins to another position."""
+    if not pins:
+        return cands
+    top = max(max(pins), *(int(c.max()) for c in cands if len(c))) + 1
+    at = torch.full((top,), -1, dtype=torch.long)  # the pinned position of each token id, -1: not pinned
+    at[torch.tensor(list(pins))] = torch.tensor(list(pins.values()))
+    return [c[(at[c] < 0) | (at[c] == t)] for t, c in enumerate(cands)]
+
+
+def _mostly_pinned(cands: list[Tensor], pins: tuple[list[Tensor], dict[int, int]] | None) -> bool:
+    """Whether the embedding LayerNorm pins at least half of the tokens layer 1 admits: the prefix
+    seeds' greedy growth then picks among a few tokens per position (measured: MiniLM, 8 SST-2
+    sentences, 104 of 141 pinned: 8 of 8 sentences exact, 1 of 8 without the seeds in 100k scored;
+    transformer4 at init, 18 pinned of the bag: the seeds spent the budget the walkers solve in)."""
+    if not pins:
+        return False
+    admitted = torch.unique(torch.cat([c for c in cands if len(c)])) if any(len(c) for c in cands) else []
+    return len(pins[1]) >= 0.5 * max(1, len(admitted))
