@@ -5,7 +5,8 @@ A section the engine produces is a `veil audit configs/paper/*.yaml` scenario: i
 summary.json is copied (`collect`, hashed as `veil.io` writes a cached result) to
 `docs/results/SOURCE.json`, and `sections/NAME.py` renders it (`render(summary) -> str`; a
 section reading several runs names them in `SOURCES` and gets {source: summary}). Rewriting
-the document reads only those JSON files: no training, no attack. A section with no module, or
+the document reads only those JSON files: no training, no attack. A section's prose (what it
+measures, how it was made) is Markdown in `notes/NAME.md` (`veil.report.results.notes`). A section with no module, or
 whose sources are not collected yet, is left as it stands (the benchmark-produced ones: their
 figures are timings, made by `benchmarks/` scripts).
 

@@ -14,27 +14,17 @@ from __future__ import annotations
 from statistics import mean
 from typing import Any
 
+from veil.report.results.notes import notes
 from veil.report.results.tables import fmt, mean_std, table
+
+NOTES = notes(__name__)
 
 SOURCES = ("aegis-attacks", "aegis-utility")
 SPAN_GOAL, PRESENCE_MARGIN = 0.05, 0.05
 
 #: measured once while designing the local step (not rerun: the numbers behind the defaults)
-LOCAL_STEP = (
-    "MiniLM on 1,500 SST-2 sentences, seed 0, `veil train`: global-norm clipping must see the clean "
-    "gradient (`veil.training.step` clips before any defense), because the embedding noise has ~10^3 "
-    "times the clean gradient's norm and clipping after it pushed every clean gradient below Adam's "
-    "epsilon; what AEGIS costs in accuracy there is the frozen attention (-1.3 points) and the MLP-up "
-    "noise (-1.8 more: Adam sees almost no signal in that table), not the embedding noise (-0.1); "
-    "`noised_lr` 0.1 and 0 gave the same accuracy as 1.0."
-)
-NOISE_DRAW = (
-    "The draw (`veil.defenses.noise`), on this machine's CPU: torch's `normal_` takes 10.5 ms for 3.1 M "
-    "values on any thread count; numpy's SFC64 makes bits ~3x faster than torch's CPU generator (2.6 ms "
-    "for transformer4's 1.55 M words, serial); numpy's AVX-512 log / sin / cos are 2.5-2.9x faster than "
-    "torch's eager ones on one core. The compiled path's first call in a process takes ~17 s (~2 s once "
-    "torch's on-disk cache holds the graph)."
-)
+LOCAL_STEP = NOTES["LOCAL_STEP"]
+NOISE_DRAW = NOTES["NOISE_DRAW"]
 
 
 def _over_chance(m: dict[str, Any]) -> float:

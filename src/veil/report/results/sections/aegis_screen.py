@@ -6,7 +6,10 @@ from __future__ import annotations
 
 from typing import Any
 
+from veil.report.results.notes import notes
 from veil.report.results.tables import count, raw_tasks, scenario_tasks, table
+
+NOTES = notes(__name__)
 
 SOURCES = ("aegis-screen",)
 #: what each variant of the screen is, by (task, defense label)
@@ -16,13 +19,7 @@ ROLE = {
     "aegis(freeze_attention_bias=False)": "AEGIS, weights-only freeze (attention biases train)",
     "aegis(noised_lr=0.0)": "AEGIS, the noised tables not updated",
 }
-CHANGED = (
-    "What changed from the script-made table this replaces (`scripts/screen_aegis_minilm.py`): every run is the "
-    "audit engine's (`veil.training.loop.train`); the validation sentences are `sst2-val`'s seeded split, one split "
-    "for both seeds (the script drew a new split per seed); AEGIS at a higher learning rate is `aegis(lr_scale=S)` "
-    "in the lr 1e-4 task (the same optimiser steps as AEGIS at lr S x 1e-4). The `6x` variant was added after seed 0 "
-    "showed 3x helping (is 3x past the optimum?)."
-)
+CHANGED = NOTES["CHANGED"]
 
 
 def _n(v: Any) -> str:

@@ -6,7 +6,10 @@ from __future__ import annotations
 
 from typing import Any
 
+from veil.report.results.notes import notes
 from veil.report.results.tables import entry_label, fmt, raw_tasks, table
+
+NOTES = notes(__name__)
 
 SOURCES = ("attacks-image",)
 #: APRIL rows: (label, defense shown, setting, task, defense key)
@@ -17,18 +20,8 @@ APRIL = (
     ("vit-digits, digits 8x8", "mjp γ=0.27", "(b) shuffled", "april-vit-digits-shuffled", "mjp(gamma=0.27)"),
     ("vit-digits, digits 8x8", "mjp γ=0.27", "(c) original", "april-vit-digits", "mjp(gamma=0.27)"),
 )
-APRIL_MJP_NOTE = (
-    "*The MJP rows are the naive `april`, which ignores the mechanism: they show that this attack fails, not that MJP "
-    "protects. `april-mjp`, which knows MJP, rebuilds the unshuffled patches of such updates exactly and the masked ones "
-    'as a set (section "Adaptive attacker on MJP (images)"; verdict in "Seed claims").*'
-)
-IG_NOTE = (
-    "IG: cosine + TV (1e-4), signed Adam lr 0.1 with cosine decay, box [0, 1], label read from the head's "
-    "bias gradient, restarts kept by gradient loss; `input` compares only the patch-embedding and position "
-    "gradients (the default), `all` every exported gradient (the paper's objective). DLG: L2 over all layers, "
-    "L-BFGS, soft label. The trained model is trained by veil's loop (AdamW, warmup and cosine decay; "
-    "`configs/paper/attacks_image.yaml`)."
-)
+APRIL_MJP_NOTE = NOTES["APRIL_MJP_NOTE"]
+IG_NOTE = NOTES["IG_NOTE"]
 
 
 def _april(s: dict[str, Any]) -> str:

@@ -6,25 +6,14 @@ from __future__ import annotations
 
 from typing import Any
 
+from veil.report.results.notes import notes
 from veil.report.results.tables import fmt, table
 
-SOURCES = ("*",)  # every collected summary
-INTRO = """## Attack budgets (issue 23)
+NOTES = notes(__name__)
 
-Every attack declares its budget in counted work (`Attack.budget()`: iterations x restarts for
-IG / DLG / ig-fedavg / TAG / LAMP, Levenberg-Marquardt (or L-BFGS) iterations x restarts for
-`april-mjp`, sentences scored for `span` / `span-mjp`, training steps for the feature attacks; `{}`
-for the closed-form attacks, whose work the input fixes: april, labels, presence,
-presence-adaptive, presence-average, head-embedding, span-unfrozen, span-robust). Each cell of the
-audit carries `budget_used` (work / budget, mean over samples), `budget_used_max` and
-`budget_stopped` in summary.json (`tasks[t].budget`, and `over_budget` lists the cells past 1.2x;
-`python -m veil.experiments.summary RUN_DIR` prints the same check for one run). Rendered from
-every run collected under docs/results/ (source = the collected file):"""
-OUTRO = """The span attack's searches cut each scoring call at what is left of the budget (transformer4
-width 96, depth 3, 8 SST-2 sentences of <= 24 tokens, budget 5,000: 5,000 scored, was 5,232 when the
-peeling walkers checked between sweeps; tests/test_span_budget.py); every budgeted attack stops at
-its budget exactly. A source with no row has no budgeted cell (closed-form attacks only, or a
-protocol that reports no budget)."""
+SOURCES = ("*",)  # every collected summary
+INTRO = NOTES["INTRO"]
+OUTRO = NOTES["OUTRO"]
 
 
 def render(summaries: dict[str, dict[str, Any]]) -> str:

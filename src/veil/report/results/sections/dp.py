@@ -13,37 +13,20 @@ from statistics import mean
 from typing import Any
 
 from veil.defenses.dpsgd import epsilon
+from veil.report.results.notes import notes
 from veil.report.results.sections.aegis import attack_rows, resists
 from veil.report.results.tables import entry_label, mean_std, raw_tasks, table
+
+NOTES = notes(__name__)
 
 SOURCES = ("dp-minilm", "dp-minilm-screen", "dp-attacks", "aegis-attacks", "bench/dp-step")
 GOAL = 0.80
 #: the utility section's schedule (configs/paper/minilm_utility.yaml: batch 32 of 8,000, 2 epochs)
 UTILITY_SCHEDULE = (32 / 8000, 500, 1 / 8000)
 
-BENCH_TEXT = (
-    "Every DP variant trains all of MiniLM but the two tables its adapter reads as slices and the unused pooler "
-    "(Opacus' hooks give those no per-sample gradient); noise 1, clip 1. veil-ghost is veil's `dpsgd(mode=ghost)`, "
-    "which runs Opacus' ghost-clipping hooks on the model; opacus-* are Opacus' own GradSampleModule + "
-    "DPOptimizer(s). A shared CPU: the ratios, not the seconds, are the result."
-)
-SUPERSEDED_TEXT = (
-    "**Superseded figures (measured once, issue 17).** DP-SGD cells of the AEGIS section on minilm / hf-gpt2 that "
-    "read 'blocked: the observation has no gradient', and a utility row of `dpsgd(noise_multiplier=0.1)` on MiniLM at "
-    "50.92 % (the majority class), were produced while the HF adapters registered their handles as second module "
-    "paths: after one DP step only 4 of MiniLM's 105 parameters were still the optimiser's, and the exported update "
-    "held 4 gradients. They are not valid; the adapters were fixed before every figure of this section."
-)
-CHANGED = (
-    "What changed from the script-made section this replaces (`scripts/results_dp.py`, `scripts/screen_dp_minilm.py`): "
-    "every run is veil's loop through the audit engine. The 3-seed curve and the screen used to be Opacus' "
-    "PrivacyEngine on cached encoder outputs beside a few single `veil train` runs; now each is `dpsgd` in "
-    "`veil.training.loop.train` on the frozen encoder's features, computed once per audit "
-    "(`veil.experiments.features`), with the accountant's sigma for the run's own schedule and a secret noise seed "
-    "per run. The screen's validation split is `sst2-val`'s (the script's was a permutation seeded 10,000), and "
-    "`top1` trains the whole model's last layer under DP-SGD every step (the script cached its inputs). The attack "
-    "cells are the engine's (batches drawn from the test split)."
-)
+BENCH_TEXT = NOTES["BENCH_TEXT"]
+SUPERSEDED_TEXT = NOTES["SUPERSEDED_TEXT"]
+CHANGED = NOTES["CHANGED"]
 
 
 def _sigma(label: str) -> float | None:

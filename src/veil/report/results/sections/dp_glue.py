@@ -7,38 +7,17 @@ from __future__ import annotations
 
 from typing import Any
 
+from veil.report.results.notes import notes
 from veil.report.results.sections.dp import GOAL, curve_rows, entries, fmt_eps, screen_rows
 from veil.report.results.tables import count, entry_label, mean_std, raw_tasks, table
 
+NOTES = notes(__name__)
+
 SOURCES = ("dp-glue", "dp-glue-screen", "dp-head-embedding")
 
-EXPORTS = (
-    "**What this recipe exports, and the attacker it faces.** Only the classifier's gradient leaves the client, so "
-    "the token attacks (the `recipe parts` rows of the attack table above) read nothing: blocked by what is trained, "
-    "not by the noise. The attacker that knows this reads the sentence's frozen MiniLM embedding off that gradient "
-    "(`head-embedding`: for a batch of one, dL/dW = (p - y) hᵀ and dL/db = p - y give h exactly) and matches it, "
-    "with the same frozen model, against a pool of candidate sentences that holds the private one (an attribution / "
-    "membership setting: a strong assumption, the worst case). `veil audit configs/paper/dp_head_embedding.yaml`: "
-    "batch-1 updates of test sentences on MiniLM as loaded (pretrained encoder, classifier at init), DP clip 1, "
-    "pool = the test split the updates come from; identified = the matched candidate is the private sentence, "
-    "token for token:"
-)
-READING = (
-    "AEGIS exports the classifier's gradient untouched (it closes the token channels it names, not the head), so "
-    "its 'goal met' verdict in the AEGIS section holds only for the attacks run there. The audit engine grants the "
-    "pool (the test split) to an attack that asks for it: `veil attack RUN --attack head-embedding` and any scenario "
-    "listing it. What bounds this attacker, and any other, is DP's guarantee: epsilon at delta = 1/N per training "
-    "sentence."
-)
-CHANGED = (
-    "What changed from the script-made section this replaces (`scripts/results_dp_glue.py`): the curve and the "
-    "screen are the audit engine's runs of veil's loop with the frozen features computed once per audit "
-    "(`veil.experiments.features`; the script handed veil's loop features it cached itself), each with a secret "
-    "noise seed (the script seeded the noise 1000 + seed); the separate single `veil train` runs are the curve's "
-    "runs; the screen's validation rows are the `table` data set's stratified seeded split of train.tsv (the "
-    "script's: 5,000 rows of a permutation seeded 10,000); the attacked updates are the engine's cells (the 32 first "
-    "updates of the test split's seeded batches)."
-)
+EXPORTS = NOTES["EXPORTS"]
+READING = NOTES["READING"]
+CHANGED = NOTES["CHANGED"]
 
 
 def _n(v: Any) -> str:

@@ -8,25 +8,13 @@ from math import sqrt
 from statistics import mean, stdev
 from typing import Any
 
+from veil.report.results.notes import notes
 from veil.report.results.tables import mean_std, table
 
+NOTES = notes(__name__)
+
 SOURCES = ("minilm-utility",)
-NOTE = (
-    "Trained by `veil audit configs/paper/minilm_utility.yaml`, rendered by `python -m veil.report.results`; never edit "
-    "by hand (seeds {seeds}; the seeds column counts the runs). MiniLM: all 8,000 "
-    "shipped SST-2 sentences, 32 tokens, 2 epochs, lr 1e-4, mean pooling, dropout 0.1; test = the 872-sentence GLUE dev "
-    "split. GPT-2: from a config (2 layers, width 128), AG News text, 3,000 texts, 2 epochs; accuracy = next-token "
-    "accuracy. Goal (MJP and AEGIS issues): MiniLM with the defense within 1 point of undefended. Step-time ratios come "
-    "from the audit's interleaved measurement (`veil.experiments.cells.step_overhead`, batch 32; noisy on a shared "
-    "machine). The s.e. column is the standard error of the difference of two seed means "
-    "(sample std over seeds): a difference within about one s.e. of the -1 point line is a pass or a miss at the "
-    "noise level of 3 seeds, not a margin. `unk_init=mean` starts MJP's E_unk at the pretrained position table's "
-    "mean row instead of at random (see `veil.defenses.mjp`). `aegis(lr_scale=3.0)` trains what AEGIS leaves trainable "
-    "at 3x the task's learning rate (3e-4), the scale chosen on a validation split of the training pool (next section), "
-    "never on this test split. On GPT-2 (a causal model) `aegis` noises the MLP down-projection too (veil's default "
-    "there); `aegis(mlp_down_noise=0.0)` is AEGIS as published. DP-SGD runs at noise multiplier 0.1, the lowest level "
-    "that matched AEGIS's attack resistance on MiniLM (AEGIS section), per-sample clip 1.0, same recipe."
-)
+NOTE = NOTES["NOTE"]
 
 
 def _rows(name: str, t: dict[str, Any]) -> list[list[str]]:

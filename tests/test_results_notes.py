@@ -1,0 +1,31 @@
+"""The results sections' prose files (`veil.report.results.notes`)."""
+
+from __future__ import annotations
+
+import importlib
+import pkgutil
+
+import pytest
+
+import veil.report.results.sections as sections
+from veil.errors import VeilError
+from veil.report.results.notes import FOLDER, notes, parse
+
+
+def test_parse_reads_named_blocks_as_written() -> None:
+    text = "ignored\n<!-- NOTE -->\nLine one {seeds}.\n\nSecond paragraph.\n\n<!-- CAVEAT_2 -->\nlast\n"
+    assert parse(text) == {"NOTE": "Line one {seeds}.\n\nSecond paragraph.", "CAVEAT_2": "last"}
+
+
+def test_a_section_without_its_notes_file_names_the_file() -> None:
+    with pytest.raises(VeilError, match="no notes file nosuch.md"):
+        notes("veil.report.results.sections.nosuch")
+
+
+def test_every_notes_file_belongs_to_a_section_that_reads_it() -> None:
+    names = {m.name for m in pkgutil.iter_modules(sections.__path__)}
+    files = sorted(FOLDER.glob("*.md"))
+    assert files and {f.stem for f in files} <= names
+    for f in files:
+        module = importlib.import_module(f"veil.report.results.sections.{f.stem}")
+        assert parse(f.read_text()) == module.NOTES and module.NOTES
