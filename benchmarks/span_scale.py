@@ -114,14 +114,15 @@ def cell(
 
 
 def ranks(model: Any, data: Any, defenses: list, batches: list[int], device: str) -> list[dict[str, int]]:
-    """Rank of the layer-1 span vs the batch's real tokens (one client step per batch size, no search)."""
+    """Ranks of the layer-1 and layer-2 spans vs the batch's real tokens (one client step per batch size, no search)."""
     out = []
     for B in batches:
         batch = {k: v.to(device) for k, v in private_batches(data.test, B, 1, seed=0)[0].items()}
         model.eval()
         obs = observe(model, batch, defenses)
-        span = layer_span(obs, 0)
-        out.append({"batch": B, "tokens": int(batch["attention_mask"].sum()), "rank1": span.rank, "width": span.width})
+        span, span2 = layer_span(obs, 0), layer_span(obs, 1)
+        tokens = int(batch["attention_mask"].sum())
+        out.append({"batch": B, "tokens": tokens, "rank1": span.rank, "rank2": span2.rank, "width": span.width})
         model.zero_grad(set_to_none=True)
     return out
 

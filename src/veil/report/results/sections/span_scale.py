@@ -8,7 +8,10 @@ from __future__ import annotations
 
 from typing import Any
 
+from veil.report.results.notes import notes
 from veil.report.results.tables import fmt, table
+
+NOTES = notes(__name__)
 
 #: a benchmark's JSON, beside (not among) the audits' collected summaries that `budgets` reads
 SOURCES = ("bench/span-scale",)
@@ -39,7 +42,11 @@ def scale(r: dict[str, Any]) -> str:
     cmds = " then ".join(f"`{c}`" for c in r.get("commands", [r["command"]]))
     ranks = [
         f"{name} (width {x[0]['width']}): "
-        + ", ".join(f"B={p['batch']}: {p['tokens']} tokens, rank {p['rank1']}" for p in x)
+        + ", ".join(
+            f"B={p['batch']}: {p['tokens']} tokens, rank {p['rank1']}"
+            + (f" (layer 2: {p['rank2']})" if "rank2" in p else "")
+            for p in x
+        )
         for name, x in r["ranks"].items()
         if x
     ]
@@ -59,6 +66,8 @@ def scale(r: dict[str, Any]) -> str:
             "Layer-1 span rank against the batch's real tokens (one client step each; the span admits every "
             "token at every position once the rank reaches the width, LayerNorm's centring leaving width - 1 "
             "on GPT-2): " + "; ".join(ranks) + ".",
+            "",
+            NOTES["ENCODER"],
             "",
             "![span attack at scale](figures/span_scale.png)",
         ]
