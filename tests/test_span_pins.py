@@ -12,8 +12,8 @@ import torch
 
 from veil.attacks import create_attack, observe
 from veil.attacks.harness import knowledge_for, private_batches, score
-from veil.attacks.span.attack import SpanOptions, _apply_pins
-from veil.attacks.span.core import layer_span, pin_positions, position_candidates, vocabulary
+from veil.attacks.span.attack import SpanOptions
+from veil.attacks.span.core import apply_pins, layer_span, pin_positions, position_candidates, vocabulary
 from veil.build import build_run
 from veil.config import load_config
 
@@ -38,9 +38,9 @@ def _true_positions(batch: dict[str, torch.Tensor]) -> dict[int, set[int]]:
 
 def test_apply_pins_keeps_unpinned_tokens_everywhere_and_pinned_ones_at_their_position() -> None:
     cands = [torch.tensor([1, 5, 7]), torch.tensor([5, 7, 9]), torch.tensor([], dtype=torch.long)]
-    out = _apply_pins(cands, {5: 1, 9: 0})
+    out = apply_pins(cands, {5: 1, 9: 0})
     assert [c.tolist() for c in out] == [[1, 7], [5, 7], []]
-    assert _apply_pins(cands, {}) is cands
+    assert apply_pins(cands, {}) is cands
 
 
 def test_layernorm_pins_on_a_minilm_batch_of_16_are_all_true_and_keep_every_true_pair() -> None:

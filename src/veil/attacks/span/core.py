@@ -244,11 +244,18 @@ def pin_positions(
     single = (ok.sum(0) == 1) | (allowed.sum(0) == 1)
     where = torch.where(ok.sum(0) == 1, ok.double().argmax(0), allowed.double().argmax(0))
     pins = {int(toks[j]): int(where[j]) for j in torch.nonzero(single).flatten().tolist()}
-    out = [
-        torch.tensor([v for v in ct.tolist() if pins.get(int(v), t) == t], dtype=torch.long)
-        for t, ct in enumerate(cands)
-    ]
-    return out, pins
+    return apply_pins(cands, pins), pins
+
+
+def apply_pins(cands: list[Tensor], pins: dict[int, int]) -> list[Tensor]:
+    """Each position's candidates without the tokens pinned to another position (`pin_positions`)."""
+    if not pins:
+        return cands
+    dev = next((c.device for c in cands if len(c)), torch.device("cpu"))
+    top = max(max(pins), *(int(c.max()) for c in cands if len(c))) + 1
+    at = torch.full((top,), -1, dtype=torch.long, device=dev)  # each token id's pinned position, -1: none
+    at[torch.tensor(list(pins), device=dev)] = torch.tensor(list(pins.values()), device=dev)
+    return [c[(at[c] < 0) | (at[c] == t)] for t, c in enumerate(cands)]
 
 
 def last_position(cands: list[Tensor]) -> int:
