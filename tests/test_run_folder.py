@@ -137,3 +137,40 @@ def test_a_bad_input_leaves_no_folders_behind(tmp_path: Path, capsys: pytest.Cap
     out = tmp_path / "runs" / "deep" / "run"
     assert main(["train", *TINY, "train.batch_size=0", "--out", str(out)]) == 2
     assert not (tmp_path / "runs").exists()
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    stat = Path(f"/proc/{pid}/stat")
+    return not (stat.is_file() and stat.read_text().split(") ")[-1].startswith("Z"))
+
+
+@pytest.mark.skipif(not Path("/proc").is_dir(), reason="reads worker processes from /proc")
+def test_an_audit_killed_by_a_signal_takes_its_workers_with_it() -> None:
+    """`kill -9` of a parallel audit (its workers get no signal): the workers end within seconds
+    instead of training on into run folders whose lock their audit no longer holds."""
+    code = (
+        "import os, time\n"
+        "from veil.experiments.audit import _pool\n"
+        "pool = _pool(2)\n"
+        "futures = [pool.submit(time.sleep, 120) for _ in range(2)]\n"
+        "time.sleep(0.5)\n"
+        "print(' '.join(str(p) for p in pool._processes), flush=True)\n"
+        "time.sleep(120)\n"
+    )
+    audit = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True)
+    assert audit.stdout is not None
+    workers = [int(p) for p in audit.stdout.readline().split()]
+    assert len(workers) == 2 and all(_alive(p) for p in workers)
+    audit.send_signal(signal.SIGKILL)
+    audit.wait()
+    deadline = time.monotonic() + 10
+    while any(_alive(p) for p in workers) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    left = [p for p in workers if _alive(p)]
+    for p in left:  # do not leave them behind if the test fails
+        os.kill(p, signal.SIGKILL)
+    assert not left, f"workers {left} outlived their killed audit"

@@ -17,6 +17,8 @@ import multiprocessing as mp
 import os
 import platform
 import sys
+import threading
+import time
 from concurrent.futures import ProcessPoolExecutor, as_completed
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -147,14 +149,27 @@ def _train_one(cfg: Any, path: Path, progress: bool, features: Path | None = Non
     return train(cfg, path, progress=progress)
 
 
-def _one_thread_each() -> None:
-    """A worker of a parallel audit: one torch thread (``threads: 0`` resolves through the env)."""
+def _one_thread_each(parent: int) -> None:
+    """A worker of a parallel audit: one torch thread (``threads: 0`` resolves through the env),
+    and it ends when the audit process `parent` is gone."""
     os.environ["OMP_NUM_THREADS"] = "1"
     torch.set_num_threads(1)
+    threading.Thread(target=_exit_with_parent, args=(parent,), daemon=True, name="veil-parent-watch").start()
+
+
+def _exit_with_parent(parent: int, every: float = 0.5) -> None:
+    """End this worker once its audit is gone: an audit killed by a signal its workers do not get
+    (``kill PID``, SIGKILL, the OOM killer) would otherwise leave them training on, unseen, into
+    run folders whose owner no longer holds the lock, beside the rerun that the user starts."""
+    while os.getppid() == parent:
+        time.sleep(every)
+    os._exit(1)
 
 
 def _pool(jobs: int) -> ProcessPoolExecutor:
-    return ProcessPoolExecutor(jobs, mp_context=mp.get_context("spawn"), initializer=_one_thread_each)
+    return ProcessPoolExecutor(
+        jobs, mp_context=mp.get_context("spawn"), initializer=_one_thread_each, initargs=(os.getpid(),)
+    )
 
 
 def _train_all(
