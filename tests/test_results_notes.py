@@ -9,12 +9,21 @@ import pytest
 
 import veil.report.results.sections as sections
 from veil.errors import VeilError
-from veil.report.results.notes import FOLDER, notes, parse
+from veil.report.results.notes import FOLDER, labelled, notes, parse
 
 
 def test_parse_reads_named_blocks_as_written() -> None:
     text = "ignored\n<!-- NOTE -->\nLine one {seeds}.\n\nSecond paragraph.\n\n<!-- CAVEAT_2 -->\nlast\n"
     assert parse(text) == {"NOTE": "Line one {seeds}.\n\nSecond paragraph.", "CAVEAT_2": "last"}
+
+
+def test_labelled_reads_key_text_lines_and_refuses_any_other_line() -> None:
+    assert labelled("- `none`: undefended\n\n- `aegis(x=1.0)`: a: b\n") == {
+        "none": "undefended",
+        "aegis(x=1.0)": "a: b",
+    }
+    with pytest.raises(VeilError, match="not '- `KEY`: text': 'none: undefended'"):
+        labelled("- `aegis`: ok\nnone: undefended")
 
 
 def test_a_section_without_its_notes_file_names_the_file() -> None:

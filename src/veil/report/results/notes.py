@@ -2,7 +2,7 @@
 kept as Markdown beside the code that renders the tables: `notes/NAME.md` for the section module
 `sections/NAME.py`. A file holds named blocks, each opened by a line ``<!-- KEY -->`` and running
 to the next such line; a block's text is used as written (``str.format`` fields included), less
-the blank lines around it."""
+the blank lines around it. A block of lines ``- `KEY`: text`` reads as a dict with `labelled`."""
 
 from __future__ import annotations
 
@@ -29,3 +29,15 @@ def notes(module: str) -> dict[str, str]:
     if not path.is_file():
         raise VeilError(f"results section {module}: no notes file {path.name} in {FOLDER}")
     return parse(path.read_text(encoding="utf-8"))
+
+
+_ITEM = re.compile(r"^- `([^`]+)`: (.+)$")
+
+
+def labelled(block: str) -> dict[str, str]:
+    """A block of lines ``- `KEY`: text`` as {KEY: text} (e.g. what each defense label of a table is)."""
+    items = [_ITEM.match(line) for line in block.splitlines() if line.strip()]
+    bad = [line for line, m in zip(block.splitlines(), items) if m is None]
+    if bad:
+        raise VeilError(f"results notes: a labelled block has a line that is not '- `KEY`: text': {bad[0]!r}")
+    return {m.group(1): m.group(2) for m in items if m is not None}

@@ -6,19 +6,13 @@ from __future__ import annotations
 
 from typing import Any
 
-from veil.report.results.notes import notes
+from veil.report.results.notes import labelled, notes
 from veil.report.results.tables import fmt, scenario_tasks, table
 
 NOTES = notes(__name__)
 
 SOURCES = ("aegis-decoder-recipe",)
-ROLE = {
-    "none": "undefended",
-    "aegis": "veil's causal-LM default: attention frozen; (E) on embedding and LM head; (M) on MLP up and down",
-    "aegis(head_noise=0.0,mlp_down_noise=0.0)": "the three channels as published: no LM-head, no MLP-down noise",
-    "aegis(noised_lr=0.1)": "the default, the noised tables' learning rate x 0.1",
-    "aegis(embed_noise=0.0,head_noise=0.0,mlp_down_noise=0.0,mlp_noise=0.0)": "channel 1 alone: attention frozen, no noise",
-}
+ROLE = labelled(NOTES["ROLE"])  # what each defense label of the table is
 NOTE = NOTES["NOTE"]
 
 

@@ -6,19 +6,13 @@ from __future__ import annotations
 
 from typing import Any
 
-from veil.report.results.notes import notes
+from veil.report.results.notes import labelled, notes
 from veil.report.results.tables import count, raw_tasks, scenario_tasks, table
 
 NOTES = notes(__name__)
 
 SOURCES = ("aegis-screen",)
-#: what each variant of the screen is, by (task, defense label)
-ROLE = {
-    "aegis(lr_scale=3.0)": "AEGIS, what it trains at 3x the lr (3e-4)",
-    "aegis(lr_scale=6.0)": "AEGIS, what it trains at 6x the lr (6e-4)",
-    "aegis(freeze_attention_bias=False)": "AEGIS, weights-only freeze (attention biases train)",
-    "aegis(noised_lr=0.0)": "AEGIS, the noised tables not updated",
-}
+ROLE = labelled(NOTES["ROLE"])  # what each defense label of the table is
 CHANGED = NOTES["CHANGED"]
 
 
