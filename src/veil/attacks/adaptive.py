@@ -29,7 +29,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Literal
+from typing import Literal, TypeVar
 
 import torch
 from scipy.stats import chi2
@@ -108,10 +108,11 @@ class PresenceTestOptions(Options):
     keep_special: bool = option(False, "keep the special tokens in the bag")
 
 
-class _PresenceTest(Attack):
+_PresenceOptionsT = TypeVar("_PresenceOptionsT", bound=PresenceTestOptions)
+
+
+class _PresenceTest(Attack[_PresenceOptionsT]):
     modality = "text"
-    options_type = PresenceTestOptions
-    options: PresenceTestOptions
     closed_form = "one test per vocabulary row"
 
     def _test(self, rows: Tensor, obs: Observation, know: Knowledge, rounds: int) -> Reconstruction:
@@ -131,7 +132,7 @@ class _PresenceTest(Attack):
     "presence-adaptive",
     help="token bag by a chi-square test of embedding row norms, knowing the noise law (adaptive vs AEGIS)",
 )
-class PresenceAdaptive(_PresenceTest):
+class PresenceAdaptive(_PresenceTest[PresenceTestOptions]):
     """Chi-square presence test on the noised rows (options: `PresenceTestOptions`)."""
 
     name = "presence-adaptive"
@@ -155,14 +156,12 @@ class PresenceAverageOptions(PresenceTestOptions):
 @ATTACKS.register(
     "presence-average", help="presence test on the mean of R rounds of one client's updates (needs aux_data rounds)"
 )
-class PresenceAverage(_PresenceTest):
+class PresenceAverage(_PresenceTest[PresenceAverageOptions]):
     """Options as presence-adaptive, and `rounds`; the other rounds in ``Knowledge.aux_data["rounds"]``
     (`veil.attacks.harness` observes them when it runs the attack; a caller may pass its own)."""
 
     name = "presence-average"
     knows = "the defense's mechanism and R updates of the same client on the same batch"
-    options_type = PresenceAverageOptions
-    options: PresenceAverageOptions
     needs_rounds = True
 
     def _reconstruct(self, obs: Observation, know: Knowledge) -> Reconstruction:
@@ -241,12 +240,10 @@ class SpanUnfrozenOptions(Options):
     "span-unfrozen",
     help="DAGER span check on every still-exported first-block layer (MLP up/down, head), noise-aware rank",
 )
-class SpanUnfrozen(Attack):
+class SpanUnfrozen(Attack[SpanUnfrozenOptions]):
     """DAGER's span check on the first blocks' still-exported layers (options: `SpanUnfrozenOptions`)."""
 
     name = "span-unfrozen"
-    options_type = SpanUnfrozenOptions
-    options: SpanUnfrozenOptions
     knows = "the defense's frozen set and noised channels (Knowledge.defense); the gradients still exported in the first blocks"
     modality = "text"
     closed_form = "rank tests on the unfrozen blocks' gradients"

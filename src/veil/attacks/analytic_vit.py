@@ -79,12 +79,10 @@ class AprilOptions(Options):
     clamp: bool = option(True, "clamp the rebuilt image to [0, 1]")
 
 
-class April(Attack):
+class April(Attack[AprilOptions]):
     """APRIL closed form from the position- and patch-embedding gradients (batch 1)."""
 
     name = "april"
-    options_type = AprilOptions
-    options: AprilOptions
     knows = "the update of one image (batch 1) and the weights; not the defense (naive)"
     modality = "image"
     closed_form = "one least-squares solve"

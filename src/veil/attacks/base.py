@@ -9,7 +9,7 @@ import contextlib
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
-from typing import Any, ClassVar
+from typing import Any, ClassVar, Generic, TypeVar, get_args, get_origin
 
 import torch
 from torch import Tensor, nn
@@ -130,10 +130,15 @@ def work_bar(total: int, desc: str) -> Any:
 _WORDS = {2: "two", 3: "three", 4: "four"}
 
 
-class Attack:
+OptionsT = TypeVar("OptionsT", bound=Options)
+
+
+class Attack(Generic[OptionsT]):
     """Base class: `reconstruct(observation, knowledge) -> Reconstruction`.
 
-    An attack declares its settings in `options_type` (a frozen dataclass, `veil.attacks.options`);
+    An attack declares its settings as its type parameter, ``class April(Attack[AprilOptions])``
+    (a frozen dataclass, `veil.attacks.options`; the class's `options_type` is set from it, and a
+    subclass of a concrete attack that widens its options sets `options_type` itself);
     `Attack(**settings)` checks them (unknown key or wrong type: one `VeilError` line) and keeps the
     resolved values in `self.options` and the keys as given in `self.settings`.
 
@@ -162,6 +167,17 @@ class Attack:
     #: the fewest attention layers the attack reads, and what the deepest is for ("to resolve
     #: positions"): `applies_to` skips a model with fewer; (0, ""): no such need
     needs_attention_layers: ClassVar[tuple[int, str]] = (0, "")
+
+    options: OptionsT
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        if "options_type" in cls.__dict__:
+            return
+        for base in cls.__dict__.get("__orig_bases__", ()):  # this class's own bases, as written
+            origin, args = get_origin(base), get_args(base)
+            if isinstance(origin, type) and issubclass(origin, Attack) and args and isinstance(args[0], type):
+                cls.options_type = args[0]
 
     def __init__(self, **settings: Any) -> None:
         self.options = parse_options(self.name, self.options_type, settings)

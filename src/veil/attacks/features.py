@@ -34,7 +34,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Any, Literal, TypeVar
 
 import torch
 from torch import Tensor, nn
@@ -98,7 +98,10 @@ class FSHAOptions(DecoderOptions):  # steps, lr, batch, hidden in that order; FS
     adv: float = option(0.05, "weight of the adversarial term in the encoder-decoder loss")
 
 
-class _FeatureAttack(Attack):
+_DecoderOptionsT = TypeVar("_DecoderOptionsT", bound=DecoderOptions)
+
+
+class _FeatureAttack(Attack[_DecoderOptionsT]):
     """Feature attacks observe features, not a model: an Observation may carry `model=None`."""
 
     modality = "image"
@@ -120,13 +123,11 @@ def _batches(n: int, bs: int, g: torch.Generator) -> Tensor:
     return torch.randint(0, n, (bs,), generator=g)
 
 
-class FeatureInversion(_FeatureAttack):
+class FeatureInversion(_FeatureAttack[FeatureInversionOptions]):
     """Decoder trained on (H(x_aux), x_aux); needs query access to the head: `aux_data["head"]`."""
 
     name = "feature_inversion"
     knows = "the intercepted features, query access to the frozen head and public auxiliary images (unshuffle: the head's affine structure undoes the permutation)"
-    options_type = FeatureInversionOptions
-    options: FeatureInversionOptions
 
     def __init__(self, **settings: object) -> None:
         super().__init__(**settings)
@@ -195,13 +196,11 @@ def unshuffle(f: Tensor, head: Callable[[Tensor], Tensor], shape: tuple[int, int
     return out
 
 
-class FeatureHijack(_FeatureAttack):
+class FeatureHijack(_FeatureAttack[FSHAOptions]):
     """Passive feature-space hijacking: encoder F^ + decoder G + discriminator D (FSHA)."""
 
     name = "fsha"
     knows = "the intercepted features and public auxiliary images (no access to the head)"
-    options_type = FSHAOptions
-    options: FSHAOptions
 
     def _reconstruct(self, obs: Observation, know: Knowledge) -> Reconstruction:
         if obs.features is None:

@@ -82,7 +82,7 @@ class HeadEmbeddingOptions(Options):
     pool_batch: int = option(256, "candidates embedded per forward pass (memory, not the result)")
 
 
-class HeadEmbedding(Attack):
+class HeadEmbedding(Attack[HeadEmbeddingOptions]):
     """Read the classifier's input off the head gradient; return the matching candidate."""
 
     name = "head-embedding"
@@ -91,8 +91,6 @@ class HeadEmbedding(Attack):
         "the classifier's update and the batch size, the frozen global model, and a pool of candidate inputs that "
         "holds the private ones (Knowledge.aux_data['candidates']); not the defense (naive)"
     )
-    options_type = HeadEmbeddingOptions
-    options: HeadEmbeddingOptions
     needs_pool = True  # veil's harness grants the test split's inputs, which hold the attacked batch
     closed_form = "one read of the head's gradient, one scan of the pool"
 

@@ -39,7 +39,7 @@ import contextlib
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Literal
+from typing import Literal, TypeVar
 
 import torch
 from torch import Tensor
@@ -108,11 +108,13 @@ class IGOptions(Options):
     )
 
 
-class _Inversion(Attack):
+_InversionOptionsT = TypeVar("_InversionOptionsT", DLGOptions, IGOptions)
+
+
+class _Inversion(Attack[_InversionOptionsT]):
     """Shared loop: restarts, timing, label handling; subclasses define one restart."""
 
     modality = "image"
-    options: DLGOptions | IGOptions
 
     def labels_for(self, obs: Observation, know: Knowledge, B: int) -> Tensor | None:
         if know.labels is not None:
@@ -191,13 +193,11 @@ def _num_classes(model: VeilModel) -> int:
     return int(head.out_features if hasattr(head, "out_features") else head.weight.shape[0])
 
 
-class DLG(_Inversion):
+class DLG(_Inversion[DLGOptions]):
     """DLG: L2 gradient distance, L-BFGS (or Adam) on a dummy image and a soft label."""
 
     name = "dlg"
     knows = "the update, the weights, batch size and input shape (labels if granted); not the defense (naive)"
-    options_type = DLGOptions
-    options: DLGOptions
 
     def run_once(self, model, target, shape, labels, gen, restart):  # noqa: ANN001, ANN201 - see base
         x = torch.rand(shape, generator=gen).requires_grad_(True)
@@ -278,7 +278,7 @@ def input_layer_names(model: VeilModel, exported: dict[str, Tensor]) -> set[str]
     return {n for n, p in model.named_parameters() if id(p) in ids and n in exported}
 
 
-class InvertingGradients(_Inversion):
+class InvertingGradients(_Inversion[IGOptions]):
     """Inverting Gradients: cosine gradient distance + total variation, signed Adam, restarts.
 
     `layers` picks the gradients compared (Geiping et al.'s own code offers layer subsets such as
@@ -295,8 +295,6 @@ class InvertingGradients(_Inversion):
 
     name = "ig"
     knows = "the update, the weights, batch size and input shape (labels if granted); not the defense (naive)"
-    options_type = IGOptions
-    options: IGOptions
 
     def target_for(self, model: VeilModel, obs: Observation) -> GradientTarget:
         if self.options.layers == "all":

@@ -166,7 +166,7 @@ class IGFedAvgOptions(Options):
     seed: int | None = option(None, "seed of the dummies' start; unset: the knowledge's seed")
 
 
-class MultiStepInvertingGradients(Attack):
+class MultiStepInvertingGradients(Attack[IGFedAvgOptions]):
     """Inverting Gradients that simulates the client's s local steps (Geiping et al. 2020, sec. 5).
 
     Budget: `iterations` x `restarts` evaluations of the unrolled local training (each s forward +
@@ -181,8 +181,6 @@ class MultiStepInvertingGradients(Attack):
         "the FedAvg update, the weights, and the local training the server configured (optimizer, lr, steps, batch size, "
         "epochs, sample count, public batch schedule); not the defense (naive)"
     )
-    options_type = IGFedAvgOptions
-    options: IGFedAvgOptions
     #: label "soft": per-slot label logits optimised with x' (plain Adam, this lr), started at the inferred labels
     label_lr = 0.1
 

@@ -45,7 +45,7 @@ class MultiRoundOptions(Options):
     )
 
 
-class MultiRound(Attack):
+class MultiRound(Attack[MultiRoundOptions]):
     """`{name: multi-round, attack: ig, <the inner attack's options>}`: the inner attack on the
     client's mean update over the rounds so far."""
 
@@ -53,8 +53,6 @@ class MultiRound(Attack):
     modality = "any"
     needs = "rounds"  # the auditor supplies the combined view (`veil.federated.auditor.Auditor`)
     combine = "mean"
-    options_type = MultiRoundOptions
-    options: MultiRoundOptions
 
     def __init__(self, **settings: object) -> None:
         own, rest = split_inner(MultiRoundOptions, settings)

@@ -92,12 +92,10 @@ class PresenceOptions(Options):
 
 
 @ATTACKS.register("presence", help="token bag from the row norms of the token-embedding gradient (text)")
-class PresenceAttack(Attack):
+class PresenceAttack(Attack[PresenceOptions]):
     """Token bag from the embedding gradient's row norms (options: `PresenceOptions`)."""
 
     name = "presence"
-    options_type = PresenceOptions
-    options: PresenceOptions
     knows = "the token-embedding gradient and the public vocabulary; not the defense (naive)"
     modality = "text"
     closed_form = "one pass over the embedding rows"

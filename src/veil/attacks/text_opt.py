@@ -38,7 +38,7 @@ import math
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Any, Literal, TypeVar
 
 import torch
 import torch.nn.functional as F
@@ -219,12 +219,13 @@ class LampOptions(TagOptions):
     topk: int = option(3, "nearest tokens a re-projection picks from")
 
 
-class TextOptimisation(Attack):
+_TagOptionsT = TypeVar("_TagOptionsT", bound=TagOptions)
+
+
+class TextOptimisation(Attack[_TagOptionsT]):
     """Shared loop of TAG and LAMP; subclasses set the distance and the discrete step."""
 
     modality = "text"
-    options_type: type[TagOptions] = TagOptions
-    options: TagOptions
 
     def _reconstruct(self, obs: Observation, know: Knowledge) -> Reconstruction:
         model = obs.model
@@ -420,21 +421,20 @@ class TextOptimisation(Attack):
 @ATTACKS.register(
     "tag", help="TAG: continuous embeddings matched to the gradient by L2 + alpha*L1, nearest-token decoding (text)"
 )
-class TagAttack(TextOptimisation):
+class TagAttack(TextOptimisation[TagOptions]):
     """TAG: L2 + alpha L1 gradient distance, nearest-token decoding (options: `TagOptions`)."""
 
     name = "tag"
     knows = (
         "the update, the weights, the vocabulary, batch size and length (labels if granted); not the defense (naive)"
     )
-    options_type = TagOptions
 
 
 @ATTACKS.register(
     "lamp",
     help="LAMP: cosine gradient distance + embedding-norm prior, with discrete swap/move/projection steps (text)",
 )
-class LampAttack(TextOptimisation):
+class LampAttack(TextOptimisation[LampOptions]):
     """LAMP: cosine distance + embedding-norm prior, discrete swap / move / projection steps
     (options: `LampOptions`)."""
 
@@ -442,8 +442,6 @@ class LampAttack(TextOptimisation):
     knows = (
         "the update, the weights, the vocabulary, batch size and length (labels if granted); not the defense (naive)"
     )
-    options_type = LampOptions
-    options: LampOptions
 
     def discrete_step(
         self, s: _Setup, x: Tensor, y: Tensor, gen: torch.Generator, state: dict[str, Any]

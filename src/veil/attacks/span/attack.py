@@ -56,11 +56,8 @@ class SpanOptions(Options):
 
 
 @ATTACKS.register("span", help="DAGER-style exact text recovery from the span of the first layers' Q/K/V gradients")
-class SpanAttack(Attack):
+class SpanAttack(Attack[SpanOptions]):
     """DAGER's span attack with veil's peeling search (options: `SpanOptions`)."""
-
-    options_type = SpanOptions
-    options: SpanOptions
 
     name = "span"
     knows = "the first layers' Q/K/V gradients, the weights, the vocabulary and batch size; not the defense (naive)"

@@ -148,13 +148,11 @@ class SpanMJPOptions(SpanOptions):
 @ATTACKS.register(
     "span-mjp", help="span attack with E_unk at MJP's masked slots; n-gram order of the shuffled words (text)"
 )
-class SpanMJPAttack(Attack):
+class SpanMJPAttack(Attack[SpanMJPOptions]):
     """The span attack with E_unk at MJP's selected slots (options: `SpanMJPOptions`; the span
     attack's go to it; see the module docstring for what the attacker knows)."""
 
     name = "span-mjp"
-    options_type = SpanMJPOptions
-    options: SpanMJPOptions
     modality = "text"
     knows = (
         "the update, the weights (E_unk included), batch size, length and tokenizer, MJP's settings (Knowledge.defense: "

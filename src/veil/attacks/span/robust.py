@@ -201,12 +201,10 @@ class SpanRobustOptions(Options):
 @ATTACKS.register(
     "span-robust", help="DAGER-style span attack that survives client dropout (robust layer-1 test, layer-2 ranking)"
 )
-class SpanRobustAttack(Attack):
+class SpanRobustAttack(Attack[SpanRobustOptions]):
     """DAGER's span attack with a layer-1 test robust to client dropout (options: `SpanRobustOptions`)."""
 
     name = "span-robust"
-    options_type = SpanRobustOptions
-    options: SpanRobustOptions
     modality = "text"
     knows = (
         "the update, the weights, batch size, length and tokenizer, and that the client trains with dropout at rate p "
