@@ -126,3 +126,7 @@ def test_the_step_time_of_a_target_epsilon_run_is_measured_at_its_sigma(tmp_path
     s = run_audit(parse_scenario({"tasks": [{"name": "t", "run": RUN, "defenses": [DP, eps]}]}), tmp_path, False)
     label = "dpsgd(chunk=16,clip=0.5,seed=3,target_epsilon=8.0,trainable=classifier)"
     assert label in s["tasks"]["t"]["overhead"] and s["tasks"]["t"]["utility"][label]["privacy"]["epsilon"] <= 8.0
+    t = s["tasks"]["t"]
+    # no `none` run in this task: its step is measured beside them all the same, and is the reference
+    assert "none" in t["step_seconds"] and "none" not in t["overhead"]
+    assert t["overhead"][label] == pytest.approx(t["step_seconds"][label] / t["step_seconds"]["none"])
