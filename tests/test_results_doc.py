@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 
 from veil.errors import VeilError
+from veil.io import write_checked_text
 from veil.report.results import CACHE, DOC, all_sections, check, collect, load, render_doc, splice
 from veil.report.results.__main__ import main
 from veil.report.results.sections import budgets, span_robust
@@ -113,18 +114,37 @@ def test_the_utility_section_reports_each_defense_against_undefended() -> None:
         "aegis": {"test_accuracy_values": [0.84, 0.85, 0.85]},
     }
     lm = {"none": {"test_accuracy_values": [0.17], "test_perplexity_values": [598.04]}}
-    text = utility.render(
-        {
-            "seeds": [0, 1, 2],
-            "tasks": {
-                "sst2-minilm": {"model": "minilm", "utility": u, "overhead": {"none": 1.0, "aegis": 0.954}},
-                "agnews-gpt2": {"model": "hf-gpt2", "utility": lm},
-            },
-        }
-    )
+    main = {
+        "seeds": [0, 1, 2],
+        "tasks": {
+            "sst2-minilm": {"model": "minilm", "utility": u, "overhead": {"none": 1.0, "aegis": 0.954}},
+            "agnews-gpt2": {"model": "hf-gpt2", "utility": lm},
+        },
+    }
+    text = utility.render({"minilm-utility": main})
     assert "| sst2-minilm (minilm) | none | 3 | 86.00 ± 0.82 | — | — | — | — | 1.00 |" in text
     assert "| sst2-minilm (minilm) | aegis | 3 | 84.67 ± 0.47 | -1.33 | 0.67 | no | — | 0.95 |" in text
     assert "| agnews-gpt2 (hf-gpt2) | none | 1 | 17.00 ± 0.00 | — | — | — | 598.0 ± 0.0 | — |" in text
+    assert f"| sst2-minilm (minilm) | {utility.DP_LABEL} | 0 | not collected yet" in text
+    dp = {
+        "sst2-minilm": {"model": "minilm", "utility": {utility.DP_LABEL: {"test_accuracy_values": [0.80, 0.82, 0.81]}}}
+    }
+    dp["sst2-minilm"]["overhead"] = {utility.DP_LABEL: 2.5}
+    both = utility.render({"minilm-utility": main, "minilm-utility-dp": {"seeds": [0, 1, 2], "tasks": dp}})
+    assert f"| sst2-minilm (minilm) | {utility.DP_LABEL} | 3 | 81.00 ± 0.82 | -5.00 | 0.82 | no | — | 2.50 |" in both
+    assert "not collected" not in both and main["tasks"]["sst2-minilm"]["utility"] == u  # the inputs stay as they were
+
+
+def test_a_section_renders_without_a_missing_optional_source(tmp_path: Path) -> None:
+    from veil.report.results import Section, render_section
+    from veil.report.results.sections import utility
+
+    assert render_section(Section("utility", utility), tmp_path) is None  # its required source is missing
+    lm = {"none": {"test_accuracy_values": [0.17], "test_perplexity_values": [598.04]}}
+    collect_json = {"seeds": [0], "tasks": {"agnews-gpt2": {"model": "hf-gpt2", "utility": lm}}}
+    write_checked_text(tmp_path / "minilm-utility.json", json.dumps(collect_json))
+    text = render_section(Section("utility", utility), tmp_path)
+    assert text is not None and "| agnews-gpt2 (hf-gpt2) | none | 1 |" in text and "not collected yet" in text
 
 
 def test_collect_copies_a_tasks_own_figure_beside_the_document(tmp_path: Path) -> None:

@@ -4,7 +4,8 @@ Every section of docs/results.md sits between `<!-- NAME:start -->` and `<!-- NA
 A section the engine produces is a `veil audit configs/paper/*.yaml` scenario: its run's
 summary.json is copied (`collect`, hashed as `veil.io` writes a cached result) to
 `docs/results/SOURCE.json`, and `sections/NAME.py` renders it (`render(summary) -> str`; a
-section reading several runs names them in `SOURCES` and gets {source: summary}). Rewriting
+section reading several runs names them in `SOURCES` and gets {source: summary}; those of them in
+`OPTIONAL` may be missing). Rewriting
 the document reads only those JSON files: no training, no attack. A section's prose (what it
 measures, how it was made) is Markdown in `notes/NAME.md` (`veil.report.results.notes`). A section with no module, or
 whose sources are not collected yet, is left as it stands (the benchmark-produced ones: their
@@ -74,11 +75,14 @@ def collected(cache: Path = CACHE) -> list[str]:
 
 
 def render_section(section: Section, cache: Path = CACHE) -> str | None:
-    """The section's Markdown, or None while one of its sources is missing."""
+    """The section's Markdown, or None while one of its sources is missing (a source the module
+    lists in `OPTIONAL` may be missing: the section then gets the others and says what is not in)."""
     names = collected(cache) if section.sources == ("*",) else list(section.sources)
+    optional = set(getattr(section.module, "OPTIONAL", ()))
     found = {n: load(n, cache) for n in names}
-    if not found or any(v is None for v in found.values()):
+    if not found or any(v is None for n, v in found.items() if n not in optional):
         return None
+    found = {n: v for n, v in found.items() if v is not None}
     arg = found if len(section.sources) > 1 or section.sources == ("*",) else found[names[0]]
     return section.module.render(arg).strip()
 
