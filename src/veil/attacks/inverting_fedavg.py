@@ -32,11 +32,9 @@ Labels: granted (`Knowledge.labels`), or inferred from the update's classifier b
 n-sample multiset (`veil.attacks.labels.labels_from_bias`, LLG-style) and dealt to the slots in
 order — the attacker cannot know which slot holds which label (`label: infer`); or `label: soft`,
 per-slot label logits optimised beside x' (started at the inferred labels; the client's
-cross-entropy takes the probabilities as targets). The slot assignment is the bottleneck: on
-vit-digits, AdamW, 2 epochs of batch 2 over 4 digits at 150 iterations, granted labels give
-18.2 dB, inferred ones (right multiset, wrong slots) 6.4 dB, soft 8.5 dB (6 digits: 16.1 / 5.4 /
-8.6 dB); on 2 digits at batch 1, where the inferred slots are right, 27.6 dB with infer and 21.6
-with soft. The observed Δ* is read from the observation's pseudo-gradient (w_0 - w_k) / (τ s):
+cross-entropy takes the probabilities as targets). The slot assignment is the bottleneck: with
+the right multiset in the wrong slots the images come back far worse than with granted labels
+(figures: docs/results.md, section federated). The observed Δ* is read from the observation's pseudo-gradient (w_0 - w_k) / (τ s):
 the cosine does not see the scale.
 
 Scope: a naive attacker — it simulates neither the defense's batch transform (MJP), nor its

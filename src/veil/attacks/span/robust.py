@@ -39,8 +39,8 @@ hidden states) is not sparse per coordinate, so there it is a ranking, not a tes
 encoder assignment search and the decoder's left-to-right assignment (`veil.attacks.span.robust_search`)
 minimise the clean model's layer-2 span distances (no sentence has to pass a threshold).
 
-Measured (docs/results.md, section span-robust): pretrained MiniLM, client dropout 0.1, SST-2,
-token_recovery 1.000 at batch 1 and 0.961 at batch 4 (exact check: 0.000). Limits: the batch's
+What it recovers on the pretrained MiniLM and gpt-tiny under client dropout 0.1, beside the
+exact check: docs/results.md, section span-robust. Limits: the batch's
 real tokens plus k_max must stay well below the width (at ~100 tokens in MiniLM's 384 a few true
 pairs already miss ``tol1``; veil's width-96 transformer4 holds one or two sentences), and a
 tied LM head (GPT-2) gives no bag of tokens, so the whole vocabulary would be tested
