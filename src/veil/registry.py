@@ -43,12 +43,15 @@ class Registry(Generic[T]):
     def register(self, name: str, help: str = "") -> Callable[[Callable[..., T]], Callable[..., T]]:
         """Decorator: register `factory` under `name`; `help` defaults to its docstring's first line.
 
+        A class with a ``name`` attribute (attacks, defenses) that does not set its own gets `name`.
         A factory may carry ``options`` (a set of accepted keys) and ``schema()`` (their
         `Option`s) when its signature does not tell them (a model preset's config dataclass)."""
 
         def wrap(factory: Callable[..., T]) -> Callable[..., T]:
             if name in self._factories:
                 raise ValueError(f"{self.kind} {name!r} is registered twice")
+            if isinstance(factory, type) and hasattr(factory, "name") and "name" not in vars(factory):
+                factory.name = name  # an attack's or defense's name is the one it is registered under
             self._factories[name] = factory
             doc = (factory.__doc__ or "").strip().splitlines()
             self._help[name] = help or (doc[0] if doc else "")

@@ -135,7 +135,6 @@ class _PresenceTest(Attack[_PresenceOptionsT]):
 class PresenceAdaptive(_PresenceTest[PresenceTestOptions]):
     """Chi-square presence test on the noised rows (options: `PresenceTestOptions`)."""
 
-    name = "presence-adaptive"
     knows = "the defense's mechanism (noised tables, noise law: Knowledge.defense) and the token-embedding gradient"
 
     def _reconstruct(self, obs: Observation, know: Knowledge) -> Reconstruction:
@@ -160,7 +159,6 @@ class PresenceAverage(_PresenceTest[PresenceAverageOptions]):
     """Options as presence-adaptive, and `rounds`; the other rounds in ``Knowledge.aux_data["rounds"]``
     (`veil.attacks.harness` observes them when it runs the attack; a caller may pass its own)."""
 
-    name = "presence-average"
     knows = "the defense's mechanism and R updates of the same client on the same batch"
     needs_rounds = True
 
@@ -243,7 +241,6 @@ class SpanUnfrozenOptions(Options):
 class SpanUnfrozen(Attack[SpanUnfrozenOptions]):
     """DAGER's span check on the first blocks' still-exported layers (options: `SpanUnfrozenOptions`)."""
 
-    name = "span-unfrozen"
     knows = "the defense's frozen set and noised channels (Knowledge.defense); the gradients still exported in the first blocks"
     modality = "text"
     closed_form = "rank tests on the unfrozen blocks' gradients"

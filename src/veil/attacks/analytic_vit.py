@@ -82,7 +82,6 @@ class AprilOptions(Options):
 class April(Attack[AprilOptions]):
     """APRIL closed form from the position- and patch-embedding gradients (batch 1)."""
 
-    name = "april"
     knows = "the update of one image (batch 1) and the weights; not the defense (naive)"
     modality = "image"
     closed_form = "one least-squares solve"

@@ -167,7 +167,6 @@ class AprilMJPOptions(AprilOptions):
 class AprilMJP(April):
     """APRIL with MJP's mechanism known: masked slots found, DAL removed, masked set matched, placed."""
 
-    name = "april-mjp"
     knows = (
         "the update of one image (batch 1), the weights and MJP's mechanism (Knowledge.defense: E_unk at the masked "
         "slots, DAL's loss and weight); not the masks, the shuffle or the label"

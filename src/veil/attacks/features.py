@@ -126,7 +126,6 @@ def _batches(n: int, bs: int, g: torch.Generator) -> Tensor:
 class FeatureInversion(_FeatureAttack[FeatureInversionOptions]):
     """Decoder trained on (H(x_aux), x_aux); needs query access to the head: `aux_data["head"]`."""
 
-    name = "feature_inversion"
     knows = "the intercepted features, query access to the frozen head and public auxiliary images (unshuffle: the head's affine structure undoes the permutation)"
 
     def __init__(self, **settings: object) -> None:
@@ -199,7 +198,6 @@ def unshuffle(f: Tensor, head: Callable[[Tensor], Tensor], shape: tuple[int, int
 class FeatureHijack(_FeatureAttack[FSHAOptions]):
     """Passive feature-space hijacking: encoder F^ + decoder G + discriminator D (FSHA)."""
 
-    name = "fsha"
     knows = "the intercepted features and public auxiliary images (no access to the head)"
 
     def _reconstruct(self, obs: Observation, know: Knowledge) -> Reconstruction:

@@ -85,7 +85,6 @@ class HeadEmbeddingOptions(Options):
 class HeadEmbedding(Attack[HeadEmbeddingOptions]):
     """Read the classifier's input off the head gradient; return the matching candidate."""
 
-    name = "head-embedding"
     modality = "any"
     knows = (
         "the classifier's update and the batch size, the frozen global model, and a pool of candidate inputs that "

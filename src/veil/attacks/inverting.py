@@ -196,7 +196,6 @@ def _num_classes(model: VeilModel) -> int:
 class DLG(_Inversion[DLGOptions]):
     """DLG: L2 gradient distance, L-BFGS (or Adam) on a dummy image and a soft label."""
 
-    name = "dlg"
     knows = "the update, the weights, batch size and input shape (labels if granted); not the defense (naive)"
 
     def run_once(self, model, target, shape, labels, gen, restart):  # noqa: ANN001, ANN201 - see base
@@ -293,7 +292,6 @@ class InvertingGradients(_Inversion[IGOptions]):
     cosine's gradient is tiny, so tv=1e-2 flattens the digit into blocks (~11 dB where 1e-4 gives ~37).
     """
 
-    name = "ig"
     knows = "the update, the weights, batch size and input shape (labels if granted); not the defense (naive)"
 
     def target_for(self, model: VeilModel, obs: Observation) -> GradientTarget:

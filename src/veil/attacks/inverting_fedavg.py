@@ -173,7 +173,6 @@ class MultiStepInvertingGradients(Attack[IGFedAvgOptions]):
     The simulation runs all trained parameters either way; `layers` only picks the compared part.
     """
 
-    name = "ig-fedavg"
     modality = "image"
     knows = (
         "the FedAvg update, the weights, and the local training the server configured (optimizer, lr, steps, batch size, "

@@ -72,7 +72,6 @@ def recover_labels(obs: Observation, batch_size: int = 1) -> Tensor:
 class LabelRecovery(Attack):
     """iDLG (batch 1) / LLG-style (batch B) label recovery from the classifier's gradient."""
 
-    name = "labels"
     knows = "the last layer's gradient and the batch size; not the defense (naive)"
     modality = "any"
     closed_form = "signs of the head's gradient"

@@ -49,7 +49,6 @@ class MultiRound(Attack[MultiRoundOptions]):
     """`{name: multi-round, attack: ig, <the inner attack's options>}`: the inner attack on the
     client's mean update over the rounds so far."""
 
-    name = "multi-round"
     modality = "any"
     needs = "rounds"  # the auditor supplies the combined view (`veil.federated.auditor.Auditor`)
     combine = "mean"
@@ -88,7 +87,6 @@ class GlobalDifference(MultiRound):
     """`{name: multi-round-global, attack: ig, ...}`: the inner attack on the difference of
     consecutive global models (the previous round's aggregate)."""
 
-    name = "multi-round-global"
     combine = "global"
 
 

@@ -95,7 +95,6 @@ class PresenceOptions(Options):
 class PresenceAttack(Attack[PresenceOptions]):
     """Token bag from the embedding gradient's row norms (options: `PresenceOptions`)."""
 
-    name = "presence"
     knows = "the token-embedding gradient and the public vocabulary; not the defense (naive)"
     modality = "text"
     closed_form = "one pass over the embedding rows"

@@ -424,7 +424,6 @@ class TextOptimisation(Attack[_TagOptionsT]):
 class TagAttack(TextOptimisation[TagOptions]):
     """TAG: L2 + alpha L1 gradient distance, nearest-token decoding (options: `TagOptions`)."""
 
-    name = "tag"
     knows = (
         "the update, the weights, the vocabulary, batch size and length (labels if granted); not the defense (naive)"
     )
@@ -438,7 +437,6 @@ class LampAttack(TextOptimisation[LampOptions]):
     """LAMP: cosine distance + embedding-norm prior, discrete swap / move / projection steps
     (options: `LampOptions`)."""
 
-    name = "lamp"
     knows = (
         "the update, the weights, the vocabulary, batch size and length (labels if granted); not the defense (naive)"
     )

@@ -106,7 +106,6 @@ NoiseTarget = tuple[str, nn.Parameter, Statistic, float]
 class Aegis(KeyedNoiseDefense):
     """AEGIS: freeze attention projections, calibrated noise on the embedding and MLP-up gradients."""
 
-    name = "aegis"
     modalities = ("text",)
 
     def __init__(

@@ -137,8 +137,6 @@ def check_seed(seed: Any, none_means: str | None = None) -> int | None:
 class NoDefense(Defense):
     """No defense: the reference every defense is compared with."""
 
-    name = "none"
-
 
 def check_unit_interval(name: str, value: float) -> float:
     if not (0.0 <= float(value) <= 1.0):

@@ -49,8 +49,6 @@ def prune_topk_(grad: torch.Tensor, ratio: float) -> None:
 class Prune(Defense):
     """Top-k magnitude gradient pruning, per parameter tensor."""
 
-    name = "prune"
-
     def __init__(self, ratio: float = 0.9) -> None:
         super().__init__()
         self.ratio = check_unit_interval("ratio", ratio)
@@ -67,8 +65,6 @@ class Prune(Defense):
 
 class GaussianNoise(KeyedNoiseDefense):
     """N(0, sigma^2) on every gradient entry, seeded, fresh each call."""
-
-    name = "gaussian"
 
     def __init__(self, sigma: float = 0.01, seed: int = 0) -> None:
         super().__init__()

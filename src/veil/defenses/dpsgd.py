@@ -104,7 +104,6 @@ def _tied(model: VeilModel) -> list[str]:
 class DPSGD(Defense):
     """DP-SGD: Poisson batches, per-sample clipping to `clip`, Gaussian noise, privacy accounting."""
 
-    name = "dpsgd"
     poisson = True  # the training loop draws Poisson batches for a defense that says so
     keeps_forward = True  # per-sample clipping and noise act on gradients only (veil.training.frozen)
 

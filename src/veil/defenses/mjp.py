@@ -113,7 +113,6 @@ class MJP(Defense):
     resume state (`state_dict`), so a resumed run draws what the uninterrupted run would have.
     """
 
-    name = "mjp"
     POOL = 2048  # image masks drawn per batch of draws (see `_from_pool`)
 
     def __init__(

@@ -58,7 +58,6 @@ class PatchPermutation(Defense):
     (`veil train`, FedAvg) is refused, since there it would do nothing.
     """
 
-    name = "permutation"
     modalities = ("image",)
 
     def __init__(self, enabled: bool = True, seed: int = 0, skip: int = 0) -> None:

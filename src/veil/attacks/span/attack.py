@@ -59,7 +59,6 @@ class SpanOptions(Options):
 class SpanAttack(Attack[SpanOptions]):
     """DAGER's span attack with veil's peeling search (options: `SpanOptions`)."""
 
-    name = "span"
     knows = "the first layers' Q/K/V gradients, the weights, the vocabulary and batch size; not the defense (naive)"
     modality = "text"
     needs_attention_layers = (2, "to resolve positions")

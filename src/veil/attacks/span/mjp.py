@@ -152,7 +152,6 @@ class SpanMJPAttack(Attack[SpanMJPOptions]):
     """The span attack with E_unk at MJP's selected slots (options: `SpanMJPOptions`; the span
     attack's go to it; see the module docstring for what the attacker knows)."""
 
-    name = "span-mjp"
     modality = "text"
     knows = (
         "the update, the weights (E_unk included), batch size, length and tokenizer, MJP's settings (Knowledge.defense: "

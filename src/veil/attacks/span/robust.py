@@ -204,7 +204,6 @@ class SpanRobustOptions(Options):
 class SpanRobustAttack(Attack[SpanRobustOptions]):
     """DAGER's span attack with a layer-1 test robust to client dropout (options: `SpanRobustOptions`)."""
 
-    name = "span-robust"
     modality = "text"
     knows = (
         "the update, the weights, batch size, length and tokenizer, and that the client trains with dropout at rate p "
