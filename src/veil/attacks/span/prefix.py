@@ -46,19 +46,13 @@ class PrefixSeeder:
     """Beam-grown prefixes and their whole-sentence repair (`prefix_seed`), with the counted work.
     `hits`: the sentences that passed the exact check, in the order found."""
 
-    def __init__(
-        self,
-        stage: Any,
-        specials: Any,
-        *,
-        width: int = 24,
-        beam: int = 4,
-        ends: int = 2,
-        rounds: int = 3,
-        worst: int = 8,
-    ) -> None:
+    #: the search's fixed shape: candidates per position (the position prior's likeliest tokens),
+    #: prefixes kept per step, lengths of a grown path repaired (its closest closed sentences),
+    #: repair rounds, and the positions a repair round revisits
+    width, beam, ends, rounds, worst = 24, 4, 2, 3, 8
+
+    def __init__(self, stage: Any, specials: Any) -> None:
         self.stage, self.specials = stage, specials
-        self.width, self.beam, self.n_ends, self.rounds, self.worst = width, beam, ends, rounds, worst
         special = {v for v in (specials.sep, specials.cls, specials.pad) if v is not None}
         self.ranked = ranked_tokens(stage.cands, stage.prior, special)
         self.content = [torch.tensor(r, dtype=torch.long) for r in self.ranked]
@@ -164,7 +158,7 @@ def prefix_seed(
             break
         grown[v] = grown.get(v, 0) + 1
         path, closed = sd.grow(v, budget, tol2, tol_cls)
-        for _, n in sorted(closed)[: sd.n_ends]:
+        for _, n in sorted(closed)[: sd.ends]:
             sent = path[: n - 1] + [specials.sep]
             if sd.hits or sent in sd.repaired or stage.scored >= budget:
                 break
