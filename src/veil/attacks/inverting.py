@@ -92,14 +92,21 @@ class DLGOptions(Options):
 
 
 @dataclass(frozen=True)
-class IGOptions(Options):
+class CosineTVOptions(Options):
+    """What the attacks that minimise the paper's cosine + TV objective (Geiping et al. 2020,
+    eq. 4) on dummy images share: `ig` on a gradient, `ig-fedavg` on a FedAvg update."""
+
+    tv: float = option(1e-4, "weight of the total-variation prior (keep it small next to the cosine)")
+    seed: int | None = option(None, "seed of the dummies' start; unset: the knowledge's seed")
+
+
+@dataclass(frozen=True)
+class IGOptions(CosineTVOptions):
     iterations: int = option(800, "Adam steps per restart")
     restarts: int = option(2, "random restarts; the one with the lowest gradient distance is kept")
     lr: float = option(0.1, "Adam learning rate (annealed by the schedule)")
-    tv: float = option(1e-4, "weight of the total-variation prior (keep it small next to the cosine)")
     label: Literal["infer"] = option("infer", "without granted labels, read them off the last layer's gradient")
     signed: bool = option(True, "step on the sign of the image gradient (the paper)")
-    seed: int | None = option(None, "seed of the dummy's start; unset: the knowledge's seed")
     distance: Literal["cosine", "layer_cosine", "l2"] = option("cosine", "gradient distance matched")
     layers: Literal["input", "all"] = option("input", "gradients compared: the input layers or every exported one")
     schedule: Literal["cosine", "step"] = option("cosine", "lr schedule: cosine to lr/1000, or x0.1 at 3/8, 5/8, 7/8")

@@ -58,9 +58,9 @@ from torch.func import functional_call
 
 from veil.attacks import ATTACKS
 from veil.attacks.base import Attack, Knowledge, LocalTraining, Observation, Reconstruction
-from veil.attacks.inverting import image_shape, input_layer_names, total_variation
+from veil.attacks.inverting import CosineTVOptions, image_shape, input_layer_names, total_variation
 from veil.attacks.labels import labels_from_bias
-from veil.attacks.options import Options, option
+from veil.attacks.options import option
 from veil.defenses.base import Defense
 from veil.errors import VeilError
 from veil.models.base import VeilModel
@@ -152,16 +152,14 @@ def cosine_distance(a: Tensor, b: Tensor) -> Tensor:
 
 
 @dataclass(frozen=True)
-class IGFedAvgOptions(Options):
+class IGFedAvgOptions(CosineTVOptions):
     iterations: int = option(100, "Adam steps per restart (each one unrolls the client's local training)")
     restarts: int = option(1, "random restarts; the one with the lowest matching loss is kept")
     lr: float = option(0.1, "Adam learning rate on the dummy inputs (cosine-annealed to lr/1000)")
-    tv: float = option(1e-4, "weight of the total-variation prior")
     label: Literal["infer", "soft"] = option(
         "infer", "without granted labels: the bias-inferred multiset dealt in order, or soft labels optimised"
     )
     layers: Literal["input", "all"] = option("input", "part of the weight change compared: input layers or all")
-    seed: int | None = option(None, "seed of the dummies' start; unset: the knowledge's seed")
 
 
 class MultiStepInvertingGradients(Attack[IGFedAvgOptions]):
