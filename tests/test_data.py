@@ -394,3 +394,17 @@ def test_partition_errors():
         iid(labels, 6)
     with pytest.raises(VeilError, match="labels must be a 1-D array of integers"):
         iid(np.zeros(5), 2)
+
+
+def test_a_loader_takes_its_declared_options_and_names_the_allowed_ones() -> None:
+    from veil.registry import DATASETS
+
+    with pytest.raises(VeilError, match=r"^data set digits: unknown option 'sizes'; allowed: channels, seed, size, "):
+        DATASETS.create("digits", sizes=4)
+    opts = DATASETS.options("digits")
+    # its own options first, the shared limits after, each with its help (declared once, in splits.Limits)
+    assert list(opts) == ["size", "channels", "test_fraction", "train_size", "test_size", "seed"]
+    assert opts["size"].default == 8 and DATASETS.options("lfw")["size"].default == 32
+    assert opts["train_size"].help == DATASETS.options("sst2")["train_size"].help != ""
+    mosaic = DATASETS.options("digit-mosaic")  # a loader that gives a shared option its own meaning
+    assert mosaic["train_size"].default == 2000 and mosaic["train_size"].help == "mosaics drawn from the train digits."

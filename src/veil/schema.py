@@ -44,7 +44,13 @@ def options_of(builder: Callable[..., Any], defaults: dict[str, Any] | None = No
         hints = typing.get_type_hints(builder if _is_dataclass(builder) else target)
     except Exception:  # an annotation that does not evaluate here: leave the types unchecked
         hints = {}
-    helps = doc_help(inspect.getdoc(builder) or "")
+    # a dataclass's help lines: its own docstring's over those of the dataclasses it extends
+    docs = (
+        [c.__doc__ for c in reversed(builder.__mro__) if _is_dataclass(c)]
+        if _is_dataclass(builder)
+        else [inspect.getdoc(builder)]
+    )
+    helps = {k: v for doc in docs for k, v in doc_help(inspect.cleandoc(doc or "")).items()}
     out: dict[str, Option] = {}
     for name, p in sig.parameters.items():
         if p.kind not in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY) or name == "self":

@@ -52,7 +52,7 @@ def details(kinds: dict[str, Any], name: str) -> str:
         elif not rows:
             lines.append("  options: none")
         else:
-            w = [max(len(r[i]) for r in rows) for i in range(3)]
+            w = [max(len(h), *(len(r[i]) for r in rows)) for i, h in enumerate(("option", "type", "default"))]
             lines.append(f"  {'option':<{w[0]}}  {'type':<{w[1]}}  {'default':<{w[2]}}  help")
             lines += [f"  {r[0]:<{w[0]}}  {r[1]:<{w[1]}}  {r[2]:<{w[2]}}  {r[3]}".rstrip() for r in rows]
         blocks.append("\n".join(lines))

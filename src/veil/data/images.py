@@ -15,7 +15,7 @@ import torch
 from torch import Tensor
 from torch.nn import functional as F
 
-from veil.data.splits import DataSplits, limit, stratified_split, subset
+from veil.data.splits import DataSplits, PoolLimits, limit, loader, stratified_split, subset
 from veil.errors import VeilError
 from veil.registry import DATASETS
 
@@ -42,17 +42,32 @@ def set_channels(pixels: Tensor, channels: int) -> Tensor:
     return pixels.expand(-1, 3, -1, -1).contiguous() if channels == 3 else pixels.mean(1, keepdim=True)
 
 
-@dataclass(frozen=True)
-class Limits:
-    """How every image loader splits and limits its data (its options of the same names)."""
+@dataclass(frozen=True, kw_only=True)
+class ImageOptions(PoolLimits):
+    """The options of an image loader.
 
-    test_fraction: float
-    train_size: int | None
-    test_size: int | None
-    seed: int
+    size: side, in pixels, the images are resized to (square).
+    channels: 1 (grey) or 3 (RGB).
+    """
+
+    size: int = 32
+    channels: int = 1
 
 
-def build_splits(pixels: Tensor, labels: np.ndarray, class_names: list[str], lim: Limits, meta: dict) -> DataSplits:
+@dataclass(frozen=True, kw_only=True)
+class DigitsOptions(ImageOptions):
+    size: int = 8
+
+
+@dataclass(frozen=True, kw_only=True)
+class FolderOptions(ImageOptions):
+    """path: a folder with one sub-folder of images per class."""
+
+    path: str | Path
+    channels: int = 3
+
+
+def build_splits(pixels: Tensor, labels: np.ndarray, class_names: list[str], lim: PoolLimits, meta: dict) -> DataSplits:
     """Seeded stratified split, then optional seeded size limits."""
     data = {"pixels": pixels.float().contiguous(), "labels": torch.as_tensor(labels, dtype=torch.int64)}
     train_idx, test_idx = stratified_split(labels, lim.test_fraction, lim.seed)
@@ -84,35 +99,25 @@ def read_lfw() -> tuple[Tensor, np.ndarray, list[str], str]:
 Reader = Callable[[], tuple[Tensor, np.ndarray, list[str], str]]
 
 
-def bundled(name: str, read: Reader, default_size: int) -> Callable:
+def bundled(name: str, read: Reader, options: type[ImageOptions]) -> Callable[..., DataSplits]:
     """The loader of an image set a dependency bundles: `read` gives (pixels, labels, classes, source)."""
 
-    def load(
-        size: int = default_size,
-        channels: int = 1,
-        test_fraction: float = 0.2,
-        train_size: int | None = None,
-        test_size: int | None = None,
-        seed: int = 0,
-    ) -> DataSplits:
+    def load(o: ImageOptions) -> DataSplits:
         pixels, labels, names, source = read()
-        pixels = set_channels(resize(pixels, size), channels)
-        return build_splits(
-            pixels, labels, names, Limits(test_fraction, train_size, test_size, seed), {"source": source}
-        )
+        return build_splits(set_channels(resize(pixels, o.size), o.channels), labels, names, o, {"source": source})
 
     load.__name__ = load.__qualname__ = name
     load.__doc__ = read.__doc__
-    return load
+    return loader(options)(load)
 
 
-#: the bundled image sets: name -> (help, reader, default size)
-BUNDLED: dict[str, tuple[str, Reader, int]] = {
-    "digits": ("sklearn handwritten digits, 1,797 8x8 grey images, 10 classes", read_digits, 8),
-    "lfw": ("skimage LFW subset: 100 faces vs 100 non-faces, 25x25 grey", read_lfw, 32),
+#: the bundled image sets: name -> (help, reader, options)
+BUNDLED: dict[str, tuple[str, Reader, type[ImageOptions]]] = {
+    "digits": ("sklearn handwritten digits, 1,797 8x8 grey images, 10 classes", read_digits, DigitsOptions),
+    "lfw": ("skimage LFW subset: 100 faces vs 100 non-faces, 25x25 grey", read_lfw, ImageOptions),
 }
-for _name, (_help, _read, _size) in BUNDLED.items():
-    DATASETS.register(_name, help=_help)(bundled(_name, _read, _size))
+for _name, (_help, _read, _options) in BUNDLED.items():
+    DATASETS.register(_name, help=_help)(bundled(_name, _read, _options))
 
 
 def read_image(path: Path, channels: int) -> Tensor:
@@ -149,22 +154,13 @@ def class_files(root: Path) -> dict[str, list[Path]]:
 
 
 @DATASETS.register("image_folder", help="your images: one sub-folder per class (png/jpg)")
-def image_folder(
-    path: str | Path,
-    size: int = 32,
-    channels: int = 3,
-    test_fraction: float = 0.2,
-    train_size: int | None = None,
-    test_size: int | None = None,
-    seed: int = 0,
-) -> DataSplits:
+@loader(FolderOptions)
+def image_folder(o: FolderOptions) -> DataSplits:
     """A user's images, one sub-folder per class (sorted names are the classes), resized to `size`."""
-    if channels not in (1, 3):
-        raise VeilError(f"channels must be 1 or 3, got {channels}")
-    files = class_files(Path(path))
+    if o.channels not in (1, 3):
+        raise VeilError(f"channels must be 1 or 3, got {o.channels}")
+    files = class_files(Path(o.path))
     names = list(files)
-    pixels = torch.cat([resize(read_image(p, channels)[None], size) for c in names for p in files[c]])
+    pixels = torch.cat([resize(read_image(p, o.channels)[None], o.size) for c in names for p in files[c]])
     labels = np.repeat(np.arange(len(names), dtype=np.int64), [len(files[c]) for c in names])
-    return build_splits(
-        pixels, labels, names, Limits(test_fraction, train_size, test_size, seed), {"source": str(path)}
-    )
+    return build_splits(pixels, labels, names, o, {"source": str(o.path)})

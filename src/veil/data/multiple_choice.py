@@ -21,10 +21,12 @@ takes a softmax over them. Chance is 1 / choices.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import numpy as np
 import torch
 
-from veil.data.splits import DataSplits
+from veil.data.splits import DataSplits, Limits, loader
 from veil.data.text import ASSETS, find_file, read_agnews, read_sst2, take
 from veil.data.tokenizers import Tokenizer
 from veil.errors import VeilError
@@ -116,19 +118,31 @@ def build_split(
     return split, items
 
 
+@dataclass(frozen=True, kw_only=True)
+class MCQAOptions(Limits):
+    """The options of the multiple-choice set.
+
+    source: the shipped text set the items are cut from ('agnews' or 'sst2').
+    tokenizer: 'wordpiece' only (the shipped vocabulary).
+    max_len: tokens per context + ending, [CLS] and [SEP] included.
+    choices: endings per item, the true one among them.
+    min_words: fewest words a text needs to be split into context and ending.
+    """
+
+    source: str = "agnews"
+    tokenizer: str = "wordpiece"
+    max_len: int = 64
+    choices: int = 4
+    min_words: int = 8
+
+
 @DATASETS.register("mcqa", help="multiple-choice QA built offline: the true continuation of a shipped text among 4")
-def mcqa(
-    source: str = "agnews",
-    tokenizer: str = "wordpiece",
-    max_len: int = 64,
-    choices: int = 4,
-    min_words: int = 8,
-    train_size: int | None = None,
-    test_size: int | None = None,
-    seed: int = 0,
-) -> DataSplits:
+@loader(MCQAOptions)
+def mcqa(o: MCQAOptions) -> DataSplits:
     """Choose the true second half of a shipped AG News / SST-2 text among `choices` (the rest
     drawn from other texts of the same split with equal word counts; see the module docstring)."""
+    source, tokenizer, max_len, choices, min_words = o.source, o.tokenizer, o.max_len, o.choices, o.min_words
+    train_size, test_size, seed = o.train_size, o.test_size, o.seed
     if source not in SOURCES:
         raise VeilError(f"mcqa source must be one of: {', '.join(SOURCES)}; got {source!r}")
     if isinstance(choices, bool) or int(choices) != choices or choices < 2:

@@ -19,11 +19,13 @@ the data layer, below training, because `veil.training.loop.evaluate` scores wit
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import numpy as np
 import torch
 from torch import Tensor
 
-from veil.data.splits import DataSplits, stratified_split
+from veil.data.splits import DataSplits, PoolLimits, loader, stratified_split
 from veil.errors import VeilError
 from veil.registry import DATASETS
 
@@ -46,18 +48,9 @@ def mosaics(images: np.ndarray, labels: np.ndarray, count: int, grid: int, thres
     }
 
 
-@DATASETS.register(
-    "digit-mosaic", help="segmentation: 2x2 mosaics of sklearn digits (16x16), per-pixel digit class or background"
-)
-def digit_mosaic(
-    grid: int = 2,
-    threshold: float = 0.25,
-    train_size: int = 2000,
-    test_size: int = 500,
-    test_fraction: float = 0.2,
-    seed: int = 0,
-) -> DataSplits:
-    """K x K mosaics of sklearn digits with per-pixel labels (digit class on ink, background elsewhere).
+@dataclass(frozen=True, kw_only=True)
+class MosaicOptions(PoolLimits):
+    """The options of the digit mosaics.
 
     grid: digits per side (K); the image is 8K x 8K.
     threshold: ink level (of full intensity) from which a pixel carries its digit's class.
@@ -66,6 +59,20 @@ def digit_mosaic(
     test_fraction: share of the 1,797 digits held out for the test mosaics (stratified).
     seed: the split and the draws.
     """
+
+    grid: int = 2
+    threshold: float = 0.25
+    train_size: int = 2000  # type: ignore[assignment]  # drawn, not a subset: always a number
+    test_size: int = 500  # type: ignore[assignment]
+
+
+@DATASETS.register(
+    "digit-mosaic", help="segmentation: 2x2 mosaics of sklearn digits (16x16), per-pixel digit class or background"
+)
+@loader(MosaicOptions)
+def digit_mosaic(o: MosaicOptions) -> DataSplits:
+    """K x K mosaics of sklearn digits with per-pixel labels (digit class on ink, background elsewhere)."""
+    grid, threshold, train_size, test_size, seed = o.grid, o.threshold, o.train_size, o.test_size, o.seed
     from sklearn.datasets import load_digits
 
     if isinstance(grid, bool) or not isinstance(grid, int) or grid < 1:
@@ -77,7 +84,7 @@ def digit_mosaic(
             raise VeilError(f"digit-mosaic {what} must be an integer >= 1, got {n!r}")
     d = load_digits()
     images, labels = d.images / 16.0, d.target.astype(np.int64)
-    train_idx, test_idx = stratified_split(labels, test_fraction, seed)
+    train_idx, test_idx = stratified_split(labels, o.test_fraction, seed)
     train = mosaics(images[train_idx], labels[train_idx], train_size, grid, float(threshold), seed)
     test = mosaics(images[test_idx], labels[test_idx], test_size, grid, float(threshold), seed + 1)
     names = [str(i) for i in range(10)] + [BACKGROUND]

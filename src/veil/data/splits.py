@@ -2,19 +2,24 @@
 
 A split is a plain ``dict[str, Tensor]`` with the batch keys the models read, so a batch of it
 can go straight into ``model(batch)`` and any slice of it is again a split.
+
+A loader declares its options as a frozen dataclass (`Limits` and `PoolLimits` hold the ones every
+loader shares) and is registered through `loader`, which exposes the fields as its keyword
+options: the config's `data.*` keys, listed with their help by `veil list --details NAME`.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Sequence
-from dataclasses import dataclass, field
-from typing import Any
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass, field, fields
+from typing import Any, TypeVar
 
 import numpy as np
 import torch
 from torch import Tensor
 
 from veil.errors import VeilError
+from veil.schema import options_of
 
 Split = dict[str, Tensor]
 
@@ -97,3 +102,63 @@ def limit(split: Split, size: int | None, seed: int, what: str) -> Split:
         raise VeilError(f"{what} {size} is larger than the {n} samples available")
     pick = np.random.default_rng(seed).permutation(n)[:size]
     return subset(split, pick)
+
+
+@dataclass(frozen=True, kw_only=True)
+class Limits:
+    """The split limits every loader takes.
+
+    train_size: training examples kept, a seeded random subset (unset: all).
+    test_size: test examples kept, a seeded random subset (unset: all).
+    seed: seed of the split and of the subsets.
+    """
+
+    train_size: int | None = None
+    test_size: int | None = None
+    seed: int = 0
+
+
+@dataclass(frozen=True, kw_only=True)
+class PoolLimits(Limits):
+    """The limits of a loader that splits one pool of examples into train and test.
+
+    test_fraction: share of the examples held out as the test split (stratified by label, seeded).
+    """
+
+    test_fraction: float = 0.2
+
+
+OptionsT = TypeVar("OptionsT")
+
+
+def loader(options: type[OptionsT]) -> Callable[[Callable[[OptionsT], DataSplits]], Callable[..., DataSplits]]:
+    """Decorator: the data set ``load(options) -> DataSplits`` as the keyword factory the registry
+    calls with the config's `data.*` keys (the fields of `options`; an unknown one is one line
+    naming the allowed ones); `schema()` lists them with their types, defaults and help."""
+    allowed = frozenset(f.name for f in fields(options))  # type: ignore[arg-type]
+
+    def wrap(load: Callable[[OptionsT], DataSplits]) -> Callable[..., DataSplits]:
+        def factory(**settings: Any) -> DataSplits:
+            unknown = sorted(set(settings) - allowed)
+            if unknown:
+                raise VeilError(
+                    f"data set {load.__name__}: unknown option {unknown[0]!r}; allowed: {', '.join(sorted(allowed))}"
+                )
+            return load(options(**settings))
+
+        factory.__name__ = factory.__qualname__ = load.__name__
+        factory.__doc__ = load.__doc__
+        factory.options = allowed  # type: ignore[attr-defined]
+        factory.schema = lambda: _own_first(options)  # type: ignore[attr-defined]
+        return factory
+
+    return wrap
+
+
+def _own_first(options: type) -> dict[str, Any]:
+    """`options_of(options)` with each loader's own options first, the shared limits last (a field
+    ranks by the nearest class of `options`' MRO that declares it)."""
+    found = options_of(options)
+    mro = options.__mro__
+    rank = {n: next(i for i, c in enumerate(mro) if n in vars(c).get("__annotations__", {})) for n in found}
+    return {n: found[n] for n in sorted(found, key=lambda n: rank[n])}

@@ -17,7 +17,7 @@ import numpy as np
 import torch
 
 from veil.data.files import column, read_delimited, read_table
-from veil.data.splits import DataSplits, stratified_split
+from veil.data.splits import DataSplits, Limits, PoolLimits, loader, stratified_split
 from veil.data.tokenizers import Tokenizer, make_tokenizer
 from veil.errors import VeilError
 from veil.registry import DATASETS
@@ -54,16 +54,39 @@ def resolve_tokenizer(tokenizer: str | Tokenizer, corpus: Sequence[str], max_voc
     return make_tokenizer(tokenizer, corpus, max_vocab) if isinstance(tokenizer, str) else tokenizer
 
 
-@dataclass(frozen=True)
-class Encoding:
-    """The options every text loader takes for limiting and encoding its splits."""
+@dataclass(frozen=True, kw_only=True)
+class Encoding(Limits):
+    """The options of a text loader: how its texts become token ids.
 
-    tokenizer: str | Tokenizer
-    max_len: int
-    train_size: int | None
-    test_size: int | None
-    seed: int
-    max_vocab: int
+    tokenizer: 'wordpiece' (the pretrained MiniLM vocabulary, shipped) or 'word' (a word vocabulary built on the training texts).
+    max_len: tokens per text, [CLS] and [SEP] included (longer texts are cut, shorter ones padded).
+    max_vocab: most words a 'word' vocabulary keeps.
+    """
+
+    tokenizer: str | Tokenizer = "wordpiece"
+    max_len: int = 64
+    max_vocab: int = 10000
+
+
+@dataclass(frozen=True, kw_only=True)
+class ShippedOptions(Encoding):
+    """path: a folder with the whole data set's files (unset: the subset veil ships)."""
+
+    path: str | Path | None = None
+
+
+@dataclass(frozen=True, kw_only=True)
+class TableOptions(Encoding, PoolLimits):
+    """The options of a user's table.
+
+    path: a CSV, TSV or JSONL file.
+    text_column: the column that holds the texts.
+    label_column: the column that holds the labels.
+    """
+
+    path: str | Path
+    text_column: str = "text"
+    label_column: str = "label"
 
 
 def encode_splits(
@@ -126,27 +149,18 @@ Reader = Callable[[Path], tuple[list[str], np.ndarray]]
 def shipped(name: str, read: Reader, train_stems: list[str], classes: list[str], label: str, doc: str) -> Callable:
     """The loader of a text set veil ships a subset of (assets/NAME), or reads whole from `path`."""
 
-    def load(
-        path: str | Path | None = None,
-        tokenizer: str | Tokenizer = "wordpiece",
-        max_len: int = 64,
-        train_size: int | None = None,
-        test_size: int | None = None,
-        seed: int = 0,
-        max_vocab: int = 10000,
-    ) -> DataSplits:
-        folder = ASSETS / name if path is None else Path(path)
+    def load(o: ShippedOptions) -> DataSplits:
+        folder = ASSETS / name if o.path is None else Path(o.path)
         train = read(find_file(folder, train_stems, name))
         test = read(find_file(folder, ["test"], name))
-        source = f"veil assets ({label} subset)" if path is None else str(path)
-        enc = Encoding(tokenizer, max_len, train_size, test_size, seed, max_vocab)
+        source = f"veil assets ({label} subset)" if o.path is None else str(o.path)
         return encode_splits(
-            {"train": train[0], "test": test[0]}, {"train": train[1], "test": test[1]}, classes, source, enc
+            {"train": train[0], "test": test[0]}, {"train": train[1], "test": test[1]}, classes, source, o
         )
 
     load.__name__ = load.__qualname__ = name
     load.__doc__ = doc
-    return load
+    return loader(ShippedOptions)(load)
 
 
 #: the shipped text sets: name -> (help, reader, train file stems, classes, what the subset is of, docstring)
@@ -173,32 +187,22 @@ for _name, (_help, *_spec) in SHIPPED.items():
 
 
 @DATASETS.register("table", help="your CSV / TSV / JSONL with a text and a label column")
-def table(
-    path: str | Path,
-    text_column: str = "text",
-    label_column: str = "label",
-    tokenizer: str | Tokenizer = "wordpiece",
-    max_len: int = 64,
-    test_fraction: float = 0.2,
-    train_size: int | None = None,
-    test_size: int | None = None,
-    seed: int = 0,
-    max_vocab: int = 10000,
-) -> DataSplits:
+@loader(TableOptions)
+def table(o: TableOptions) -> DataSplits:
     """A user's table; labels are the sorted distinct strings of the label column, split seeded and
     stratified into train/test."""
+    path = o.path
     data = read_table(path)
-    texts = [t.strip() for t in column(data, text_column, "text", path)]
-    raw = [v.strip() for v in column(data, label_column, "label", path)]
+    texts = [t.strip() for t in column(data, o.text_column, "text", path)]
+    raw = [v.strip() for v in column(data, o.label_column, "label", path)]
     if "" in raw:
         raise VeilError(f"{path}: data row {raw.index('') + 1} has an empty label")
     class_names, labels = np.unique(np.array(raw, dtype=str), return_inverse=True)
     if len(class_names) < 2:
         raise VeilError(
-            f"{path}: label column {label_column!r} has {len(class_names)} distinct value; a classifier needs at least 2"
+            f"{path}: label column {o.label_column!r} has {len(class_names)} distinct value; a classifier needs at least 2"
         )
-    train_idx, test_idx = stratified_split(labels, test_fraction, seed)
+    train_idx, test_idx = stratified_split(labels, o.test_fraction, o.seed)
     texts = {"train": [texts[i] for i in train_idx], "test": [texts[i] for i in test_idx]}
-    enc = Encoding(tokenizer, max_len, train_size, test_size, seed, max_vocab)
     names = [str(c) for c in class_names]
-    return encode_splits(texts, {"train": labels[train_idx], "test": labels[test_idx]}, names, str(path), enc)
+    return encode_splits(texts, {"train": labels[train_idx], "test": labels[test_idx]}, names, str(path), o)
