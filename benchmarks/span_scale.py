@@ -9,13 +9,19 @@ one process at 100 % of both cores for 120 s = 240 CPU s), sentences scored, whe
 stops working is read off the layer-1 span (Petrov et al. 2024, DAGER, eq. 2-3: the rank of
 ``[dW_Q; dW_K; dW_V]`` of block 1 is <= the batch's real tokens B*T; once B*T reaches the width the
 span is the whole space and layer 1 admits every token at every position): `--ranks` measures that
-rank vs B*T for more batch sizes (one client step each, no search).
+rank vs B*T for more batch sizes (one client step each, no search). `--signal` measures what is left
+once those spans are full: each block's MLP down-projection W (width x 4 width) gets
+``dL/dW = sum_i delta_i a_i^T``, whose row space (rank <= width) is the part of span{a_i} the
+gradient keeps; per block, the mean over a sentence's positions of the relative distance of its
+a_i to that row space, for the true sentence and with k of its tokens replaced by other tokens of
+the batch (one client step per batch size; the medians over the batch's sentences).
 
     python benchmarks/span_scale.py [--models minilm,hf-gpt2] [--batches 8,16,32,64] [--samples 2]
         [--budget 200000] [--threads 1] [--device cpu|cuda|auto] [--write]
     python benchmarks/span_scale.py --cli-runs 2 --write      # issue 21's CLI command, 2 runs side by side
     python benchmarks/span_scale.py ... --out A.json           # one process per cell, side by side, then
     python benchmarks/span_scale.py --merge A.json,B.json --write
+    python benchmarks/span_scale.py --signal 8,16,32 --write   # the MLP-down signal (below), no search
 
 Results go to docs/results/bench/span-scale.json (keys `scale` and `cli`, hashed), the figure to
 docs/figures/span_scale.png; `--write` splices the `span-scale` section of docs/results.md,
@@ -30,6 +36,8 @@ from __future__ import annotations
 import argparse
 import json
 import platform
+import random
+import statistics
 import sys
 import time
 from pathlib import Path
@@ -39,9 +47,11 @@ import torch
 
 from veil.attacks import create_attack, observe
 from veil.attacks.harness import attack_once, private_batches, score
-from veil.attacks.span.core import layer_span
+from veil.attacks.span.checks import row_span
+from veil.attacks.span.core import layer_span, param_name, recording_inputs
 from veil.build import build_run
 from veil.config import load_config
+from veil.models.base import linear_weight
 
 ROOT = Path(__file__).resolve().parent.parent
 MODELS: dict[str, list[str]] = {
@@ -125,6 +135,44 @@ def ranks(model: Any, data: Any, defenses: list, batches: list[int], device: str
         out.append({"batch": B, "tokens": tokens, "rank1": span.rank, "rank2": span2.rank, "width": span.width})
         model.zero_grad(set_to_none=True)
     return out
+
+
+def signal(model: Any, data: Any, defenses: list, batches: list[int], device: str, wrong=(0, 1, 2, 4, 8)) -> dict:
+    """Per batch size: the MLP-down gradients' ranks per block and, per k wrong tokens, the median
+    over sentences of each block's mean per-position distance (module docstring)."""
+    downs = model.mlp_down()
+    out = []
+    for B in batches:
+        batch = {k: v.to(device) for k, v in private_batches(data.test, B, 1, seed=0)[0].items()}
+        model.eval()
+        obs = observe(model, batch, defenses)
+        spans = [row_span(linear_weight(m, obs.grads[param_name(model, m.weight)])) for m in downs]
+        model.zero_grad(set_to_none=True)
+        ids, mask = batch["input_ids"].cpu(), batch["attention_mask"].cpu()
+        bag = ids[mask.bool()].unique().tolist()
+        rng = random.Random(0)
+        dist: dict[int, list[list[float]]] = {k: [] for k in wrong}
+        for b in range(B):
+            n = int(mask[b].sum())
+            for k in (k for k in wrong if k <= n - 2):
+                x = ids[b, :n].clone()
+                for t in rng.sample(range(1, n - 1), k):  # [CLS] and [SEP] stay
+                    x[t] = rng.choice([v for v in bag if v != int(x[t])])
+                with torch.no_grad(), recording_inputs(downs) as seen:
+                    model({"input_ids": x[None].to(device), "attention_mask": torch.ones_like(x[None]).to(device)})
+                dist[k].append([float(sp.distance(seen[id(m)][0].double()).mean()) for sp, m in zip(spans, downs)])
+        med = {str(k): [statistics.median(c) for c in zip(*v)] for k, v in dist.items() if v}
+        out.append(
+            {
+                "batch": B,
+                "tokens": int(mask.sum()),
+                "ranks": [sp.rank for sp in spans],
+                "width": spans[0].width,
+                "median_distance": med,
+            }
+        )
+        print(f"signal B={B}: {json.dumps(out[-1])}", file=sys.stderr, flush=True)
+    return {"model": "minilm", "batches": out}
 
 
 def figure(result: dict[str, Any], path: Path) -> None:
@@ -251,9 +299,16 @@ def main() -> None:
     )
     ap.add_argument("--merge", default="", help="comma-separated --out JSONs of runs made side by side, into --json")
     ap.add_argument("--write", action="store_true", help="splice the span-scale section into docs/results.md")
+    ap.add_argument("--signal", default="", help="batch sizes: measure MiniLM's MLP-down signal (no search), then stop")
     args = ap.parse_args()
     path = Path(args.json)
-    if args.cli_runs:
+    if args.signal:
+        torch.set_num_threads(args.threads)
+        model, data, defenses, _ = target("minilm", args.max_len, args.minilm_pooling)
+        sig = signal(model, data, defenses, [int(b) for b in args.signal.split(",")], "cpu")
+        sig["command"] = "python benchmarks/span_scale.py " + " ".join(sys.argv[1:])
+        doc = save("signal", sig, path)
+    elif args.cli_runs:
         before = load()
         runs = cli_runs(args.cli_runs, ROOT / "runs/span_scale_cli")
         cmd = "python benchmarks/span_scale.py " + " ".join(sys.argv[1:])

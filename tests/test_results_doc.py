@@ -196,3 +196,16 @@ def test_within_points_is_hand_computed_and_exactly_n_points_is_within() -> None
     assert within_points([0.485], [0.50], 1.0) == ["-1.50", "**no**"]
     assert within_points([0.70, 0.72], [0.68], 3.0) == ["+3.00", "yes"]
     assert within_points([0.62], [0.68], 3.0) == ["-6.00", "**no**"]
+
+
+def test_the_span_signal_table_leaves_out_the_cls_only_last_block() -> None:
+    from veil.report.results.sections.span_scale import signal
+
+    row = {"batch": 16, "tokens": 420, "ranks": [383, 383, 16], "width": 1536}
+    row["median_distance"] = {"0": [0.0441, 0.0766, 0.86], "1": [0.0881, 0.1409, 0.88]}
+    text = signal({"model": "minilm", "command": "python benchmarks/span_scale.py --signal 16", "batches": [row]})
+    assert (
+        "| 16 | 420 | 383 / 383 / 16 | 0 | 0.044 | 0.077 |" in text
+        and "| 16 | 420 | 383 / 383 / 16 | 1 | 0.088 | 0.141 |" in text
+    )
+    assert "block 3" not in text and "0.860" not in text
