@@ -79,3 +79,27 @@ def test_assignment_and_decoder_searches_stop_exactly(scene, budget: int) -> Non
     gpt.eval()
     _, st = _run(gpt, batch, know, budget=budget)
     assert st["prefixes_tested"] == budget and st["work"] == {"sentences_scored": budget}
+
+
+def test_sentence_costs_are_scored_in_calls_sized_to_memory(scene, monkeypatch) -> None:
+    """A sweep may score every vocabulary token at one position (layer 1 admits all once its span is
+    full, e.g. under DP-SGD noise: one unchunked call held 12 GB): `sentence_costs` splits its
+    sentences into calls of `rows_per_call`, with the same costs as one call."""
+    from veil.attacks.span import core, search
+    from veil.attacks.span.core import layer_span
+
+    sst2, model = scene
+    batch = _batch(sst2, 4, max_real=20)
+    span2 = layer_span(observe(model, batch), 1)
+    ids = batch["input_ids"].repeat(25, 1)  # 100 sentences
+    mask = batch["attention_mask"].repeat(25, 1)
+    whole = search.sentence_costs(model, span2, ids, mask)
+    sizes: list[int] = []
+    inner = search.layer_inputs
+    monkeypatch.setattr(search, "layer_inputs", lambda m, i, k: sizes.append(len(i)) or inner(m, i, k))
+    row = ids.shape[1] * span2.width * 2 * core.ACT_FLOATS * 4
+    monkeypatch.setattr(core, "CALL_BYTES", 7 * row)
+    split = search.sentence_costs(model, span2, ids, mask)
+    assert sizes == [7] * 14 + [2]
+    assert torch.equal(split, whole) and split.shape == (100, ids.shape[1])
+    assert not split.requires_grad

@@ -88,6 +88,20 @@ def model_device(model: nn.Module) -> torch.device:
     return next(model.parameters()).device
 
 
+#: memory one scoring call may use on the CPU, and the float32 activations a block keeps per token
+#: and width (Q/K/V/O, the MLP's 4x hidden, LayerNorms, residuals: ~12), x3 with the backward pass
+CALL_BYTES = 1 << 30
+ACT_FLOATS = 12
+
+
+def rows_per_call(model: nn.Module, row_bytes: int) -> int:
+    """How many candidate sentences of `row_bytes` activations each one scoring call may hold:
+    `CALL_BYTES` on the CPU, a quarter of the free memory on a GPU (at least one)."""
+    dev = model_device(model)
+    room = torch.cuda.mem_get_info(dev)[0] // 4 if dev.type == "cuda" else CALL_BYTES
+    return max(1, int(room // max(1, row_bytes)))
+
+
 def first_layer_inputs(model: VeilModel, ids: Tensor, positions: Tensor) -> Tensor:
     """``h0(ids[i], positions[j])`` for all pairs: (len(positions), len(ids), width), on the model's device."""
     dev = model_device(model)

@@ -11,14 +11,9 @@ import torch
 from torch import Tensor, nn
 
 from veil.attacks.span.checks import CLSCheck
-from veil.attacks.span.core import Span, model_device, recording_inputs
+from veil.attacks.span.core import ACT_FLOATS, Span, model_device, recording_inputs, rows_per_call
 from veil.attacks.span.residual import Residual
 from veil.models.base import VeilModel
-
-#: memory one scoring call may use on the CPU, and the float32 activations a block keeps per token
-#: and width (Q/K/V/O, the MLP's 4x hidden, LayerNorms, residuals: ~12), x3 with the backward pass
-CALL_BYTES = 1 << 30
-ACT_FLOATS = 12
 
 
 def _probe(model: VeilModel, mods: list[Any], stop: Any, ids: Tensor, mask: Tensor) -> dict[int, Tensor]:
@@ -67,11 +62,9 @@ class SentenceScore:
         """Candidate sentences of `n` tokens one scoring call may hold: its activations (all blocks
         and their backward pass with the gradient match, else the first two blocks) within
         `CALL_BYTES` on the CPU, a quarter of the free memory on a GPU."""
-        dev = model_device(self.model)
-        room = torch.cuda.mem_get_info(dev)[0] // 4 if dev.type == "cuda" else CALL_BYTES
         layers = len(self.model.attention_layers()) if self.tok_grad is not None or self.with_cls else 2
         per = n * self.span2.width * layers * (ACT_FLOATS * (3 if self.tok_grad is not None else 1)) * 4
-        return max(1, int(room // max(1, per)))
+        return rows_per_call(self.model, per)
 
     def __call__(self, ids: Tensor) -> tuple[Tensor, Tensor]:
         pc, dc = self._scores(ids)

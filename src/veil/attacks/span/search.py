@@ -31,7 +31,7 @@ import torch
 from scipy.optimize import linear_sum_assignment
 from torch import Tensor
 
-from veil.attacks.span.core import Span, last_position, layer_inputs
+from veil.attacks.span.core import ACT_FLOATS, Span, last_position, layer_inputs, rows_per_call
 from veil.models.base import VeilModel
 
 
@@ -50,8 +50,16 @@ class SearchInput:
 
 
 def sentence_costs(model: VeilModel, span2: Span, ids: Tensor, mask: Tensor) -> Tensor:
-    """Per-position layer-2 span distance (N, T) of sentences `ids`; 0 at padding."""
-    return span2.distance(layer_inputs(model, ids, mask)).float().cpu() * mask
+    """Per-position layer-2 span distance (N, T) of sentences `ids`; 0 at padding. Scored in calls
+    sized to memory (`rows_per_call`): a sweep may hold every token of the vocabulary at one
+    position (layer 1 admits them all once its span is full, e.g. under DP-SGD noise)."""
+    rows = rows_per_call(model, ids.shape[1] * span2.width * 2 * ACT_FLOATS * 4)
+    with torch.no_grad():
+        parts = [
+            span2.distance(layer_inputs(model, ids[i : i + rows], mask[i : i + rows])).float().cpu()
+            for i in range(0, len(ids), rows)
+        ]
+    return torch.cat(parts) * mask if parts else torch.zeros(ids.shape) * mask
 
 
 # ----------------------------------------------------------------------------- decoder
