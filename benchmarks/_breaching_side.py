@@ -152,9 +152,11 @@ def payload(model: nn.Module, meta: Metadata, grads: list[Tensor], labels: Tenso
 def run_ig(t: dict[str, Tensor], cfg: dict) -> tuple[dict[str, Tensor], dict]:
     import breaching
 
-    m = cfg["model"]
+    m, dev = cfg["model"], torch.device(cfg.get("device", "cpu"))
+    t = {k: v.to(dev) for k, v in t.items()}
     model = PlainViT(**m).eval()
     model.load_state_dict({k[len("model.") :]: v for k, v in t.items() if k.startswith("model.")}, strict=True)
+    model.to(dev)
     image, labels, x0 = t["image"], t["labels"], t["x0"]
     names = [n for n, _ in model.named_parameters()]
     grads = [t["grad." + n] for n in names]
@@ -169,15 +171,23 @@ def run_ig(t: dict[str, Tensor], cfg: dict) -> tuple[dict[str, Tensor], dict]:
     attack.optim.callback = int(cfg["iterations"]) + 1  # no log line inside the timed loop
     attack.regularization.total_variation.scale = float(cfg["tv"])
     attack.restarts.num_trials = 1
-    setup = dict(device=torch.device("cpu"), dtype=torch.float)
+    setup = dict(device=dev, dtype=torch.float)
     attacker = breaching.attacks.prepare_attack(model, nn.CrossEntropyLoss(), attack, setup)
     server, shared = payload(model, Metadata(tuple(image.shape[1:]), m["num_classes"]), grads, labels)
     attacker.reconstruct(server, shared, {}, initial_data=x0.clone(), dryrun=True)  # warm-up: one step, untimed
+    sync(dev)
     t0, c0 = time.perf_counter(), time.process_time()
     rec, _ = attacker.reconstruct(server, shared, {}, initial_data=x0.clone(), dryrun=False)
+    sync(dev)
     seconds, cpu = time.perf_counter() - t0, time.process_time() - c0
     result = {"seconds": seconds, "cpu_seconds": cpu, "iterations": int(cfg["iterations"]), "update_rel_error": rel}
-    return {"reconstruction": rec["data"].detach().contiguous()}, result
+    return {"reconstruction": rec["data"].detach().cpu().contiguous()}, result
+
+
+def sync(dev: torch.device) -> None:
+    """Wait for the GPU's queued work (a timer read before it would time the launches only)."""
+    if dev.type == "cuda":
+        torch.cuda.synchronize(dev)
 
 
 def april_model(cfg: dict) -> nn.Module:

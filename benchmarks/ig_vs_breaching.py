@@ -50,6 +50,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shutil
 import statistics
 import subprocess
 import sys
@@ -83,10 +84,14 @@ def load() -> float:
 def breaching(python: str, mode: str, tensors: dict, cfg: dict, workdir: str) -> tuple[dict, dict]:
     """Run `_breaching_side.py MODE` in breaching's venv; returns its tensors and its result JSON."""
     src, dst = os.path.join(workdir, f"{mode}_in.safetensors"), os.path.join(workdir, f"{mode}_out.safetensors")
-    save_file({k: v.detach().contiguous() for k, v in tensors.items()}, src, metadata={"config": json.dumps(cfg)})
+    save_file({k: v.detach().cpu().contiguous() for k, v in tensors.items()}, src, metadata={"config": json.dumps(cfg)})
     threads = str(cfg["threads"])
-    env = {**os.environ, "OMP_NUM_THREADS": threads, "MKL_NUM_THREADS": threads, "CUDA_VISIBLE_DEVICES": ""}
-    env.pop("PYTHONPATH", None)
+    env = {**os.environ, "OMP_NUM_THREADS": threads, "MKL_NUM_THREADS": threads}
+    if cfg.get("device", "cpu") == "cpu":
+        env["CUDA_VISIBLE_DEVICES"] = ""
+    env.pop("PYTHONPATH", None)  # never veil's source; breaching's own path where it is not a venv
+    if os.environ.get("BREACHING_PYTHONPATH"):
+        env["PYTHONPATH"] = os.environ["BREACHING_PYTHONPATH"]
     proc = subprocess.run([python, str(SIDE), mode, src, dst], env=env, capture_output=True, text=True, cwd=workdir)
     if proc.returncode != 0:
         tail = proc.stderr.strip().splitlines()[-5:]
@@ -114,7 +119,9 @@ def run_ig(args: argparse.Namespace, model, batch: dict, obs, workdir: str) -> d
     tensors = {"image": image, "labels": labels, "x0": x0}
     tensors.update({"model." + k: v for k, v in model.state_dict().items()})
     tensors.update({"grad." + n: obs.grads[n] for n in names})
-    cfg = dict(model=MODEL, iterations=args.iterations, lr=args.lr, tv=args.tv, threads=args.threads)
+    cfg = dict(
+        model=MODEL, iterations=args.iterations, lr=args.lr, tv=args.tv, threads=args.threads, device=args.device
+    )
     target = GradientTarget(model, obs.grads)
     runs: dict[str, list[dict]] = {"veil": [], "breaching": []}
     warm = {**settings, "iterations": 2}  # one untimed warm-up, as each breaching subprocess makes its own
@@ -162,14 +169,14 @@ def _row(sec: float, cpu: float, its: int, image, rec, target, model, labels, tv
         "seconds": sec,
         "it_s": its / sec,
         "it_cpu_s": its / cpu,
-        "psnr": psnr(image, rec),
-        "objective": objective(target, model, rec, labels, tv),
+        "psnr": psnr(image.cpu(), rec.cpu()),
+        "objective": objective(target, model, rec.to(image.device), labels, tv),
         "load": (l0, load()),
     }
 
 
 def run_april(args: argparse.Namespace, model, batch: dict, obs, workdir: str) -> dict:  # noqa: ANN001
-    image = batch["pixels"]
+    image = batch["pixels"].cpu()
     attack = create_attack("april")
     veil_times, rec = [], None
     for _ in range(args.april_repeats):
@@ -177,7 +184,9 @@ def run_april(args: argparse.Namespace, model, batch: dict, obs, workdir: str) -
         rec = attack.reconstruct(obs, Knowledge(batch_size=1))
         veil_times.append(time.perf_counter() - t0)
     cfg = dict(model=MODEL, seed=args.seed, repeats=args.april_repeats, threads=args.threads)
-    out, res = breaching(args.breaching_python, "april", {"image": image, "labels": batch["labels"]}, cfg, workdir)
+    out, res = breaching(
+        args.breaching_python, "april", {"image": image, "labels": batch["labels"].cpu()}, cfg, workdir
+    )
     # veil's closed form on the same update breaching attacked (its modified timm ViT's)
     G = out["grad_pos"].reshape(-1, out["grad_pos"].shape[-1])[1:]
     dW = out["grad_patch"].reshape(out["grad_patch"].shape[0], -1)
@@ -189,7 +198,7 @@ def run_april(args: argparse.Namespace, model, batch: dict, obs, workdir: str) -
         same_times.append(time.perf_counter() - t0)
     med = lambda t: statistics.median(t[1:] if len(t) > 1 else t)  # noqa: E731 - the first call pays setup
     return {
-        "veil": {"seconds": med(veil_times), "psnr": psnr(image, rec.images)},
+        "veil": {"seconds": med(veil_times), "psnr": psnr(image, rec.images.cpu())},
         "breaching": {"seconds": med(res["seconds"]), "psnr": psnr(image, out["reconstruction"].clamp(0, 1))},
         "cond_pos": res["cond_pos"],
         "veil_on_breaching": {"seconds": med(same_times), "psnr": psnr(image, same)},
@@ -299,9 +308,11 @@ def main() -> None:
     ap.add_argument(
         "--breaching-python", default=os.environ.get("BREACHING_PYTHON", "/work/venvs/breaching/bin/python")
     )
+    ap.add_argument("--device", default="cpu", choices=("cpu", "cuda"), help="both sides on this device")
+    ap.add_argument("--json", default="", help="also write the measurements to this JSON (the GPU table reads it)")
     ap.add_argument("--write", action="store_true", help="replace the section in docs/results.md")
     args = ap.parse_args()
-    if not Path(args.breaching_python).exists():
+    if not shutil.which(args.breaching_python) and not Path(args.breaching_python).exists():
         sys.exit(f"ig_vs_breaching: no breaching venv at {args.breaching_python}; make it as the script's top says")
     if args.repeats < 2 or args.iterations < 8:
         sys.exit("ig_vs_breaching: --repeats must be at least 2 and --iterations at least 8")
@@ -309,7 +320,8 @@ def main() -> None:
     torch.manual_seed(args.seed)
     model = create_model("vit-tiny", num_classes=MODEL["num_classes"])
     test = load_data("lfw", size=MODEL["image_size"], channels=MODEL["in_chans"]).test
-    batch = {k: v[args.image : args.image + 1] for k, v in test.items()}
+    model.to(args.device)
+    batch = {k: v[args.image : args.image + 1].to(args.device) for k, v in test.items()}
     obs = observe(model, batch)
     missing = [n for n, _ in model.named_parameters() if n not in obs.grads]
     if missing:
@@ -325,6 +337,21 @@ def main() -> None:
     cmd = f"python benchmarks/ig_vs_breaching.py {argv}".strip()
     text = report(args, ig, april, loads, cmd)
     print(text)
+    if args.json:
+        gpu = torch.cuda.get_device_name() if args.device == "cuda" else ""
+        Path(args.json).write_text(
+            json.dumps(
+                {
+                    "command": cmd,
+                    "device": args.device,
+                    "gpu": gpu,
+                    "torch": torch.__version__,
+                    "ig": ig,
+                    "april": april,
+                },
+                indent=1,
+            )
+        )
     if args.write:
         write_section(text)
         print(f"written to {RESULTS.relative_to(ROOT)}")

@@ -136,6 +136,8 @@ class _Inversion(Attack[_InversionOptionsT]):
         shape = (B, *image_shape(model, know))
         target = self.target_for(model, obs)
         labels = self.labels_for(obs, know, B)
+        dev = next(model.parameters()).device  # the dummies live beside the weights (cuda when the model is there)
+        labels = labels.to(dev) if labels is not None else None
         seed = self.options.seed
         gen = torch.Generator().manual_seed(int(know.seed if seed is None else seed))
         was_training = model.training
@@ -155,8 +157,8 @@ class _Inversion(Attack[_InversionOptionsT]):
         elapsed = time.perf_counter() - t0
         assert best is not None
         return Reconstruction(
-            images=best[1].detach().clamp(0, 1),
-            labels=best[2],
+            images=best[1].detach().clamp(0, 1).cpu(),
+            labels=best[2].cpu() if best[2] is not None else None,
             stats={
                 "loss": best[0],
                 "iterations": steps,
@@ -206,11 +208,12 @@ class DLG(_Inversion[DLGOptions]):
     knows = "the update, the weights, batch size and input shape (labels if granted); not the defense (naive)"
 
     def run_once(self, model, target, shape, labels, gen, restart):  # noqa: ANN001, ANN201 - see base
-        x = torch.rand(shape, generator=gen).requires_grad_(True)
+        dev = next(model.parameters()).device  # drawn on the CPU generator: the same start on any device
+        x = torch.rand(shape, generator=gen).to(dev).requires_grad_(True)
         params = [x]
         y = None
         if labels is None:
-            y = torch.randn(shape[0], _num_classes(model), generator=gen).requires_grad_(True)
+            y = torch.randn(shape[0], _num_classes(model), generator=gen).to(dev).requires_grad_(True)
             params.append(y)
 
         def objective() -> Tensor:
@@ -311,7 +314,7 @@ class InvertingGradients(_Inversion[IGOptions]):
             raise VeilError("ig needs labels: pass them in the knowledge or keep label=infer")
         o = self.options
         its, tv, dist = o.iterations, o.tv, o.distance
-        x = torch.rand(shape, generator=gen).requires_grad_(True)
+        x = torch.rand(shape, generator=gen).to(next(model.parameters()).device).requires_grad_(True)
         opt = torch.optim.Adam([x], lr=o.lr)
         if o.schedule == "cosine":
             sched = torch.optim.lr_scheduler.CosineAnnealingLR(opt, max(its, 1), eta_min=o.lr * 1e-3)
