@@ -218,7 +218,8 @@ def report(args: argparse.Namespace, ig: dict, april: dict, loads: list[float], 
         "## Inverting Gradients vs breaching",
         "",
         f"`{cmd}` (`benchmarks/ig_vs_breaching.py`; breaching in its own venv, see the script's top). "
-        f"CPU, torch threads={args.threads} on both sides; 1-minute load average seen by the script "
+        + ("CPU" if args.device == "cpu" else torch.cuda.get_device_name())
+        + f", torch threads={args.threads} on both sides; 1-minute load average seen by the script "
         f"{min(loads):.1f}-{max(loads):.1f} (a shared machine: the runs are interleaved veil, breaching, ...). "
         f"veil: torch {torch.__version__}; breaching {bv['breaching']}: torch {bv['torch']}.",
         "",

@@ -37,6 +37,7 @@ import argparse
 import json
 import platform
 import random
+import shlex
 import statistics
 import sys
 import time
@@ -306,12 +307,12 @@ def main() -> None:
         torch.set_num_threads(args.threads)
         model, data, defenses, _ = target("minilm", args.max_len, args.minilm_pooling)
         sig = signal(model, data, defenses, [int(b) for b in args.signal.split(",")], "cpu")
-        sig["command"] = "python benchmarks/span_scale.py " + " ".join(sys.argv[1:])
+        sig["command"] = "python benchmarks/span_scale.py " + shlex.join(sys.argv[1:])
         doc = save("signal", sig, path)
     elif args.cli_runs:
         before = load()
         runs = cli_runs(args.cli_runs, ROOT / "runs/span_scale_cli")
-        cmd = "python benchmarks/span_scale.py " + " ".join(sys.argv[1:])
+        cmd = "python benchmarks/span_scale.py " + shlex.join(sys.argv[1:])
         doc = save("cli", {"command": cmd, "load_before": before, "runs": runs}, path)
     elif args.merge:  # runs made side by side (one process per cell)
         parts = [json.loads(Path(p).read_text()) for p in args.merge.split(",")]
@@ -331,7 +332,7 @@ def main() -> None:
         torch.set_num_threads(args.threads)
         batches = [int(b) for b in args.batches.split(",") if b]
         result: dict[str, Any] = {
-            "command": "python benchmarks/span_scale.py " + " ".join(sys.argv[1:]),
+            "command": "python benchmarks/span_scale.py " + shlex.join(sys.argv[1:]),
             "models": args.models.split(","),
             "batches": batches,
             "samples": args.samples,
