@@ -29,6 +29,20 @@ MC_TEXTS = [
 ]
 
 
+#: a ViT-digits run that trains in about a second (overrides for `load_config(None, ...)`)
+TINY_RUN = [
+    "model=vit-digits",
+    "model.depth=1",
+    "model.dim=32",
+    "model.heads=2",
+    "data.train_size=256",
+    "data.test_size=64",
+    "train.epochs=2",
+    "train.batch_size=64",
+    "train.lr=0.003",
+]
+
+
 SMALL = {  # small widths so the whole registry runs in seconds
     "vit-digits": {},
     "vit-tiny": {"depth": 2},

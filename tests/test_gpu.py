@@ -17,6 +17,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from helpers import TINY_RUN
 from veil.attacks import Knowledge, create_attack, observe
 from veil.build import load_run
 from veil.config import load_config
@@ -37,18 +38,7 @@ pytestmark = [
     pytest.mark.skipif(DEV == "cuda" and not torch.cuda.is_available(), reason="needs a CUDA device (-m gpu on a GPU)"),
 ]
 
-TINY = [
-    "model=vit-digits",
-    "model.depth=1",
-    "model.dim=32",
-    "model.heads=2",
-    "data.train_size=256",
-    "data.test_size=64",
-    "train.epochs=1",
-    "train.max_steps=4",
-    "train.batch_size=64",
-    "train.lr=0.003",
-]
+TINY = [*TINY_RUN, "train.epochs=1", "train.max_steps=4"]
 
 
 def test_auto_trains_on_the_gpu_along_the_cpu_trajectory(tmp_path: Path) -> None:

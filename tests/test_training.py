@@ -9,23 +9,14 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
+from helpers import TINY_RUN
 from veil.build import build_run, load_run
 from veil.config import load_config
 from veil.errors import VeilError
 from veil.io import load_model_weights, save_model_weights
 from veil.training.loop import train
 
-TINY = [
-    "model=vit-digits",
-    "model.depth=1",
-    "model.dim=32",
-    "model.heads=2",
-    "data.train_size=256",
-    "data.test_size=64",
-    "train.epochs=2",
-    "train.batch_size=64",
-    "train.lr=0.003",
-]
+TINY = TINY_RUN
 
 
 def test_run_folder_contents_and_repeatability(tmp_path: Path) -> None:
