@@ -399,7 +399,10 @@ def test_partition_errors():
 def test_a_loader_takes_its_declared_options_and_names_the_allowed_ones() -> None:
     from veil.registry import DATASETS
 
-    with pytest.raises(VeilError, match=r"^data set digits: unknown option 'sizes'; allowed: channels, seed, size, "):
+    with pytest.raises(
+        VeilError,
+        match=r"^dataset digits: unknown option 'sizes' \(did you mean 'size'\?\); options: channels, seed, size, ",
+    ):
         DATASETS.create("digits", sizes=4)
     opts = DATASETS.options("digits")
     # its own options first, the shared limits after, each with its help (declared once, in splits.Limits)

@@ -104,7 +104,9 @@ def test_minilm_is_the_pretrained_checkpoint() -> None:
 def test_unknown_model_and_option_are_one_line_errors() -> None:
     with pytest.raises(VeilError, match="unknown model 'vit-huge'; choose one of"):
         create_model("vit-huge")
-    with pytest.raises(VeilError, match="model 'vit-digits' has no option 'width'"):
+    with pytest.raises(
+        VeilError, match=r"^model vit-digits: unknown option 'width' \(did you mean 'depth'\?\); options: depth, "
+    ):
         create_model("vit-digits", width=3)
 
 

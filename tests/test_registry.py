@@ -81,3 +81,20 @@ def test_truncate_events_keeps_what_the_checkpoint_covers(tmp_path: Path) -> Non
     ]
     truncate_events(tmp_path / "missing.jsonl", "step", 0)  # nothing logged yet: nothing to cut
     assert not (tmp_path / "missing.jsonl").exists()
+
+
+@pytest.mark.parametrize(
+    "registry,name", [(r, n) for r in (MODELS, DATASETS, DEFENSES, ATTACKS) for n in r.names()], ids=str
+)
+def test_every_component_refuses_an_unknown_option_in_one_line(registry: Registry, name: str) -> None:
+    """Every registered model, data set, defense and attack: a key it does not take is one VeilError
+    line naming it (before anything is built), the nearest allowed key and all of them."""
+    keys = sorted(registry.keys(name))
+    typo = keys[0] + "x" if keys else "colour"
+    with pytest.raises(VeilError) as e:
+        registry.create(name, **{typo: 1})
+    line = str(e.value)
+    assert "\n" not in line and f"unknown option {typo!r}" in line and name in line
+    assert all(k in line for k in keys)
+    if keys:
+        assert f"did you mean {keys[0]!r}" in line

@@ -15,11 +15,12 @@ component goes into a module already listed, or its module is added to the list 
 from __future__ import annotations
 
 import importlib
+import inspect
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any, Generic, TypeVar
 
 from veil.errors import VeilError
-from veil.schema import Option, options_of
+from veil.schema import Option, options_of, unknown_option
 
 if TYPE_CHECKING:  # the kinds, for type checkers only: the registries import nothing above the core
     from veil.attacks.base import Attack
@@ -33,9 +34,10 @@ T = TypeVar("T")
 class Registry(Generic[T]):
     """Maps names to factories of one kind of object, filled lazily from a list of modules."""
 
-    def __init__(self, kind: str, modules: Sequence[str] = ()) -> None:
+    def __init__(self, kind: str, modules: Sequence[str] = (), checked_by_component: bool = False) -> None:
         self.kind = kind
         self.modules = tuple(modules)
+        self.checked_by_component = checked_by_component
         self._factories: dict[str, Callable[..., T]] = {}
         self._help: dict[str, str] = {}
         self._loaded = False
@@ -75,7 +77,16 @@ class Registry(Generic[T]):
         return self._factories[name]
 
     def create(self, name: str, **kwargs: Any) -> T:
-        return self.factory(name)(**kwargs)
+        """Build `name` from keyword options. A key it does not take is one line naming the nearest
+        and the allowed ones, checked here before it is built (models, data sets, defenses), or by
+        the component itself where it checks types too (`checked_by_component`: attacks)."""
+        factory = self.factory(name)
+        if not self.checked_by_component and not _takes_any(factory):
+            keys = self.keys(name)
+            unknown = sorted(set(kwargs) - keys)
+            if unknown:
+                raise unknown_option(f"{self.kind} {name}", unknown[0], keys)
+        return factory(**kwargs)
 
     def options(self, name: str) -> dict[str, Option]:
         """The keyword options `name` takes (type, default, help): its factory's ``schema()`` when
@@ -100,6 +111,18 @@ class Registry(Generic[T]):
     def __contains__(self, name: object) -> bool:
         self.load()
         return name in self._factories
+
+
+def _takes_any(factory: Callable[..., Any]) -> bool:
+    """Whether `factory` takes keywords its registry cannot list (``**kwargs`` with no declared
+    ``options`` or ``schema``): then the factory checks them itself."""
+    if getattr(factory, "options", None) is not None or callable(getattr(factory, "schema", None)):
+        return False
+    try:
+        params = inspect.signature(factory).parameters.values()
+    except (TypeError, ValueError):
+        return True
+    return any(p.kind is p.VAR_KEYWORD for p in params)
 
 
 #: the registries and the modules that fill them
@@ -146,6 +169,7 @@ ATTACKS: Registry[Attack] = Registry(
             "multiround",
         )
     ),
+    checked_by_component=True,  # `veil.attacks.options.check`: keys and value types, in the attack's own words
 )
 #: the protocols the audit engine hands a non-single-step task to (`veil.experiments.audit`): each
 #: registers an object with validate_task(task, s), run_task(task, s, out, progress) and

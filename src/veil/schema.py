@@ -8,11 +8,12 @@ of any other type is passed through to its builder, which checks it.
 
 from __future__ import annotations
 
+import difflib
 import inspect
 import re
 import types
 import typing
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any, Literal, Union
 
@@ -60,6 +61,14 @@ def options_of(builder: Callable[..., Any], defaults: dict[str, Any] | None = No
             default = defaults[name]
         out[name] = Option(name, hints.get(name), default, helps.get(name, ""))
     return out
+
+
+def unknown_option(who: str, key: str, allowed: Iterable[str]) -> VeilError:
+    """The one line for an option `who` does not take: the nearest allowed name, then all of them."""
+    names = sorted(allowed)
+    close = difflib.get_close_matches(str(key), names, n=1)
+    hint = f" (did you mean {close[0]!r}?)" if close else ""
+    return VeilError(f"{who}: unknown option {key!r}{hint}; options: {', '.join(names) or 'none'}")
 
 
 def _is_dataclass(obj: Any) -> bool:

@@ -21,14 +21,13 @@ checks its `attack.KEY=VALUE` words before it imports torch. An int, or a string
 from __future__ import annotations
 
 import dataclasses
-import difflib
 import types
 import typing
 from dataclasses import dataclass, field
 from typing import Any, ClassVar, Literal, TypeVar, Union
 
 from veil.errors import VeilError
-from veil.schema import Option
+from veil.schema import Option, unknown_option
 
 O = TypeVar("O", bound="Options")  # noqa: E741 - a type variable
 Spec = Any  # str | dict: see the module docstring
@@ -117,9 +116,7 @@ def check(who: str, declared: dict[str, Spec], settings: dict[str, Any]) -> dict
     out = {}
     for key, value in settings.items():
         if key not in declared:
-            close = difflib.get_close_matches(str(key), list(declared), n=1)
-            hint = f" (did you mean {close[0]!r}?)" if close else ""
-            raise VeilError(f"{who}: unknown option {key!r}{hint}; options: {allowed}")
+            raise unknown_option(who, key, declared)
         ok, out[key] = fit(declared[key], value)
         if not ok:
             raise VeilError(

@@ -133,17 +133,13 @@ OptionsT = TypeVar("OptionsT")
 
 def loader(options: type[OptionsT]) -> Callable[[Callable[[OptionsT], DataSplits]], Callable[..., DataSplits]]:
     """Decorator: the data set ``load(options) -> DataSplits`` as the keyword factory the registry
-    calls with the config's `data.*` keys (the fields of `options`; an unknown one is one line
-    naming the allowed ones); `schema()` lists them with their types, defaults and help."""
+    calls with the config's `data.*` keys (the fields of `options`, declared as the factory's
+    ``options``: `Registry.create` refuses any other in one line); `schema()` lists them with their
+    types, defaults and help."""
     allowed = frozenset(f.name for f in fields(options))  # type: ignore[arg-type]
 
     def wrap(load: Callable[[OptionsT], DataSplits]) -> Callable[..., DataSplits]:
         def factory(**settings: Any) -> DataSplits:
-            unknown = sorted(set(settings) - allowed)
-            if unknown:
-                raise VeilError(
-                    f"data set {load.__name__}: unknown option {unknown[0]!r}; allowed: {', '.join(sorted(allowed))}"
-                )
             return load(options(**settings))
 
         factory.__name__ = factory.__qualname__ = load.__name__
