@@ -138,3 +138,13 @@ def split_config(tmp: Path) -> Path:
         "split: {protocol: pfesta}\n"
     )
     return p
+
+
+def mark_and_sleep(folder: str, seconds: float) -> None:
+    """A pool task that says which worker runs it (an empty file named by its pid), then waits:
+    a worker running it has finished starting (its initializer ran)."""
+    import os
+    import time
+
+    (Path(folder) / str(os.getpid())).touch()
+    time.sleep(seconds)

@@ -149,22 +149,26 @@ def _alive(pid: int) -> bool:
 
 
 @pytest.mark.skipif(not Path("/proc").is_dir(), reason="reads worker processes from /proc")
-def test_an_audit_killed_by_a_signal_takes_its_workers_with_it() -> None:
+def test_an_audit_killed_by_a_signal_takes_its_workers_with_it(tmp_path: Path) -> None:
     """`kill -9` of a parallel audit (its workers get no signal): the workers end within seconds
-    instead of training on into run folders whose lock their audit no longer holds."""
+    instead of training on into run folders whose lock their audit no longer holds. The audit is
+    killed once both workers have started (each runs a task that leaves its pid in `tmp_path`): a
+    worker still importing on a busy machine has not started its watch yet."""
     code = (
-        "import os, time\n"
+        "import sys, time\n"
+        f"sys.path.insert(0, {str(Path(__file__).parent)!r})\n"
+        "from helpers import mark_and_sleep\n"
         "from veil.experiments.audit import _pool\n"
         "pool = _pool(2)\n"
-        "futures = [pool.submit(time.sleep, 120) for _ in range(2)]\n"
-        "time.sleep(0.5)\n"
-        "print(' '.join(str(p) for p in pool._processes), flush=True)\n"
-        "time.sleep(120)\n"
+        f"futures = [pool.submit(mark_and_sleep, {str(tmp_path)!r}, 300) for _ in range(2)]\n"
+        "time.sleep(300)\n"
     )
-    audit = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True)
-    assert audit.stdout is not None
-    workers = [int(p) for p in audit.stdout.readline().split()]
-    assert len(workers) == 2 and all(_alive(p) for p in workers)
+    audit = subprocess.Popen([sys.executable, "-c", code])
+    started = time.monotonic()
+    while len(list(tmp_path.iterdir())) < 2 and time.monotonic() - started < 240 and audit.poll() is None:
+        time.sleep(0.2)
+    workers = [int(p.name) for p in tmp_path.iterdir()]
+    assert len(workers) == 2 and all(_alive(p) for p in workers), f"workers did not start: {workers}"
     audit.send_signal(signal.SIGKILL)
     audit.wait()
     deadline = time.monotonic() + 10
