@@ -47,7 +47,7 @@ class SpanOptions(Options):
         "peeling, where the layer-2 span is crowded: search on the first k blocks' MLP down-projection spans (span.mlp; 0: off)",
     )
     mlp_codim: float = option(
-        0.25, "peeling: the MLP objective also where layer 2's span leaves less than this fraction of the width"
+        0.4, "peeling: the MLP objective also where layer 2's span leaves less than this fraction of the width"
     )
     narrow: int = option(8, "peeling sweeps try each position's k likeliest tokens first (0: all at once)")
     prefix_seeds: bool | None = option(

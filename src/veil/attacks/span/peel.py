@@ -32,7 +32,7 @@ from torch import Tensor
 
 from veil.attacks.span.checks import CLSCheck
 from veil.attacks.span.core import last_position
-from veil.attacks.span.mlp import MLPScore, mlp_spans, mlp_usable
+from veil.attacks.span.mlp import MLPScore, mlp_exact, mlp_spans, mlp_usable
 from veil.attacks.span.prefix import prefix_seed
 from veil.attacks.span.residual import Residual
 from veil.attacks.span.score import PositionPrior, SentenceScore
@@ -57,7 +57,10 @@ class Stage:
     cands: list[Tensor] = field(default_factory=list)  # the layer-1 candidates per position
     seeder: Any = None  # the left-to-right seeds (`veil.attacks.span.prefix`), made on first use
     check_left: int = 1  # sentences left in the residual
-    objective: str = "layer2"  # what the walkers descend on: "layer2" (`SentenceScore`) or "mlp" (`MLPScore`)
+    # what the walkers descend on: "layer2" (`SentenceScore`), "mlp" (`MLPScore`, its spans below their
+    # rank limit: exact), "mlp-graded" (at the limit: graded, and the prefix seeds, which grow
+    # prefixes on it, spent MiniLM batch 16's whole budget without a sentence; the walkers found one)
+    objective: str = "layer2"
     tol2: float | None = None  # the prefix seeds' gate before the exact check (None: the search's tol2)
 
     @property
@@ -78,7 +81,7 @@ def setup_stage(
     narrow: int,
     min_len: int,
     mlp_blocks: int = 1,
-    mlp_codim: float = 0.25,
+    mlp_codim: float = 0.4,
 ) -> Stage:
     """Spans and layer-1 candidates of the residual, the objective, and one walker per length
     hypothesis, started at the position prior's best tokens (or where the previous stage's walk
@@ -121,7 +124,7 @@ def setup_stage(
         used=[0.0] * len(walkers),
         cands=cands,
         check_left=res.left,
-        objective="mlp" if mlp else "layer2",
+        objective=("mlp" if mlp_exact(mlp) else "mlp-graded") if mlp else "layer2",
         tol2=float("inf") if mlp else None,
     )
 
@@ -152,7 +155,7 @@ def search_stage(
         pending.remove(sent)
         if stage.score.cls(torch.tensor([sent])) < tol_cls:
             return sent
-    if seeds and not stage.crowded:
+    if seeds and not stage.crowded and stage.objective != "mlp-graded":
         hits = prefix_seed(
             stage,
             specials,
@@ -256,7 +259,7 @@ def peel_search(
     tol2: float = 1e-3,
     seeds: bool = False,
     mlp_blocks: int = 1,
-    mlp_codim: float = 0.25,
+    mlp_codim: float = 0.4,
 ) -> tuple[list[list[int]], dict[str, Any]] | None:
     """Find the batch one sentence at a time (see `Residual`, `CLSCheck`). Each stage: the exact
     check of the residual (`CLSCheck`), the walkers of its length hypotheses (`setup_stage`), a
