@@ -6,13 +6,17 @@ from __future__ import annotations
 
 import random
 
+import pytest
 import torch
 
-from veil.attacks import Knowledge
+from veil.attacks import Knowledge, create_attack
 from veil.attacks.base import observe
+from veil.attacks.harness import knowledge_for, private_batches
 from veil.attacks.span.checks import CLSCheck
 from veil.attacks.span.mlp import MLPScore, mlp_exact, mlp_spans, mlp_usable
 from veil.attacks.span.residual import Residual
+from veil.build import build_run
+from veil.config import load_config
 from veil.data import load_data
 from veil.models import create_model
 
@@ -97,3 +101,23 @@ def test_mlp_scores_in_one_call_or_in_chunks_alike_and_the_cls_distance_on_deman
         assert score.cls(x[:1]) < 1e-4 < score.cls(x[1:2])  # the exact check still tells the true sentence
         full = MLPScore(model, spans, res.layer_span(1, 1e-6), check, with_cls=True)(x)
     assert torch.allclose(full[0], pc, atol=1e-5) and float(full[1][0]) < 1e-4
+
+
+@pytest.mark.slow
+def test_span_peels_a_minilm_batch_16_sentence_where_the_layer_2_span_is_full() -> None:
+    """MiniLM ([CLS] pooling, dropout 0), 16 SST-2 test sentences (420 tokens): the layer-2 span is
+    full (384 of 384) and the MLP-down spans are at their rank limit (383), so peeling's first
+    stage searches the graded MLP objective; it finds an exact sentence (the [CLS] check) within
+    20,000 sentences scored. Before span.mlp: none in 100,000 (docs/results.md, span-scale)."""
+    torch.set_num_threads(1)
+    over = ["model=minilm", "model.dropout=0", "model.pooling=cls", "data=sst2", "data.tokenizer=wordpiece"]
+    model, data, defenses = build_run(load_config(None, [*over, "data.max_len=32", "data.train_size=64"]))
+    batch = private_batches(data.test, 16, 1, seed=0)[0]
+    model.eval()
+    know = knowledge_for(batch, data, defenses, 0, None)
+    rec = create_attack("span", budget=20_000).reconstruct(observe(model, batch, defenses), know)
+    first = rec.stats["stages"][0]
+    assert first["rank2"] == 384 and first["objective"] == "mlp-graded", first
+    assert rec.stats["sentences_exact"] >= 1, rec.stats["work"]
+    truth = [ids[m.bool()].tolist() for ids, m in zip(batch["input_ids"], batch["attention_mask"])]
+    assert rec.token_ids[0] in truth
