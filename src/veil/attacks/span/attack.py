@@ -42,6 +42,13 @@ class SpanOptions(Options):
     peel: bool = option(True, "encoder classifiers: peel one exact sentence at a time (needs the batch size)")
     tol_cls: float = option(1e-4, "last-block span distance below which a peeled sentence is exact")
     prior_weight: float = option(0.2, "weight of the position prior where the layer-2 span is crowded")
+    mlp_blocks: int = option(
+        1,
+        "peeling, where the layer-2 span is crowded: search on the first k blocks' MLP down-projection spans (span.mlp; 0: off)",
+    )
+    mlp_codim: float = option(
+        0.4, "peeling: the MLP objective also where layer 2's span leaves less than this fraction of the width"
+    )
     narrow: int = option(8, "peeling sweeps try each position's k likeliest tokens first (0: all at once)")
     prefix_seeds: bool | None = option(
         None,
@@ -113,6 +120,8 @@ class SpanAttack(Attack[SpanOptions]):
                         narrow=o.narrow,
                         tol2=tol2,
                         seeds=_mostly_pinned(cands, pins) if o.prefix_seeds is None else o.prefix_seeds,
+                        mlp_blocks=o.mlp_blocks,
+                        mlp_codim=o.mlp_codim,
                     )
                     left = budget - (found[1]["sentences_scored"] if found is not None else 0)
                     if found is not None and not found[1]["sentences_exact"] and left > 0:

@@ -32,6 +32,7 @@ from torch import Tensor
 
 from veil.attacks.span.checks import CLSCheck
 from veil.attacks.span.core import last_position
+from veil.attacks.span.mlp import MLPScore, mlp_exact, mlp_spans, mlp_usable
 from veil.attacks.span.prefix import prefix_seed
 from veil.attacks.span.residual import Residual
 from veil.attacks.span.score import PositionPrior, SentenceScore
@@ -56,6 +57,11 @@ class Stage:
     cands: list[Tensor] = field(default_factory=list)  # the layer-1 candidates per position
     seeder: Any = None  # the left-to-right seeds (`veil.attacks.span.prefix`), made on first use
     check_left: int = 1  # sentences left in the residual
+    # what the walkers descend on: "layer2" (`SentenceScore`), "mlp" (`MLPScore`, its spans below their
+    # rank limit: exact), "mlp-graded" (at the limit: graded, and the prefix seeds, which grow
+    # prefixes on it, spent MiniLM batch 16's whole budget without a sentence; the walkers found one)
+    objective: str = "layer2"
+    tol2: float | None = None  # the prefix seeds' gate before the exact check (None: the search's tol2)
 
     @property
     def scored(self) -> int:
@@ -74,6 +80,8 @@ def setup_stage(
     prior_weight: float,
     narrow: int,
     min_len: int,
+    mlp_blocks: int = 1,
+    mlp_codim: float = 0.4,
 ) -> Stage:
     """Spans and layer-1 candidates of the residual, the objective, and one walker per length
     hypothesis, started at the position prior's best tokens (or where the previous stage's walk
@@ -82,15 +90,22 @@ def setup_stage(
     cands = cands_of(span1)
     crowded = span2.width - span2.rank < span2.width / 8
     prior = PositionPrior(res, len(cands), weight=prior_weight)
-    score = SentenceScore(
-        res.model,
-        span2,
-        check,
-        with_cls=crowded,
-        tok_grad=res.token_grad(),
-        batch_size=res.batch_size,
-        prior=prior if prior.cost is not None and crowded else None,
-    )
+    tight = span2.width - span2.rank < mlp_codim * span2.width  # layer 2's gap is narrow
+    mlp = mlp_spans(res, mlp_blocks) if (crowded or tight) and mlp_blocks > 0 else []
+    score: SentenceScore
+    if mlp_usable(mlp):  # the MLP down-projections still pin positions: searched as an uncrowded span
+        score, crowded = MLPScore(res.model, mlp, span2, check), False
+    else:
+        mlp = []
+        score = SentenceScore(
+            res.model,
+            span2,
+            check,
+            with_cls=crowded,
+            tok_grad=res.token_grad(),
+            batch_size=res.batch_size,
+            prior=prior if prior.cost is not None and crowded else None,
+        )
     walkers = length_walkers(cands, specials, rng, min_len)
     for w in walkers:
         w.start_at(prior)
@@ -109,6 +124,8 @@ def setup_stage(
         used=[0.0] * len(walkers),
         cands=cands,
         check_left=res.left,
+        objective=("mlp" if mlp_exact(mlp) else "mlp-graded") if mlp else "layer2",
+        tol2=float("inf") if mlp else None,
     )
 
 
@@ -138,9 +155,15 @@ def search_stage(
         pending.remove(sent)
         if stage.score.cls(torch.tensor([sent])) < tol_cls:
             return sent
-    if seeds and not stage.crowded:
+    if seeds and not stage.crowded and stage.objective != "mlp-graded":
         hits = prefix_seed(
-            stage, specials, budget, tol2, tol_cls, stage.check_left + 4, grown if grown is not None else {}
+            stage,
+            specials,
+            budget,
+            tol2 if stage.tol2 is None else stage.tol2,
+            tol_cls,
+            stage.check_left + 4,
+            grown if grown is not None else {},
         )
         if hits:
             pending.extend(hits[1:])
@@ -203,6 +226,7 @@ def stage_report(stage: Stage, left: int, hit: list[int] | None, seconds: float)
         "left": left,
         "rank1": stage.rank1,
         "rank2": stage.rank2,
+        "objective": stage.objective,
         "hypotheses": len(stage.walkers),
         "rounds": stage.rounds,
         "seconds": round(seconds, 1),
@@ -234,6 +258,8 @@ def peel_search(
     narrow: int = 8,
     tol2: float = 1e-3,
     seeds: bool = False,
+    mlp_blocks: int = 1,
+    mlp_codim: float = 0.4,
 ) -> tuple[list[list[int]], dict[str, Any]] | None:
     """Find the batch one sentence at a time (see `Residual`, `CLSCheck`). Each stage: the exact
     check of the residual (`CLSCheck`), the walkers of its length hypotheses (`setup_stage`), a
@@ -273,6 +299,8 @@ def peel_search(
             prior_weight=prior_weight,
             narrow=narrow,
             min_len=min_len,
+            mlp_blocks=mlp_blocks,
+            mlp_codim=mlp_codim,
         )
         if not stage.walkers:
             reports.append(stage_report(stage, res.left, None, time.perf_counter() - t0))

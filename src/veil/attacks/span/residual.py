@@ -33,6 +33,7 @@ class Residual:
         layers = self.model.attention_layers()
         used = [m.weight for att in layers[:2] for m in qkv_modules(att)] + [layers[-1].q.weight]
         used += [getattr(self.model.token_embedding(), "weight", None), self.model.position_table()]
+        used += [getattr(m, "weight", None) for m in self.model.mlp_down()[:-1]]  # `veil.attacks.span.mlp`
         keep = {self.names[id(p)] for p in used if p is not None and id(p) in self.names}
         # only what the spans, the check and the prior read: a peel's backward pass then skips the other weights
         self.grads = {n: g.detach().double().clone() for n, g in obs.grads.items() if n in keep}
