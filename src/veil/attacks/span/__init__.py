@@ -25,8 +25,11 @@ only on tokens <= t) and an assignment search for bidirectional encoders. An enc
 given the batch size is searched one sentence at a time instead (`peel`: an
 exact per-sentence test from the last block's Q gradient, `checks`, on the
 [CLS] row or, mean-pooled, on every row; each found sentence's own gradient is subtracted from
-the observation), which keeps working when B*T approaches the width ([CLS] pooling). The joint
-assignment search is the fallback where that test has no gap.
+the observation), which keeps working when B*T approaches the width ([CLS] pooling). Where the
+layer-2 span is crowded or full, peeling scores a sentence by its block-1 MLP inputs' distance to
+the row space of the MLP down-projection's gradient instead (`mlp`: 4x the width, so it keeps a
+gap up to B*T = 4 width; exact below its rank limit, graded at it). The joint assignment search
+is the fallback where that test has no gap.
 
 Dropout makes the layer inputs ``mask * x / (1 - p)``: no longer in the span of clean vectors.
 The exact check here then passes nothing (token recovery 0.000 is the check failing, not
