@@ -5,6 +5,7 @@ and where the MLP span is below its rank limit it is an exact per-position test.
 from __future__ import annotations
 
 import random
+from typing import Any
 
 import pytest
 import torch
@@ -103,19 +104,25 @@ def test_mlp_scores_in_one_call_or_in_chunks_alike_and_the_cls_distance_on_deman
     assert torch.allclose(full[0], pc, atol=1e-5) and float(full[1][0]) < 1e-4
 
 
+def _minilm_span(batch_size: int, budget: int) -> tuple[dict, Any]:
+    """The span attack on one client step of MiniLM ([CLS] pooling, dropout 0) over `batch_size`
+    SST-2 test sentences of up to 32 tokens, one thread."""
+    torch.set_num_threads(1)
+    over = ["model=minilm", "model.dropout=0", "model.pooling=cls", "data=sst2", "data.tokenizer=wordpiece"]
+    model, data, defenses = build_run(load_config(None, [*over, "data.max_len=32", "data.train_size=64"]))
+    batch = private_batches(data.test, batch_size, 1, seed=0)[0]
+    model.eval()
+    know = knowledge_for(batch, data, defenses, 0, None)
+    return batch, create_attack("span", budget=budget).reconstruct(observe(model, batch, defenses), know)
+
+
 @pytest.mark.slow
 def test_span_peels_a_minilm_batch_16_sentence_where_the_layer_2_span_is_full() -> None:
     """MiniLM ([CLS] pooling, dropout 0), 16 SST-2 test sentences (420 tokens): the layer-2 span is
     full (384 of 384) and the MLP-down spans are at their rank limit (383), so peeling's first
     stage searches the graded MLP objective; it finds an exact sentence (the [CLS] check) within
     20,000 sentences scored. Before span.mlp: none in 100,000 (docs/results.md, span-scale)."""
-    torch.set_num_threads(1)
-    over = ["model=minilm", "model.dropout=0", "model.pooling=cls", "data=sst2", "data.tokenizer=wordpiece"]
-    model, data, defenses = build_run(load_config(None, [*over, "data.max_len=32", "data.train_size=64"]))
-    batch = private_batches(data.test, 16, 1, seed=0)[0]
-    model.eval()
-    know = knowledge_for(batch, data, defenses, 0, None)
-    rec = create_attack("span", budget=20_000).reconstruct(observe(model, batch, defenses), know)
+    batch, rec = _minilm_span(16, budget=20_000)
     first = rec.stats["stages"][0]
     assert first["rank2"] == 384 and first["objective"] == "mlp-graded", first
     assert rec.stats["sentences_exact"] >= 1, rec.stats["work"]
@@ -129,12 +136,6 @@ def test_span_rebuilds_a_minilm_batch_of_12_on_the_mlp_objective() -> None:
     MLP spans are exact (315 of 384 in 1536); the prefix seeds over every candidate on the MLP
     objective rebuild all 12 sentences (55,728 scored here). Before span.mlp: token 0.182, 100,000
     spent; with the MLP objective but the prior's 24 likeliest tokens: 4 exact, 100,000 spent."""
-    torch.set_num_threads(1)
-    over = ["model=minilm", "model.dropout=0", "model.pooling=cls", "data=sst2", "data.tokenizer=wordpiece"]
-    model, data, defenses = build_run(load_config(None, [*over, "data.max_len=32", "data.train_size=64"]))
-    batch = private_batches(data.test, 12, 1, seed=0)[0]
-    model.eval()
-    know = knowledge_for(batch, data, defenses, 0, None)
-    rec = create_attack("span", budget=100_000).reconstruct(observe(model, batch, defenses), know)
+    _, rec = _minilm_span(12, budget=100_000)
     assert rec.stats["stages"][0]["objective"] == "mlp", rec.stats["stages"][0]
     assert rec.stats["sentences_exact"] == 12 and not rec.stats["budget_stopped"], rec.stats["work"]
