@@ -73,8 +73,10 @@ class Counter:
         real = server_app.Exchange.__call__
 
         def call(ex, node, mtype, phase="train", **records):  # type: ignore[no-untyped-def]
-            if mtype == "train.checkpoint" and not self.first_checkpoint:
-                self.first_checkpoint = self.n
+            if mtype == "train.checkpoint":
+                # not counted: a stop must land after the whole checkpoint (every client's
+                # message, then the server's state.json), never between two clients' messages
+                self.first_checkpoint = self.first_checkpoint or self.n
             elif mtype.startswith("train.") and mtype != "train.restore":
                 self.n += 1
                 if self.n == self.stop:
