@@ -95,6 +95,11 @@ def test_fedavg_audit_reports_per_round_leakage_and_worst_case(tmp_path: Path) -
         assert wc["attack"] == "ig(iterations=3)" and wc["value"] == t["leakage"][d]["ig(iterations=3)"]["psnr"]
         best = max(r["leakage"]["ig(iterations=3)"]["psnr"] for r in rows)  # the verdict is the worst round
         assert t["leakage"][d]["ig(iterations=3)"]["psnr"] == best
+        # the budget: IG runs its 3 iterations on every audited update (all rounds), labels is closed-form
+        assert t["budget"][d] == {
+            "ig(iterations=3)": {"budget_used": 1.0, "budget_used_max": 1.0, "budget_stopped": 1.0}
+        }
+    assert s["over_budget"] == []  # the protocols' cells are checked too, not only the single-step ones
     # FedSGD at batch 1: the server's update is one raw gradient, and APRIL rebuilds the image exactly
     sgd = s["tasks"]["sgd"]
     assert sgd["worst_case"]["none"]["attack"] == "april" and sgd["worst_case"]["none"]["value"] > 30
@@ -145,6 +150,9 @@ def test_split_audit_reports_protocols_bytes_and_feature_attacks(tmp_path: Path)
     assert t["leakage"]["pfesta"][adaptive]["psnr"] == pytest.approx(t["leakage"]["sl"][adaptive]["psnr"], abs=1e-4)
     assert t["leakage"]["pfesta"][naive]["psnr"] < t["leakage"]["pfesta"][adaptive]["psnr"]
     assert t["worst_case"]["pfesta"]["attack"] == adaptive
+    for d in ("sl", "pfesta"):  # each feature attack trains its decoder for exactly its 20 steps
+        assert {a: acc["budget_used"] for a, acc in t["budget"][d].items()} == {adaptive: 1.0, naive: 1.0}
+    assert "fl" not in t["budget"] and s["over_budget"] == []
     assert "Split learning: protocols, bytes and feature-space attacks" in (tmp_path / "out" / "report.md").read_text()
 
 

@@ -224,10 +224,17 @@ def score(rec: Reconstruction, ref: dict[str, Tensor], data: Any) -> dict[str, f
     out["seconds"] = float(rec.stats.get("seconds", 0.0))
     if "iterations_per_second" in rec.stats:
         out["iterations_per_second"] = float(rec.stats["iterations_per_second"])
-    if rec.stats.get("budget"):  # a budgeted attack (closed-form ones declare {}: their input fixes the work)
-        out["budget_used"] = float(rec.stats["budget_used"])
-        out["budget_stopped"] = float(bool(rec.stats["budget_stopped"]))
+    out.update(budget_metrics(rec.stats))
     return out
+
+
+def budget_metrics(stats: dict[str, Any]) -> dict[str, float]:
+    """A budgeted attack's account as cell metrics: ``budget_used`` (work / budget) and
+    ``budget_stopped`` (1.0 / 0.0); {} for a closed-form attack (it declares {}: its input fixes
+    the work). Every engine (single step, FedAvg audit, split feature attacks) reports it so."""
+    if not stats.get("budget"):
+        return {}
+    return {"budget_used": float(stats["budget_used"]), "budget_stopped": float(bool(stats["budget_stopped"]))}
 
 
 def shuffle_scores(ref: dict[str, Tensor], images: Tensor, order: list[int]) -> dict[str, float]:

@@ -35,7 +35,7 @@ from veil.experiments.cells import cell_path, make_attack, run_cell, step_overhe
 from veil.experiments.evaluations import run_evaluations
 from veil.experiments.features import frozen_run
 from veil.experiments.scenario import Scenario, Task, dump_scenario, label
-from veil.experiments.summary import build_summary
+from veil.experiments.summary import build_summary, over_budget
 from veil.io import atomic_write_text, intact, write_checked_text
 from veil.registry import PROTOCOLS
 from veil.runlock import holds_progress
@@ -136,6 +136,7 @@ def run_audit(s: Scenario, out: str | Path, progress: bool = True, jobs: int = 1
         t.name: protocol_module(t).run_task(t, s, out, progress) for t in s.tasks if t.protocol != "single-step"
     }
     summary["tasks"] = {t.name: done.get(t.name) or protocol[t.name] for t in s.tasks}  # scenario order
+    summary["over_budget"] = over_budget(summary)  # every engine's cells, the protocols' included
     atomic_write_text(out / "summary.json", json.dumps(summary, indent=2))
     return summary
 

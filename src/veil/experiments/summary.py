@@ -145,6 +145,20 @@ def build_summary(
     return out
 
 
+def budget_rollup(rows: list[dict[str, float]]) -> dict[str, float] | None:
+    """One cell's budget account over its samples / rounds / seeds (`budget_metrics` rows): the
+    mean ``budget_used``, the most one of them spent, whether the budget stopped any; None when no
+    row is budgeted (a closed-form attack)."""
+    used = [float(r["budget_used"]) for r in rows if "budget_used" in r]
+    if not used:
+        return None
+    return {
+        "budget_used": statistics.fmean(used),
+        "budget_used_max": max(float(r.get("budget_used_max", r["budget_used"])) for r in rows if "budget_used" in r),
+        "budget_stopped": float(any(r.get("budget_stopped", 0.0) for r in rows)),
+    }
+
+
 def over_budget(summary: dict[str, Any], limit: float = OVER_BUDGET) -> list[str]:
     """'task / defense / attack: budget_used X' for every cell whose attack spent more than `limit`
     times its stated budget on some sample (none, when every attack keeps its budget)."""

@@ -50,7 +50,7 @@ from veil.errors import VeilError
 from veil.experiments.audit import run_dir
 from veil.experiments.cells import make_attack
 from veil.experiments.scenario import Scenario, Task, label
-from veil.experiments.summary import task_entry
+from veil.experiments.summary import budget_rollup, task_entry
 from veil.federated.fedavg.config import federated_config
 from veil.federated.fedavg.runner import federate
 from veil.federated.fedavg.task import spec_from_raw
@@ -191,11 +191,22 @@ def per_client(events: list[list[dict[str, Any]]]) -> dict[str, dict[str, dict[s
     return {c: {a: most_leaking(v) for a, v in by.items()} for c, by in sorted(rows.items())}
 
 
+def budget(events: list[list[dict[str, Any]]]) -> dict[str, dict[str, float]]:
+    """{attack: its budget account} over every audited update of every round and seed (not only
+    the most-leaking one: a cell is over budget when any attack run was)."""
+    rows: dict[str, list[dict[str, float]]] = defaultdict(list)
+    for run in events:
+        for e in run:
+            if e.get("event") == "audit" and "budget_used" in e:
+                rows[e["attack"]].append(_numeric(e))
+    return {a: acc for a, r in rows.items() if (acc := budget_rollup(r))}
+
+
 def run_task(task: Task, s: Scenario, out: Path, progress: bool = False) -> dict[str, Any]:
     """Train and audit every (defense, seed) on Flower; the task's summary entry (see the module doc)."""
     attacks, skipped = plan(task, s)
     knows = {label(a): make_attack(a).knows for a in attacks}
-    t = task_entry(task, 0, skipped=skipped, attacker_knows=knows, tables=("rounds", "clients", "bytes"))
+    t = task_entry(task, 0, skipped=skipped, attacker_knows=knows, tables=("budget", "rounds", "clients", "bytes"))
     for d in task.defenses:
         runs, events = [], []
         for seed in s.seeds:
@@ -217,6 +228,7 @@ def run_task(task: Task, s: Scenario, out: Path, progress: bool = False) -> dict
             for a, m in row["leakage"].items():
                 by_attack[a].append((row["round"], m))
         t["leakage"][dn] = {a: most_leaking(v) for a, v in by_attack.items()}
+        t["budget"][dn] = budget(events)
         errors = {e["attack"]: e["error"] for run in events for e in run if e.get("event") == "audit" and "error" in e}
         failed = {
             a: errors.get(a, "no audited update") for a in knows if a not in by_attack

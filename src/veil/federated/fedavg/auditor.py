@@ -33,6 +33,7 @@ import torch
 from flwr.app import ArrayRecord, Message
 
 from veil.attacks import Attack, Knowledge, LocalTraining, Observation, Reconstruction, create_attack
+from veil.attacks.harness import budget_metrics
 from veil.federated.fedavg import evidence
 from veil.federated.fedavg.task import (
     ClientWorld,
@@ -264,6 +265,7 @@ class Auditor:
         except Exception as e:  # noqa: BLE001 - a failing attack is logged, never stops training
             return {**ev, "error": f"{type(e).__name__}: {e}"[:300]}
         ev["seconds"] = round(float(rec.stats.get("seconds", 0.0)), 3)
+        ev.update(budget_metrics(rec.stats))
         ev.update(score(rec))
         if self.evidence is not None:  # no ground truth: keep the rebuild and what it says about itself
             ev.update(evidence.signals(rec))

@@ -43,7 +43,7 @@ from veil.errors import VeilError
 from veil.experiments.audit import run_dir
 from veil.experiments.cells import make_attack
 from veil.experiments.scenario import Scenario, Task, label
-from veil.experiments.summary import task_entry
+from veil.experiments.summary import budget_rollup, task_entry
 from veil.federated.split.compare import cached_run
 from veil.federated.split.feature_audit import attack_features, victim_view
 from veil.federated.split.spec import permutes, split_spec_from_raw
@@ -121,7 +121,7 @@ def run_task(task: Task, s: Scenario, out: Path, progress: bool = False) -> dict
     attacks, skipped = attacks_of(task, s)
     victims = int(task.federated.get("victims", 64))
     knows = {label(a): make_attack(a).knows for a in attacks}
-    t = task_entry(task, victims, dropout=0.0, skipped=skipped, attacker_knows=knows, tables=("split",))
+    t = task_entry(task, victims, dropout=0.0, skipped=skipped, attacker_knows=knows, tables=("budget", "split"))
     for d in task.defenses:
         dn, runs, cells = label(d), [], []
         for seed in s.seeds:
@@ -144,6 +144,8 @@ def run_task(task: Task, s: Scenario, out: Path, progress: bool = False) -> dict
         t["utility"][dn] = utility(runs)
         if cells:
             t["leakage"][dn] = {a: {k: statistics.fmean(c[a][k] for c in cells) for k in cells[0][a]} for a in cells[0]}
+            spent = {a: budget_rollup([c[a] for c in cells]) for a in cells[0]}
+            t["budget"][dn] = {a: acc for a, acc in spent.items() if acc}
             t["worst_case"][dn] = worst_case(t["leakage"][dn], knows)
         else:  # nothing to attack: the verdict says no attack measured leakage
             t["worst_case"][dn] = worst_case({}, knows)

@@ -21,6 +21,7 @@ import torch
 from torch import Tensor
 
 from veil.attacks import Knowledge, Observation, create_attack
+from veil.attacks.harness import budget_metrics
 from veil.defenses.permutation import PatchPermutation
 from veil.federated.split.multitask import build_parts, split_world
 from veil.federated.split.spec import SplitSpec
@@ -61,6 +62,7 @@ def attack_features(
         "ssim": float(rep["ssim"]),
         "mse": float(rep["mse"]),
         "seconds": float(rec.stats["seconds"]),
+        **budget_metrics(rec.stats),
     }
 
 

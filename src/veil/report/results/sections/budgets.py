@@ -16,10 +16,27 @@ INTRO = NOTES["INTRO"]
 OUTRO = NOTES["OUTRO"]
 
 
+def unrecorded(s: dict[str, Any]) -> list[str]:
+    """'task / defense / attack' for each attack cell of a budgeted attack (a non-empty `budget()`)
+    whose summary holds no budget account: collected before its engine recorded one."""
+    from veil.registry import ATTACKS
+
+    out = []
+    for task, t in (s.get("tasks") or {}).items():
+        for d, row in (t.get("leakage") or {}).items():
+            for a in row:
+                name = a.split("(")[0]
+                budgeted = name in ATTACKS.names() and bool(ATTACKS.create(name).budget())
+                if budgeted and a not in (t.get("budget") or {}).get(d, {}):
+                    out.append(f"{task} / {d} / {a}")
+    return out
+
+
 def render(summaries: dict[str, dict[str, Any]]) -> str:
-    rows, over, quiet = [], [], []
+    rows, over, quiet, missing = [], [], [], []
     for source, s in summaries.items():
         n = len(rows)
+        missing += [f"{source}: {c}" for c in unrecorded(s)]
         for task, t in (s.get("tasks") or {}).items():
             for d, row in (t.get("budget") or {}).items():
                 for a, acc in row.items():
@@ -31,6 +48,8 @@ def render(summaries: dict[str, dict[str, Any]]) -> str:
             quiet.append(source)
     header = ["source", "task", "defense", "attack", "budget_used (mean)", "budget_used (max)", "stopped by the budget"]
     verdict = "Over budget (> 1.2x): " + "; ".join(over) + "." if over else "No cell over budget (> 1.2x)."
+    if missing:
+        verdict += " Budget not recorded (collected before its engine recorded one): " + "; ".join(missing) + "."
     if quiet:
         verdict += " No budgeted cell in: " + ", ".join(quiet) + "."
     return f"{INTRO}\n\n{table(header, rows)}\n\n{verdict}\n\n{OUTRO}"
