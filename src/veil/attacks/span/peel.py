@@ -58,8 +58,8 @@ class Stage:
     seeder: Any = None  # the left-to-right seeds (`veil.attacks.span.prefix`), made on first use
     check_left: int = 1  # sentences left in the residual
     # what the walkers descend on: "layer2" (`SentenceScore`), "mlp" (`MLPScore`, its spans below their
-    # rank limit: exact), "mlp-graded" (at the limit: graded, and the prefix seeds, which grow
-    # prefixes on it, spent MiniLM batch 16's whole budget without a sentence; the walkers found one)
+    # rank limit: exact), "mlp-graded" (at the limit: graded; there the prefix seeds, run first, spent
+    # MiniLM batch 16's whole budget on one stage, so seeds and walkers take turns, `search_stage`)
     objective: str = "layer2"
     tol2: float | None = None  # the prefix seeds' gate before the exact check (None: the search's tol2)
 
@@ -148,29 +148,45 @@ def search_stage(
     as n * (candidates of its n positions) + CALL_COST per position, so short hypotheses, cheap to
     score, sweep several times before a long one starts. Uncrowded, a walker's first sweep starts
     from the longest sentence a shorter walker has settled on (often the prefix of a longer one).
-    Ties go to the shorter hypothesis (a fixed order)."""
+    Ties go to the shorter hypothesis (a fixed order).
+
+    With `seeds`, the prefix seeds (`veil.attacks.span.prefix`) run first; on a graded MLP
+    objective they take turns with the walkers instead (one first token's growth, then as many
+    sentences scored by the walkers), and a walk's new lowest best restarts its neighbouring
+    lengths (`extend_seed`). Measured on MiniLM batch 16 (one thread, budget 500,000): 3 sentences
+    exact (8, 26 and 19 tokens), where the walkers alone got 1 (the 8) in 400,000 and the seeds
+    first 1 (the 26) in 150,000; it does not reach the rest (docs/results.md, span-scale)."""
     walkers, used = stage.walkers, stage.used
     pending = [] if pending is None else pending
     for sent in list(pending):  # exact sentences a previous stage found beside the one it peeled
         pending.remove(sent)
         if stage.score.cls(torch.tensor([sent])) < tol_cls:
             return sent
-    if seeds and not stage.crowded and stage.objective != "mlp-graded":
-        hits = prefix_seed(
-            stage,
-            specials,
-            budget,
-            tol2 if stage.tol2 is None else stage.tol2,
-            tol_cls,
-            stage.check_left + 4,
-            grown if grown is not None else {},
-        )
+    grown = {} if grown is None else grown
+    # graded (the MLP span at its rank limit): one first token's prefix seeds, then as much work
+    # for the walkers, in turn; else the seeds first, then the walkers
+    turns = seeds and not stage.crowded and stage.objective == "mlp-graded"
+    if seeds and not stage.crowded and not turns:
+        hits = prefix_seed(stage, specials, budget, _gate(stage, tol2), tol_cls, stage.check_left + 4, grown)
         if hits:
             pending.extend(hits[1:])
             return hits[0]
     first = [float(w.n * w.sweep_size() + CALL_COST * (len(w.free) + 1)) for w in walkers]
     share = _shares(walkers, stage.prior, specials.sep)
+    cap = stage.scored if turns else budget  # graded: the seeds first
+    fresh: dict[int, int] = {}  # graded: each stage grows from the prior's likeliest first tokens again
     while stage.scored < budget:
+        if turns and stage.scored >= cap:
+            before = stage.scored
+            hits = prefix_seed(
+                stage, specials, budget, _gate(stage, tol2), tol_cls, stage.check_left + 4, fresh, limit=1
+            )
+            if hits:
+                pending.extend(hits[1:])
+                return hits[0]
+            turns = stage.seeder.left > 0
+            cap = min(budget, stage.scored + max(stage.scored - before, 1)) if turns else budget
+            continue
         est = [
             (used[j] + (w.last if w.last is not None else first[j])) / _merit(w, share[j], stage.crowded)
             for j, w in enumerate(walkers)
@@ -181,16 +197,45 @@ def search_stage(
             shorter = [v for v in walkers if v.best is not None and v.n < w.n]
             if shorter:
                 w.seed(shorter[-1].best[2][0, 1:-1].tolist())
-        before = w.work
-        _, dc, ids = w.step(stage.score, budget - stage.scored)  # never past the budget
+        before, had = w.work, w.best
+        _, dc, ids = w.step(stage.score, (cap if turns else budget) - stage.scored)  # never past the budget
         w.last = w.work - before
         used[i] += w.last
         stage.rounds += 1
         if dc < tol_cls:
             return ids[0].tolist()
-        if not stage.crowded and w.cur is None and w.kicks % 2 == 0:
+        if stage.objective == "mlp-graded" and w.best is not had and _lowest(w, walkers):
+            extend_seed(w, walkers, used)
+        elif not stage.crowded and w.cur is None and w.kicks % 2 == 0:
             cross_seed(w, walkers, stage.tried)
     return None
+
+
+def _lowest(w: Walker, walkers: list[Walker]) -> bool:
+    """Whether `w`'s best objective per position is the lowest of every length's."""
+    assert w.best is not None
+    return all(v.best is None or w.best[0] / w.n <= v.best[0] / v.n for v in walkers)
+
+
+def extend_seed(w: Walker, walkers: list[Walker], used: list[float]) -> None:
+    """A graded walk's new best, the lowest per position of every length, is often a batch
+    sentence but for its end: the prefix of a sentence one or two tokens longer, closed early, or
+    a sentence with one token too many (measured on MiniLM batch 16, 8 and 26 peeled: a length-31
+    walk settled at 0.022 per position on a 32-token sentence without its last token, which no
+    move of its own length reaches). Its content restarts the walks of lengths n - 1, n + 1 and
+    n + 2 (their other positions keep their own best tokens), and those run next."""
+    assert w.best is not None
+    content = w.best[2][0, 1:-1].tolist()
+    low = min(used)
+    for k, v in enumerate(walkers):
+        if v.n in (w.n - 1, w.n + 1, w.n + 2):
+            v.restart(content)
+            used[k] = low
+
+
+def _gate(stage: Stage, tol2: float) -> float:
+    """The prefix seeds' layer-2 gate before the exact check: the stage's own, else the search's."""
+    return tol2 if stage.tol2 is None else stage.tol2
 
 
 def cross_seed(w: Walker, walkers: list[Walker], tried: set[tuple[int, tuple[int, ...]]]) -> bool:

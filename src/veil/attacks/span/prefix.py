@@ -64,6 +64,8 @@ class PrefixSeeder:
         self.work = 0.0
         self.hits: list[list[int]] = []
         self.repaired: list[list[int]] = []  # sentences already repaired (a path equal to one is not repaired again)
+        self.done: set[int] = set()  # first tokens grown on this stage
+        self.left = 0  # first tokens of this stage not grown yet (after the last `prefix_seed`)
 
     def _score(self, ids: Tensor) -> Tensor:
         pc, _ = self.stage.score(ids)
@@ -143,24 +145,32 @@ class PrefixSeeder:
 
 
 def prefix_seed(
-    stage: Any, specials: Any, budget: int, tol2: float, tol_cls: float, starts: int, grown: dict[int, int]
+    stage: Any,
+    specials: Any,
+    budget: int,
+    tol2: float,
+    tol_cls: float,
+    starts: int,
+    grown: dict[int, int],
+    limit: int | None = None,
 ) -> list[list[int]]:
     """Grow beam paths from the position prior's `starts` likeliest first tokens (those grown on
-    fewer earlier stages first, `grown` counting them) and repair each path's likeliest lengths
-    (module docstring), until a sentence passes the exact check or the stage's scored sentences
-    reach `budget`; returns the sentences that passed (the stage's walkers of the repaired
-    lengths start from the repaired sentences)."""
+    fewer earlier stages first, `grown` counting them; at most `limit` of them per call, each once
+    per stage) and repair each path's likeliest lengths (module docstring), until a sentence passes
+    the exact check or the stage's scored sentences reach `budget`; returns the sentences that
+    passed (the stage's walkers of the repaired lengths start from the repaired sentences)."""
     if specials.cls is None or specials.sep is None or len(stage.cands) < 3:
         return []
     if stage.seeder is None:
         stage.seeder = PrefixSeeder(stage, specials)
     sd = stage.seeder
     by_len = {w.n: w for w in stage.walkers}
-    first = sd.ranked[1][:starts] if len(sd.ranked) > 1 else []
-    for v in sorted(first, key=lambda v: grown.get(v, 0)):  # stable: the prior's order among equals
-        if stage.scored >= budget or sd.hits:
+    first = [v for v in (sd.ranked[1][:starts] if len(sd.ranked) > 1 else []) if v not in sd.done]
+    for k, v in enumerate(sorted(first, key=lambda v: grown.get(v, 0))):  # stable: the prior's order among equals
+        if stage.scored >= budget or sd.hits or (limit is not None and k >= limit):
             break
         grown[v] = grown.get(v, 0) + 1
+        sd.done.add(v)
         path, closed = sd.grow(v, budget, tol2, tol_cls)
         for _, n in sorted(closed)[: sd.ends]:
             sent = path[: n - 1] + [specials.sep]
@@ -170,4 +180,5 @@ def prefix_seed(
             fixed = sd.repair(sent, budget, tol2, tol_cls)
             if n in by_len and fixed not in sd.hits:
                 by_len[n].seed(fixed[1 : n - 1])
+    sd.left = len([v for v in first if v not in sd.done])
     return list(sd.hits)

@@ -108,6 +108,13 @@ class Walker:
             if v in self.allowed[t]:
                 self.x[0, t] = v
 
+    def restart(self, content: list[int]) -> None:
+        """Leave the current walk: from the best sentence (or the current one) with `content`
+        written over it from position 1 (`seed`), scored afresh, its next sweeps as a new walk's."""
+        self.x = (self.best[2] if self.best is not None else self.x).clone()
+        self.seed(content)
+        self.cur, self._wide = None, False
+
     def _objective(self, score: SentenceScore, x: Tensor) -> tuple[Tensor, Tensor, Tensor]:
         fs, dcs, pcs = [], [], []
         rows = min(self.chunk, score.rows_per_call(self.n))  # what fits in memory; the work counts `chunk`
