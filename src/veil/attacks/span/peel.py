@@ -184,7 +184,7 @@ def search_stage(
             if hits:
                 pending.extend(hits[1:])
                 return hits[0]
-            turns = stage.seeder.left > 0
+            turns = stage.seeder is not None and stage.seeder.left > 0  # None: no seeds here (no [CLS] / [SEP])
             cap = min(budget, stage.scored + max(stage.scored - before, 1)) if turns else budget
             continue
         est = [
