@@ -1,6 +1,6 @@
 """The peeling search on a graded objective (`veil.attacks.span.peel`): a walk's new lowest best
-restarts its neighbouring lengths from its content and puts them first; a restarted walk scores
-its new sentence afresh; the prefix seeds grow one first token per turn, each once per stage."""
+restarts its neighbouring lengths from its content and puts them first; the MLP test counts as
+exact below width - 1; the prefix seeds grow one first token per turn, each once per stage."""
 
 from __future__ import annotations
 
@@ -45,3 +45,54 @@ def test_the_mlp_test_is_exact_below_width_minus_one() -> None:
 
     assert mlp_exact([(Down(), Sp(367))]) and mlp_exact([(Down(), Sp(382))])
     assert not mlp_exact([(Down(), Sp(383))]) and not mlp_exact([])  # a post-LN block's full span: 383 of 384
+
+
+class _Score:
+    """A stand-in objective (no model): a position costs 0 where it holds `target`'s token, else 1;
+    the exact check passes `target` alone."""
+
+    def __init__(self, target: list[int]) -> None:
+        self.target = torch.tensor(target)
+
+    def __call__(self, ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        n = min(ids.shape[1], len(self.target))
+        pc = torch.ones(ids.shape)
+        pc[:, :n] = (ids[:, :n] != self.target[:n]).float()
+        return pc, torch.full((len(ids),), float("inf"))
+
+    def cls(self, ids: torch.Tensor) -> float:
+        return 0.0 if ids.shape[1] == len(self.target) and bool((ids[0] == self.target).all()) else 1.0
+
+
+class _Stage:
+    def __init__(self, target: list[int], width: int) -> None:
+        tokens = torch.arange(10, 10 + width)
+        self.cands = [torch.tensor([1]), *[tokens] * (len(target) + 1)]
+        self.prior = type("NoPrior", (), {"cost": None})()
+        self.score, self.walkers, self.seeder, self.objective = _Score(target), [], None, "mlp-graded"
+
+    @property
+    def scored(self) -> int:
+        return self.seeder.steps if self.seeder is not None else 0
+
+
+def test_one_turn_of_prefix_seeds_grows_one_first_token_each_once() -> None:
+    """A turn (`limit=1`) grows from the next first token not grown on this stage, in the prior's
+    order (here the vocabulary's), and `left` counts those still to grow; once none is left a turn
+    grows nothing. Where a sentence passes the exact check, the turn returns it."""
+    from veil.attacks.span.prefix import prefix_seed
+
+    specials = type("Specials", (), {"cls": 1, "sep": 2, "pad": 0})()
+    stage = _Stage([1, 12, 15, 11, 2], width=3)
+    stage.score.cls = lambda ids: 1.0  # nothing passes: the turns' bookkeeping alone
+    grown: dict[int, int] = {}
+    steps = []
+    for done, left in (({10}, 2), ({10, 11}, 1), ({10, 11, 12}, 0), ({10, 11, 12}, 0)):
+        assert prefix_seed(stage, specials, 10**6, float("inf"), 1e-4, 3, grown, limit=1) == []
+        assert stage.seeder.done == done and stage.seeder.left == left
+        steps.append(stage.seeder.steps)
+    assert steps[0] > 0 and steps[1] > steps[0] and steps[2] > steps[1] and steps[3] == steps[2]
+    assert grown == {10: 1, 11: 1, 12: 1}
+    target = [1, 12, 15, 11, 2]
+    found = _Stage(target, width=6)
+    assert prefix_seed(found, specials, 10**6, float("inf"), 1e-4, 6, {}, limit=1) == [target]
