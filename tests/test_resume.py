@@ -162,7 +162,13 @@ AUDIT = {
                 "data": {"name": "digits", "train_size": 96, "test_size": 32},
                 "train": {"epochs": 3, "batch_size": 16, "lr": 0.003},
             },
-            "defenses": ["none", {"name": "mjp", "gamma": 0.3}],
+            "defenses": [
+                "none",
+                {"name": "mjp", "gamma": 0.3},
+                {"name": "dpsgd", "noise_multiplier": 1.0, "clip": 1.0, "seed": 5},
+                {"name": "gaussian", "sigma": 0.05},
+                "prune",
+            ],
             "attacks": ["april"],
             "knowledge": {"batch_size": 1},
             "samples": 1,
@@ -183,14 +189,41 @@ AUDIT = {
 }
 
 
-@pytest.mark.parametrize("kill_at", [7 + 18 + 4, 18 * 2 + 13])  # mid-epoch in the MJP run; in the AEGIS run
+#: the audit trains its runs one after another, 18 steps each: none, mjp, dpsgd, gaussian, prune
+#: (digits), then aegis (text); each kill lands mid-epoch (step 13 of 18) in one defended run
+AUDIT_KILLS = {
+    "mjp": 18 + 13,
+    "dpsgd": 2 * 18 + 13,
+    "gaussian": 3 * 18 + 13,
+    "prune": 4 * 18 + 13,
+    "aegis": 5 * 18 + 13,
+}
+
+
+@pytest.fixture(scope="module")
+def full_audit(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, dict]:
+    """The uninterrupted audit every killed one is compared with (run once)."""
+    from veil.experiments.audit import run_audit
+    from veil.experiments.scenario import parse_scenario
+
+    torch.manual_seed(0)
+    path = tmp_path_factory.mktemp("audit") / "full"
+    return path, run_audit(parse_scenario(AUDIT), path, progress=False)
+
+
+def test_every_registered_defense_is_killed_in_the_audit_resume_case() -> None:
+    assert set(list_defenses()) - NOT_TRAINED_ALONE <= set(AUDIT_KILLS) | {"none"}
+
+
+@pytest.mark.parametrize("defense", sorted(AUDIT_KILLS))
 def test_audit_killed_mid_training_resumes_to_the_same_summary(
-    kill_at: int, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    defense: str, full_audit: tuple[Path, dict], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     from veil.experiments.audit import run_audit
     from veil.experiments.scenario import parse_scenario
 
-    full = run_audit(parse_scenario(AUDIT), tmp_path / "full", progress=False)
+    kill_at = AUDIT_KILLS[defense]
+    full_dir, full = full_audit
     calls = {"n": 0}
     real = loop.client_step
 
@@ -204,9 +237,13 @@ def test_audit_killed_mid_training_resumes_to_the_same_summary(
         m.setattr(loop, "client_step", dying)
         with pytest.raises(KeyboardInterrupt):
             run_audit(parse_scenario(AUDIT), tmp_path / "cut", progress=False)
+    unfinished = [
+        p.parent.name for p in (tmp_path / "cut" / "runs").glob("*/*/seed0") if not (p / "summary.json").is_file()
+    ]
+    assert [u.split("(")[0] for u in unfinished] == [defense]  # the kill fell in this defense's run
     resumed = run_audit(parse_scenario(AUDIT), tmp_path / "cut", progress=False)
-    for run in (tmp_path / "full" / "runs").rglob("model.safetensors"):
-        twin = tmp_path / "cut" / run.relative_to(tmp_path / "full")
+    for run in (full_dir / "runs").rglob("model.safetensors"):
+        twin = tmp_path / "cut" / run.relative_to(full_dir)
         a, b = load_file(str(run)), load_file(str(twin))
         assert all(torch.equal(a[k], b[k]) for k in a), f"weights differ after resume: {twin}"
 
