@@ -179,6 +179,6 @@ def prefix_seed(
             sd.repaired.append(sent)
             fixed = sd.repair(sent, budget, tol2, tol_cls)
             if n in by_len and fixed not in sd.hits:
-                by_len[n].seed(fixed[1 : n - 1])
+                by_len[n].restart(fixed[1 : n - 1])  # scored afresh: the walk may be mid-sweep
     sd.left = len([v for v in first if v not in sd.done])
     return list(sd.hits)
