@@ -37,7 +37,6 @@ from veil.metrics.leakage import worst_case
 #: a cell whose attack did more than this many times its stated budget is over budget (issue 23:
 #: no cell may exceed its budget by more than 20 %)
 OVER_BUDGET = 1.2
-_BUDGET_KEYS = ("budget_used", "budget_used_max", "budget_stopped")
 
 
 def _mean_std(values: list[float]) -> tuple[float, float]:
@@ -130,19 +129,15 @@ def build_summary(
         for (d, a), rows in by_cell.items():
             keys = sorted(set().union(*rows))
             t["leakage"].setdefault(d, {})[a] = m = {k: statistics.fmean(r[k] for r in rows if k in r) for k in keys}
-            for k in ("budget_used_max", "budget_stopped"):  # over seeds as over samples: the most, any
-                if k in m:
-                    m[k] = max(r[k] for r in rows if k in r)
-            if "budget_used" in m:
-                t["budget"].setdefault(d, {})[a] = {k: m[k] for k in _BUDGET_KEYS if k in m}
+            if (acc := budget_rollup(rows)) is not None:  # over seeds as over samples: mean, the most, any
+                m.update(acc)
+                t["budget"].setdefault(d, {})[a] = acc
         for d in t["utility"]:
             t["worst_case"][d] = worst_case(t["leakage"].get(d, {}), t["attacker_knows"], t["blocked"].get(d))
         t["overhead"] = overhead.get(task.name, {}).get("ratio", {})
         t["step_seconds"] = overhead.get(task.name, {}).get("seconds", {})
         tasks[task.name] = t
-    out = {"scenario": s.name, "seeds": s.seeds, "tasks": tasks, "versions": versions, "config": s.raw}
-    out["over_budget"] = over_budget(out)
-    return out
+    return {"scenario": s.name, "seeds": s.seeds, "tasks": tasks, "versions": versions, "config": s.raw}
 
 
 def budget_rollup(rows: list[dict[str, float]]) -> dict[str, float] | None:

@@ -198,7 +198,7 @@ def search_stage(
             if shorter:
                 w.seed(shorter[-1].best[2][0, 1:-1].tolist())
         before, had = w.work, w.best
-        _, dc, ids = w.step(stage.score, (cap if turns else budget) - stage.scored)  # never past the budget
+        _, dc, ids = w.step(stage.score, cap - stage.scored)  # never past the budget
         w.last = w.work - before
         used[i] += w.last
         stage.rounds += 1

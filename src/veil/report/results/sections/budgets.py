@@ -4,6 +4,7 @@ spend more than 1.2x its stated budget); the over-budget list is each summary's 
 
 from __future__ import annotations
 
+import functools
 from typing import Any
 
 from veil.report.results.notes import notes
@@ -19,17 +20,21 @@ OUTRO = NOTES["OUTRO"]
 def unrecorded(s: dict[str, Any]) -> list[str]:
     """'task / defense / attack' for each attack cell of a budgeted attack (a non-empty `budget()`)
     whose summary holds no budget account: collected before its engine recorded one."""
-    from veil.registry import ATTACKS
-
     out = []
     for task, t in (s.get("tasks") or {}).items():
         for d, row in (t.get("leakage") or {}).items():
             for a in row:
-                name = a.split("(")[0]
-                budgeted = name in ATTACKS.names() and bool(ATTACKS.create(name).budget())
-                if budgeted and a not in (t.get("budget") or {}).get(d, {}):
+                if a.split("(")[0] in _budgeted() and a not in (t.get("budget") or {}).get(d, {}):
                     out.append(f"{task} / {d} / {a}")
     return out
+
+
+@functools.cache
+def _budgeted() -> frozenset[str]:
+    """The registered attacks that declare a budget (closed-form ones declare {})."""
+    from veil.registry import ATTACKS
+
+    return frozenset(n for n in ATTACKS.names() if ATTACKS.create(n).budget())
 
 
 def render(summaries: dict[str, dict[str, Any]]) -> str:
