@@ -25,7 +25,8 @@ differ by at most one (`veil.data.partition.iid`): 14-15 images a client at 100,
 at 500 a client's round is one batch of 2-3 images (batch size 32). `dirichlet` would redraw
 until every client holds 2 images and stop with one line if 1,000 draws cannot.
 
-`--write` regenerates the marked section of docs/federated.md from the measured numbers.
+`--write` regenerates the backend's marked section of docs/federated.md (`flower-scale` for inline,
+`flower-scale-ray` for Ray) from the measured numbers.
 """
 
 from __future__ import annotations
@@ -44,7 +45,13 @@ from typing import Any
 ROOT = Path(__file__).resolve().parent.parent
 CONFIG = ROOT / "configs" / "fedavg_deploy_digits.yaml"
 DOC = ROOT / "docs" / "federated.md"
-BEGIN, END = "<!-- flower-scale:begin -->", "<!-- flower-scale:end -->"
+
+
+def markers(backend: str) -> tuple[str, str]:
+    """The doc section each backend's table lives in: `flower-scale` (inline, the first measured
+    here) and `flower-scale-ray`, so one backend's run never replaces the other's table."""
+    name = "flower-scale" if backend == "inline" else f"flower-scale-{backend}"
+    return f"<!-- {name}:begin -->", f"<!-- {name}:end -->"
 
 
 def tree_memory(root: int) -> tuple[int, int]:
@@ -210,7 +217,8 @@ def table(results: list[dict[str, Any]], load: str) -> str:
     return "\n".join(lines)
 
 
-def write_doc(text: str) -> None:
+def write_doc(text: str, backend: str) -> None:
+    BEGIN, END = markers(backend)
     doc = DOC.read_text()
     if BEGIN not in doc or END not in doc:
         raise SystemExit(f"{DOC} has no {BEGIN} ... {END} section")
@@ -239,7 +247,7 @@ def main(argv: list[str] | None = None) -> int:
         text = table(saved["results"], saved["load"])
         print(text)
         if a.write:
-            write_doc(text)
+            write_doc(text, saved["results"][0].get("backend", "ray"))
         return 0
     os.environ.setdefault("OMP_NUM_THREADS", "1")
     base = a.out or Path(tempfile.mkdtemp(prefix="flower-scale-"))
@@ -255,7 +263,7 @@ def main(argv: list[str] | None = None) -> int:
     print(text)
     (base / "results.json").write_text(json.dumps({"load": load, "results": results}, indent=2))
     if a.write:
-        write_doc(text)
+        write_doc(text, a.backend)
     return 0
 
 
