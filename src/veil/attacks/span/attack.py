@@ -55,6 +55,11 @@ class SpanOptions(Options):
         "peeling: grow beam prefixes by layer-2 distance and repair them before the walkers (span.prefix); "
         "unset: where the embedding LayerNorm pins at least half of the layer-1 candidate tokens",
     )
+    suffix_seeds: bool = option(
+        True,
+        "peeling on a graded MLP objective: grow every length's sentence from its end, then again while a pass "
+        "finds one (span.suffix)",
+    )
     restarts: int = option(4, "restarts of the encoder assignment search")
     sweeps: int = option(12, "coordinate sweeps per restart of the encoder assignment search")
     budget: int = option(500_000, "candidate sentences scored, all searches together (counted work, never seconds)")
@@ -122,6 +127,7 @@ class SpanAttack(Attack[SpanOptions]):
                         seeds=_mostly_pinned(cands, pins) if o.prefix_seeds is None else o.prefix_seeds,
                         mlp_blocks=o.mlp_blocks,
                         mlp_codim=o.mlp_codim,
+                        suffix=o.suffix_seeds,
                     )
                     left = budget - (found[1]["sentences_scored"] if found is not None else 0)
                     if found is not None and not found[1]["sentences_exact"] and left > 0:

@@ -36,6 +36,7 @@ from veil.attacks.span.mlp import MLPScore, mlp_exact, mlp_spans, mlp_usable
 from veil.attacks.span.prefix import prefix_seed
 from veil.attacks.span.residual import Residual
 from veil.attacks.span.score import PositionPrior, SentenceScore
+from veil.attacks.span.suffix import Growth, suffix_seed
 from veil.attacks.span.walker import CALL_COST, Walker
 
 
@@ -56,6 +57,7 @@ class Stage:
     tried: set[tuple[int, tuple[int, ...]]] = field(default_factory=set)  # cross seeds used (`cross_seed`)
     cands: list[Tensor] = field(default_factory=list)  # the layer-1 candidates per position
     seeder: Any = None  # the left-to-right seeds (`veil.attacks.span.prefix`), made on first use
+    grower: Any = None  # the right-to-left seeds (`veil.attacks.span.suffix`), where they ran
     check_left: int = 1  # sentences left in the residual
     # what the walkers descend on: "layer2" (`SentenceScore`), "mlp" (`MLPScore`, its spans below their
     # rank limit: exact), "mlp-graded" (at the limit: graded; there the prefix seeds, run first, spent
@@ -65,7 +67,8 @@ class Stage:
 
     @property
     def scored(self) -> int:
-        return sum(w.steps for w in self.walkers) + (self.seeder.steps if self.seeder is not None else 0)
+        seeds = sum(s.steps for s in (self.seeder, self.grower) if s is not None)
+        return sum(w.steps for w in self.walkers) + seeds
 
 
 def setup_stage(
@@ -139,6 +142,7 @@ def search_stage(
     seeds: bool = False,
     pending: list[list[int]] | None = None,
     grown: dict[int, int] | None = None,
+    growth: Growth | None = None,
 ) -> list[int] | None:
     """Step the walkers by fair share of work until one sentence passes the exact check
     (distance < `tol_cls`) or `budget` sentences are scored; returns that sentence or None.
@@ -163,11 +167,22 @@ def search_stage(
         if stage.score.cls(torch.tensor([sent])) < tol_cls:
             return sent
     grown = {} if grown is None else grown
+    grew = growth is not None and growth.first(stage.objective)
+    if grew:  # the right-to-left seeds (`veil.attacks.span.suffix`) before anything else
+        hits = suffix_seed(stage, specials, budget, tol_cls)
+        if hits:
+            pending.extend(hits[1:])
+            return hits[0]
     # graded (the MLP span at its rank limit): one first token's prefix seeds, then as much work
     # for the walkers, in turn; else the seeds first, then the walkers
     turns = seeds and not stage.crowded and stage.objective == "mlp-graded"
     if seeds and not stage.crowded and not turns:
         hits = prefix_seed(stage, specials, budget, _gate(stage, tol2), tol_cls, stage.check_left + 4, grown)
+        if hits:
+            pending.extend(hits[1:])
+            return hits[0]
+    if growth is not None and not grew and growth.then(stage.objective):  # the prefix seeds found none
+        hits = suffix_seed(stage, specials, budget, tol_cls)
         if hits:
             pending.extend(hits[1:])
             return hits[0]
@@ -274,6 +289,7 @@ def stage_report(stage: Stage, left: int, hit: list[int] | None, seconds: float)
         "objective": stage.objective,
         "hypotheses": len(stage.walkers),
         "rounds": stage.rounds,
+        "suffix_hits": len(stage.grower.hits) if stage.grower is not None else None,
         "seconds": round(seconds, 1),
         "length": len(hit) if hit else None,
         "lengths": [w.n for w in stage.walkers],
@@ -305,6 +321,7 @@ def peel_search(
     seeds: bool = False,
     mlp_blocks: int = 1,
     mlp_codim: float = 0.4,
+    suffix: bool = True,
 ) -> tuple[list[list[int]], dict[str, Any]] | None:
     """Find the batch one sentence at a time (see `Residual`, `CLSCheck`). Each stage: the exact
     check of the residual (`CLSCheck`), the walkers of its length hypotheses (`setup_stage`), a
@@ -314,7 +331,11 @@ def peel_search(
 
     Work, never time, orders and bounds the search, so the result does not depend on the machine
     or its load: `budget` caps the candidate sentences scored (all stages together); a
-    hypothesis' work is the tokens it scored plus `CALL_COST` per scoring call."""
+    hypothesis' work is the tokens it scored plus `CALL_COST` per scoring call.
+
+    With `suffix`, a stage on the graded MLP objective first grows every length's sentence from its
+    end (`veil.attacks.span.suffix`); the exact ones found wait in `pending`, and the next stages
+    grow again as long as a pass finds one (`paying`)."""
     start = time.perf_counter()
     rng = np.random.default_rng(seed)
     found: list[list[int]] = []
@@ -326,6 +347,7 @@ def peel_search(
     pending: list[list[int]] = []  # exact sentences found beside the one peeled (`veil.attacks.span.prefix`)
     grown: dict[int, int] = {}  # first tokens the prefix seeds grew from, and how often
     note = None
+    growth = Growth(on=suffix)
     while res.left > 0 and steps < budget:
         check = CLSCheck(res)
         if not check.usable:
@@ -351,7 +373,7 @@ def peel_search(
             reports.append(stage_report(stage, res.left, None, time.perf_counter() - t0))
             note = None if found else "no token passes layer 1 (dropout or noise? raise tol1)"
             break
-        hit = search_stage(stage, specials, carried, budget - steps, tol_cls, tol2, seeds, pending, grown)
+        hit = search_stage(stage, specials, carried, budget - steps, tol_cls, tol2, seeds, pending, grown, growth)
         steps += stage.scored
         rounds += stage.rounds
         reports.append(stage_report(stage, res.left, hit, time.perf_counter() - t0))

@@ -1,0 +1,129 @@
+"""Peeling's right-to-left seeds for a bidirectional encoder past layer 2's reach
+(`veil.attacks.span.peel`, on the MLP objective of `veil.attacks.span.mlp`; DAGER's span test,
+Petrov et al. 2024 eq. 2-3, applied to the block-1 MLP down-projection).
+
+Where the batch holds about as many tokens as the width (MiniLM, 16 SST-2 sentences, 420 tokens),
+the MLP span is at its rank limit and the objective is graded; the walkers then settle on chimeras
+and on prefixes of longer sentences (3 of 16 sentences in 500,000 scored). What the objective
+still says clearly is local: a position's block-1 MLP input depends on its own token and on the
+token before it far more than on the rest (measured on that batch, mean change of position t's
+cost when one other token changes, by offset: t-1 0.21, t+1 0.035, t-2 0.05, |offset| >= 3
+0.016-0.022; the token itself 0.24): one of MiniLM's first-layer heads reads the previous token.
+So given a sentence's true suffix from t + 1 on, the token at t is the one that makes position
+t + 1's cost lowest: the true one ranks first at 87 % of the positions and in the top 3 at 96 %
+(the rest of the sentence filled with the position prior's best tokens), where growing left to
+right (`veil.attacks.span.prefix`) ranks it by its own position's cost, which the unknown left
+context blurs.
+
+`suffix_seed` grows, for every length hypothesis n, one sentence from its end: [SEP] at n - 1,
+then positions n - 2 down to 1, each the content candidate with the lowest cost at the position
+after it, and checks every grown sentence with the exact [CLS] test. Measured on that batch:
+2 sentences exact in the first pass (25,445 scored), then, each found sentence peeled (its
+gradient subtracted, which makes the MLP test exact), 1 and 1 more; a pass that finds none
+stops the seeds for the rest of the search (`Seeds.paying`). What it misses: a mistake is not
+repaired (the sentence then follows another sentence or noise; most often at the word before a
+final '.', whose position hardly reads its predecessor), and one pass grows one sentence per
+length, so of several sentences of the same length at most one is found per pass.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from torch import Tensor
+
+from veil.attacks.span.walker import CALL_COST, IMPROVE
+
+
+@dataclass
+class Growth:
+    """A peeling search's use of the right-to-left seeds: whether they run at all, and whether the
+    search has met the graded MLP objective (`past`: the batch began at the MLP span's rank limit)."""
+
+    on: bool = True
+    past: bool = False
+
+    def first(self, objective: str) -> bool:
+        """Grow before the prefix seeds: on the graded MLP objective and, in a search that began
+        there, on every MLP stage after it (measured on MiniLM batch 16: 16 of 16 sentences exact;
+        with the prefix seeds first on the exact stages, 6: the first seeds to succeed decide which
+        sentences are left, and from 10 left neither finds one). A batch below the limit from the
+        start (MiniLM batch 12) keeps the prefix seeds first: 55,728 scored, against 140,833 with
+        the growth first."""
+        self.past = self.past or objective == "mlp-graded"
+        return self.on and objective.startswith("mlp") and self.past
+
+    def then(self, objective: str) -> bool:
+        """Grow after prefix seeds that found nothing (before the walkers): on any MLP objective."""
+        return self.on and objective.startswith("mlp")
+
+
+class SuffixSeeder:
+    """One right-to-left growth per length hypothesis on a stage's objective, with counted work
+    (`steps` sentences scored, `work` token evaluations); `hits`: sentences that passed the exact
+    check, in the order found."""
+
+    def __init__(self, stage: Any, specials: Any) -> None:
+        self.stage, self.specials = stage, specials
+        special = {v for v in (specials.sep, specials.cls, specials.pad) if v is not None}
+        self.content = [
+            torch.tensor([v for v in c.tolist() if v not in special], dtype=torch.long) for c in stage.cands
+        ]
+        self.filler = [self._filler(t) for t in range(len(self.content))]
+        self.steps = 0
+        self.work = 0.0
+        self.hits: list[list[int]] = []
+
+    def _filler(self, t: int) -> int:
+        """What stands left of the growing suffix at t: the position prior's best content token."""
+        c = self.content[t]
+        if not len(c):
+            return self.specials.pad if self.specials.pad is not None else 0
+        best = self.stage.prior.best(t, c)
+        return int(c[0]) if best is None else best
+
+    def _score(self, ids: Tensor, t: int) -> Tensor:
+        """The cost of each sentence at position t (`MLPScore.at` where the objective has it)."""
+        score = self.stage.score
+        c = score.at(ids, t) if hasattr(score, "at") else score(ids)[0][:, t]
+        self.steps += len(ids)
+        self.work += len(ids) * ids.shape[1] + CALL_COST
+        return c
+
+    def grow(self, n: int, budget: int) -> list[int] | None:
+        """The sentence of length n grown from its end (module docstring), or None where the
+        stage's scored sentences would pass `budget` first."""
+        x = torch.tensor([[self.specials.cls, *self.filler[1 : n - 1], self.specials.sep]])
+        for t in range(n - 2, 0, -1):
+            opts = self.content[t]
+            if self.stage.scored + len(opts) > budget:
+                return None
+            var = x.repeat(len(opts), 1)
+            var[:, t] = opts
+            c = self._score(var, t + 1)
+            low = float(c.min())
+            x[0, t] = opts[int(torch.nonzero(c <= low + IMPROVE * max(abs(low), 1.0)).flatten()[0])]  # ties: the first
+        return x[0].tolist()
+
+
+def suffix_seed(
+    stage: Any, specials: Any, budget: int, tol_cls: float, growth: Growth | None = None
+) -> list[list[int]]:
+    """Grow one sentence from its end for every length hypothesis of the stage (shortest first),
+    check each with the exact [CLS] test, restart each length's walker from its grown sentence;
+    returns the sentences that passed (all lengths are grown: a pass finds several at once)."""
+    if specials.cls is None or specials.sep is None or len(stage.cands) < 3:
+        return []
+    sd = SuffixSeeder(stage, specials)
+    stage.grower = sd
+    for w in stage.walkers:
+        sent = sd.grow(w.n, budget)
+        if sent is None:
+            break
+        if sent not in sd.hits and stage.score.cls(torch.tensor([sent])) < tol_cls:
+            sd.hits.append(sent)
+        else:
+            w.restart(sent[1:-1])
+    return list(sd.hits)
