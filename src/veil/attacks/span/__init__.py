@@ -28,8 +28,10 @@ exact per-sentence test from the last block's Q gradient, `checks`, on the
 the observation), which keeps working when B*T approaches the width ([CLS] pooling). Where the
 layer-2 span is crowded or full, peeling scores a sentence by its block-1 MLP inputs' distance to
 the row space of the MLP down-projection's gradient instead (`mlp`: 4x the width, so it keeps a
-gap up to B*T = 4 width; exact below its rank limit, graded at it). The joint assignment search
-is the fallback where that test has no gap.
+gap up to B*T = 4 width; exact below its rank limit, graded at it). At that limit (MiniLM, 16
+SST-2 sentences) a position's MLP input still reads the token before it far more than the rest,
+so `suffix` grows each length's sentence from its [SEP] leftwards, each token the one that makes
+the next position cost least. The joint assignment search is the fallback where that test has no gap.
 
 Dropout makes the layer inputs ``mask * x / (1 - p)``: no longer in the span of clean vectors.
 The exact check here then passes nothing (token recovery 0.000 is the check failing, not
@@ -38,7 +40,7 @@ for the dropped coordinates, and recovers such updates.
 
 The package, bottom up: `core` (spans, layer inputs, layer-1 candidates, LayerNorm pins), `checks`
 (the peeling search's exact sentence test), `search` (decoder extension, encoder assignment),
-`residual` / `score` / `walker` / `peel` (the peeling search), `robust_search` / `robust`
+`residual` / `score` / `mlp` / `walker` / `prefix` / `suffix` / `peel` (the peeling search), `robust_search` / `robust`
 (``span-robust``), and one module per registered attack: `attack` (``span``), `mjp`
 (``span-mjp``), `robust` (``span-robust``). Nothing imports upward.
 """

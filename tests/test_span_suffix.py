@@ -1,0 +1,118 @@
+"""The span attack's right-to-left seeds (`veil.attacks.span.suffix`): a sentence grown from its
+[SEP] by the cost of the position after each token, one row of the MLP scored at a time
+(`MLPScore.at`), and when a peeling search grows first."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from test_span_mlp import _minilm_span, _scene
+from veil.attacks.span.checks import CLSCheck
+from veil.attacks.span.mlp import MLPScore, mlp_spans
+from veil.attacks.span.suffix import Growth, SuffixSeeder, suffix_seed
+from veil.attacks.span.walker import Walker
+
+CLS, SEP = 1, 2
+
+
+class _PairScore:
+    """A stand-in objective (no model) with the property the seeds rely on: position t costs 0 where
+    its token follows the token before it as in `target`, else 1; the exact check passes `target`."""
+
+    def __init__(self, target: list[int]) -> None:
+        self.target = target
+        self.pairs = set(zip(target, target[1:]))
+
+    def __call__(self, ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        pc = torch.zeros(ids.shape)
+        for i, row in enumerate(ids.tolist()):
+            for t in range(1, len(row)):
+                pc[i, t] = float((row[t - 1], row[t]) not in self.pairs)
+        return pc, torch.full((len(ids),), float("inf"))
+
+    def cls(self, ids: torch.Tensor) -> float:
+        return 0.0 if ids[0].tolist() == self.target else 1.0
+
+
+class _Stage:
+    def __init__(self, target: list[int], lengths: list[int], width: int = 12) -> None:
+        tokens = torch.arange(10, 10 + width)
+        T = max(lengths)
+        self.cands = [torch.tensor([CLS]), *[torch.cat([tokens, torch.tensor([SEP])])] * (T - 1)]
+        self.prior = type("NoPrior", (), {"best": staticmethod(lambda t, c: None)})()
+        self.score = _PairScore(target)
+        rng = np.random.default_rng(0)
+        self.walkers = [Walker([torch.tensor([CLS]), *[tokens] * (n - 2), torch.tensor([SEP])], rng) for n in lengths]
+        self.grower = None
+
+    @property
+    def scored(self) -> int:
+        return self.grower.steps if self.grower is not None else 0
+
+
+class _Specials:
+    cls, sep, pad = CLS, SEP, 0
+
+
+def test_a_sentence_is_grown_from_its_end_and_the_other_lengths_restart_their_walkers() -> None:
+    """The target's first token is its own successor's only predecessor, so growing from [SEP] picks
+    it at every position; the 5-token length is exact, the others restart their walks from their
+    grown sentence; every candidate of every position grown is counted."""
+    target = [CLS, 13, 17, 11, SEP]
+    stage = _Stage(target, [4, 5, 6])
+    before = stage.walkers[1].x.clone()
+    hits = suffix_seed(stage, _Specials(), budget=10_000, tol_cls=1e-4)
+    assert hits == [target]
+    assert stage.grower.steps == 12 * (2 + 3 + 4)  # 12 content candidates at each grown position
+    four, _, six = stage.walkers
+    assert four.cur is None and four.x[0, -1] == SEP and four.x[0, 1:3].tolist() == [17, 11]  # restarted
+    assert six.cur is None and six.x[0, 3:5].tolist() == [17, 11]
+    assert torch.equal(stage.walkers[1].x, before)  # the exact length's walk is left alone
+
+
+def test_the_growth_stops_at_the_budget() -> None:
+    stage = _Stage([CLS, 13, 17, 11, SEP], [5, 6])
+    seeder = SuffixSeeder(stage, _Specials())
+    stage.grower = seeder
+    assert seeder.grow(5, budget=30) is None and seeder.steps == 24  # the third position would pass 30
+    assert seeder.grow(5, budget=10_000) == [CLS, 13, 17, 11, SEP]
+
+
+def test_a_search_grows_first_once_it_has_met_the_graded_objective() -> None:
+    g = Growth()
+    assert not g.first("mlp") and g.then("mlp")  # below the rank limit from the start: the prefix seeds first
+    assert g.first("mlp-graded") and g.first("mlp") and not g.first("layer2")  # began at the limit: growth first
+    off = Growth(on=False)
+    assert not off.first("mlp-graded") and not off.then("mlp")
+
+
+def test_mlp_score_at_one_position_equals_the_full_scores_column() -> None:
+    """`MLPScore.at` feeds block 1's MLP only row t: the same cost as `_scores`' column t (float32),
+    and with two blocks' spans (the narrowed MLP would change block 2's input) it falls back."""
+    model, res, sents, _ = _scene(2, 1)
+    check = CLSCheck(res)
+    s = sents[0]
+    x = torch.tensor([s] * 6)
+    x[1:, 3] = torch.tensor(s[4:9])
+    with torch.no_grad():
+        for blocks in (1, 2):
+            score = MLPScore(model, mlp_spans(res, blocks), res.layer_span(1, 1e-6), check)
+            full = score(x)[0]
+            for t in (1, 4, len(s) - 1):
+                assert torch.allclose(score.at(x, t), full[:, t], atol=1e-5), (blocks, t)
+            assert score._rowwise is (True if blocks == 1 else None)
+
+
+@pytest.mark.slow
+def test_span_rebuilds_a_minilm_batch_of_16_past_the_mlp_rank_limit() -> None:
+    """MiniLM, 16 SST-2 test sentences (420 tokens): the layer-2 span is full and the MLP spans at
+    their rank limit (graded); the right-to-left seeds, then the prefix seeds and walkers on the
+    residuals, rebuild all 16 sentences exactly (273,817 scored here). Before span.suffix: 3 of 16
+    in 500,000."""
+    batch, rec = _minilm_span(16, budget=300_000)
+    assert rec.stats["stages"][0]["objective"] == "mlp-graded" and rec.stats["stages"][0]["suffix_hits"] >= 1
+    assert rec.stats["sentences_exact"] == 16, rec.stats["work"]
+    truth = sorted(ids[m.bool()].tolist() for ids, m in zip(batch["input_ids"], batch["attention_mask"]))
+    assert sorted(rec.token_ids) == truth
