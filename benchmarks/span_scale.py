@@ -120,6 +120,7 @@ def cell(
         "sentences_scored": work / len(rows),
         "scored_per_cpu_s": work / max(1e-9, sum(r["cpu_s"] for r in rows)),
         "budget_stopped": sum(r["budget_stopped"] for r in rows),
+        "threads": torch.get_num_threads(),
         "per_sample": rows,
     }
 
@@ -325,6 +326,7 @@ def main() -> None:
         result["samples"] = max(r["samples"] for r in parts)
         for k in ("load_before", "load_after"):
             result["env"][k] = "; ".join(r["env"].get(k, "?") for r in parts)
+        result["env"]["machine"] = "; ".join(dict.fromkeys(r["env"]["machine"] for r in parts))
         doc = save("scale", result, path)
         figure(result, Path(args.figure))
     else:

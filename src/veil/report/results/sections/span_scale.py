@@ -34,11 +34,14 @@ def scale(r: dict[str, Any]) -> str:
             f"{c['sentences_scored']:,.0f}",
             f"{c['scored_per_cpu_s']:,.0f}",
             f"{c['budget_stopped']} of {c['samples']} (budget {c.get('budget') or 0:,})",
+            c.get("threads", 1),
+            per_batch(c),
         ]
         for c in r["cells"]
     ]
     header = ["model (width)", "batch", "real tokens", "layer-1 rank", "token_recovery", "exact", "CPU s/batch"]
-    header += ["wall s/batch", "scored", "scored / CPU s", "stopped by the budget"]
+    header += ["wall s/batch", "scored", "scored / CPU s", "stopped by the budget", "threads"]
+    header += ["each batch: token_recovery (wall s)"]
     cmds = " then ".join(f"`{c}`" for c in r.get("commands", [r["command"]]))
     ranks = [
         f"{name} (width {x[0]['width']}): "
@@ -72,6 +75,12 @@ def scale(r: dict[str, Any]) -> str:
             "![span attack at scale](figures/span_scale.png)",
         ]
     )
+
+
+def per_batch(c: dict[str, Any]) -> str:
+    """Each sampled batch's token recovery and wall seconds (a mean over batches hides a miss)."""
+    rows = c.get("per_sample") or []
+    return ", ".join(f"{fmt(x['token_recovery'])} ({fmt(x['wall_s'], 0)})" for x in rows) if len(rows) > 1 else ""
 
 
 def cli(c: dict[str, Any]) -> str:
