@@ -12,6 +12,14 @@ search's walker (`veil.attacks.span.walker.Walker`, to its first local minimum) 
 with k tokens wrong returns to it (of 4 draws): the size of its basin.
 
     python benchmarks/span_landscape.py [--peel 8] [--sentences 3] [--wrong 1,2,4,8] [--basin 4,8,12]
+    python benchmarks/span_landscape.py --peel '' --locality     # what `veil.attacks.span.suffix` reads
+
+`--locality`: how far a position's cost reaches (every sentence, every position t, every offset
+d in -5..5: the mean change of position t's cost when the token at t + d is replaced by another
+candidate, 3 draws each), and how well the right-to-left seeds' rule picks a token (given the
+sentence's true tokens from t + 1 on and the position prior's best tokens left of t, the rank of
+the true token at t among its candidates by the cost at t + 1, by the summed cost from t + 1 on,
+and by the cost at t itself).
 """
 
 from __future__ import annotations
@@ -76,6 +84,7 @@ def main() -> None:
     ap.add_argument("--sentences", type=int, default=3)
     ap.add_argument("--wrong", default="1,2,4,8")
     ap.add_argument("--basin", default="4,8,12")
+    ap.add_argument("--locality", action="store_true", help="offset reach and the leftward growth's ranks, then stop")
     args = ap.parse_args()
     torch.set_num_threads(1)
     box, truth = peel_inputs(args.batch, args.seed)
@@ -102,6 +111,9 @@ def main() -> None:
         print(
             f"batch {args.batch}, {sum(map(len, left))} tokens left after peeling {args.peel or 'none'}: objective {stage.objective}, layer-2 rank {stage.rank2}"
         )
+        if args.locality:
+            locality(stage, left, specials, rng)
+            return
         for s in left[: args.sentences]:
             n = len(s)
             true = float(score(torch.tensor([s]))[0].mean())
@@ -133,6 +145,48 @@ def main() -> None:
                 + "; one descent back from k wrong: "
                 + ", ".join(f"{k}: {v}" for k, v in basin.items())
             )
+
+
+def locality(stage: object, sents: list[list[int]], specials: object, rng: random.Random) -> None:
+    """`--locality` (module docstring)."""
+    score, cands, prior = stage.score, stage.cands, stage.prior  # type: ignore[attr-defined]
+    change: dict[int, list[float]] = {d: [] for d in range(-5, 6)}
+    for s in sents:
+        n, rows, meta = len(s), [], []
+        base = score(torch.tensor([s]))[0][0]
+        for t in range(1, n - 1):
+            for d in change:
+                if 1 <= t + d < n - 1:
+                    for _ in range(3):
+                        x = list(s)
+                        x[t + d] = int(cands[t + d][rng.randrange(len(cands[t + d]))])
+                        rows.append(x)
+                        meta.append((t, d))
+        f = torch.cat([score(torch.tensor(rows[i : i + 512]))[0] for i in range(0, len(rows), 512)])
+        for (t, d), row in zip(meta, f):
+            change[d].append(float((row[t] - base[t]).abs()))
+    print(
+        "mean change of position t's cost when the token at t + d changes: "
+        + ", ".join(f"d={d}: {statistics.mean(v):.3f}" for d, v in change.items())
+    )
+    special = {specials.cls, specials.sep}  # type: ignore[attr-defined]
+    content = [torch.tensor([v for v in c.tolist() if v not in special]) for c in cands]
+    filler = [0] + [prior.best(t, content[t]) or int(content[t][0]) for t in range(1, len(content))]
+    ranks: dict[str, list[int]] = {"cost at t + 1": [], "summed cost from t + 1": [], "cost at t": []}
+    for s in sents:
+        for t in range(len(s) - 2, 0, -1):
+            x = [s[0], *filler[1:t], *s[t:]]
+            var = torch.tensor([x]).repeat(len(content[t]), 1)
+            var[:, t] = content[t]
+            pc = score(var)[0]
+            i = int(torch.nonzero(content[t] == s[t])[0])
+            for name, c in zip(ranks, (pc[:, t + 1], pc[:, t + 1 :].sum(1), pc[:, t])):
+                ranks[name].append(int((c < c[i]).sum()))
+    for name, r in ranks.items():
+        a = np.array(r)
+        print(
+            f"growing leftwards, the true token ranked by the {name}: first at {(a == 0).mean():.1%}, top 3 at {(a < 3).mean():.1%} of {len(a)} positions"
+        )
 
 
 if __name__ == "__main__":

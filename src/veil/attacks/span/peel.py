@@ -171,7 +171,7 @@ def search_stage(
         if stage.score.cls(torch.tensor([sent])) < tol_cls:
             return sent
     grown = {} if grown is None else grown
-    grew = growth is not None and growth.first(stage.objective)
+    grew = growth is not None and growth.first(stage.objective, _fill(stage))
     if grew:  # the right-to-left seeds (`veil.attacks.span.suffix`) before anything else
         hits = suffix_seed(stage, specials, budget, tol_cls)
         if hits:
@@ -228,6 +228,12 @@ def search_stage(
         elif not stage.crowded and w.cur is None and w.kicks % 2 == 0:
             cross_seed(w, walkers, stage.tried)
     return None
+
+
+def _fill(stage: Stage) -> float:
+    """How full the stage's MLP spans are: the largest rank / rank limit (`mlp_exact`), 0 off the MLP objective."""
+    spans = getattr(stage.score, "spans", [])
+    return max((sp.rank / max(1, int(getattr(m, "out_features", sp.width)) - 1) for m, sp in spans), default=0.0)
 
 
 def _lowest(w: Walker, walkers: list[Walker]) -> bool:
