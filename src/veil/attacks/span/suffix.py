@@ -8,12 +8,12 @@ and on prefixes of longer sentences (3 of 16 sentences in 500,000 scored). What 
 still says clearly is local: a position's block-1 MLP input depends on its own token and on the
 token before it far more than on the rest (measured on that batch, mean change of position t's
 cost when one other token changes, by offset: t-1 0.21, t+1 0.035, t-2 0.05, |offset| >= 3
-0.016-0.022; the token itself 0.24): one of MiniLM's first-layer heads reads the previous token.
+0.015-0.023; the token itself 0.25; `benchmarks/span_landscape.py --peel "" --locality`): one of MiniLM's first-layer heads reads the previous token.
 So given a sentence's true suffix from t + 1 on, the token at t is the one that makes position
 t + 1's cost lowest: the true one ranks first at 87 % of the positions and in the top 3 at 96 %
-(the rest of the sentence filled with the position prior's best tokens), where growing left to
-right (`veil.attacks.span.prefix`) ranks it by its own position's cost, which the unknown left
-context blurs.
+(the rest of the sentence filled with the position prior's best tokens), where its own position's
+cost, which growing left to right (`veil.attacks.span.prefix`) ranks by, puts it first at 15 %:
+the unknown left context blurs that one.
 
 `suffix_seed` grows, for every length hypothesis n, one sentence from its end: [SEP] at n - 1,
 then positions n - 2 down to 1, each the content candidate with the lowest cost at the position
@@ -56,9 +56,11 @@ class Growth:
         that began there, and on an exact one whose span is within `NEAR` of its rank limit
         (`fill`: rank / limit). Measured on MiniLM batch 16 (420 tokens): 16 of 16 sentences exact;
         with the prefix seeds first on the exact stages, 6 (the first seeds to succeed decide which
-        sentences are left, and from 10 left neither finds one). A batch well below the limit
-        (batch 12, 315 of 383) keeps the prefix seeds first: 55,728 scored, against 140,833 with
-        the growth first."""
+        sentences are left, and from 10 left neither finds one); batches of 16 with 364 and 373
+        tokens (exact from the start, at 0.95 and 0.97 of the limit): 16 of 16 each in ~190,000 and
+        ~200,000 scored, where the prefix seeds first took 299,562 for 16 and got 9 in 500,000. A
+        batch well below the limit (batch 12, 315 of 383: 0.82) keeps the prefix seeds first:
+        55,728 scored, against 140,833 with the growth first."""
         self.past = self.past or objective == "mlp-graded"
         return self.on and objective.startswith("mlp") and (self.past or fill >= NEAR)
 
