@@ -162,8 +162,9 @@ def search_stage(
     first 1 (the 26) in 150,000.
 
     With `growth` (`veil.attacks.span.suffix`), the right-to-left seeds run first on the graded MLP
-    objective and on every MLP stage after one (`Growth.first`), else after prefix seeds that found
-    nothing (`Growth.then`): MiniLM batch 16, all 16 sentences exact in 273,817 scored."""
+    objective, on every MLP stage after one and on exact ones near the rank limit (`Growth.first`),
+    else after prefix seeds that found nothing (`Growth.then`): MiniLM batch 16, all 16 sentences
+    exact in 273,817 scored (7 of 8 batches: docs/results.md, span-scale)."""
     walkers, used = stage.walkers, stage.used
     pending = [] if pending is None else pending
     for sent in list(pending):  # exact sentences a previous stage found beside the one it peeled
@@ -343,9 +344,9 @@ def peel_search(
     or its load: `budget` caps the candidate sentences scored (all stages together); a
     hypothesis' work is the tokens it scored plus `CALL_COST` per scoring call.
 
-    With `suffix`, a stage on the graded MLP objective first grows every length's sentence from its
-    end (`veil.attacks.span.suffix`); the exact ones found wait in `pending`, and the next stages
-    grow again as long as a pass finds one (`paying`)."""
+    With `suffix`, MLP stages grow every length's sentence from its end (`veil.attacks.span.suffix`),
+    first or after the prefix seeds as `Growth` decides; the exact ones found beside the one peeled
+    wait in `pending` for the next stages."""
     start = time.perf_counter()
     rng = np.random.default_rng(seed)
     found: list[list[int]] = []
