@@ -57,8 +57,8 @@ class SpanOptions(Options):
     )
     suffix_seeds: bool = option(
         True,
-        "peeling on a graded MLP objective: grow every length's sentence from its end, then again while a pass "
-        "finds one (span.suffix)",
+        "peeling on the MLP objective: grow every length's sentence from its end, first where the span is at or "
+        "near its rank limit, else after prefix seeds that found none (span.suffix)",
     )
     restarts: int = option(4, "restarts of the encoder assignment search")
     sweeps: int = option(12, "coordinate sweeps per restart of the encoder assignment search")

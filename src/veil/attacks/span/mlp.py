@@ -66,7 +66,13 @@ def mlp_exact(spans: list[tuple[nn.Module, Span]]) -> bool:
     of it and the test graded (383 of 384 at batch 16). The limit is the projection's output width
     less one: a post-LN block's output gradient is centred by its LayerNorm, so a full span has
     rank width - 1 (383), and a pre-LN one at width - 1 is taken as full too (the safe side)."""
-    return bool(spans) and all(sp.rank < int(getattr(m, "out_features", sp.width)) - 1 for m, sp in spans)
+    return bool(spans) and mlp_fill(spans) < 1
+
+
+def mlp_fill(spans: list[tuple[nn.Module, Span]]) -> float:
+    """How full the MLP spans are: the largest rank / rank limit (`mlp_exact`'s limit, the
+    projection's output width less one); 0 without spans."""
+    return max((sp.rank / max(1, int(getattr(m, "out_features", sp.width)) - 1) for m, sp in spans), default=0.0)
 
 
 class MLPScore(SentenceScore):

@@ -32,7 +32,7 @@ from torch import Tensor
 
 from veil.attacks.span.checks import CLSCheck
 from veil.attacks.span.core import last_position
-from veil.attacks.span.mlp import MLPScore, mlp_exact, mlp_spans, mlp_usable
+from veil.attacks.span.mlp import MLPScore, mlp_exact, mlp_fill, mlp_spans, mlp_usable
 from veil.attacks.span.prefix import prefix_seed
 from veil.attacks.span.residual import Residual
 from veil.attacks.span.score import PositionPrior, SentenceScore
@@ -172,25 +172,24 @@ def search_stage(
         if stage.score.cls(torch.tensor([sent])) < tol_cls:
             return sent
     grown = {} if grown is None else grown
-    grew = growth is not None and growth.first(stage.objective, _fill(stage))
+    grew = growth is not None and growth.first(stage.objective, mlp_fill(getattr(stage.score, "spans", [])))
     if grew:  # the right-to-left seeds (`veil.attacks.span.suffix`) before anything else
-        hits = suffix_seed(stage, specials, budget, tol_cls)
-        if hits:
-            pending.extend(hits[1:])
-            return hits[0]
+        hit = _take(suffix_seed(stage, specials, budget, tol_cls), pending)
+        if hit is not None:
+            return hit
     # graded (the MLP span at its rank limit): one first token's prefix seeds, then as much work
     # for the walkers, in turn; else the seeds first, then the walkers
     turns = seeds and not stage.crowded and stage.objective == "mlp-graded"
     if seeds and not stage.crowded and not turns:
-        hits = prefix_seed(stage, specials, budget, _gate(stage, tol2), tol_cls, stage.check_left + 4, grown)
-        if hits:
-            pending.extend(hits[1:])
-            return hits[0]
+        hit = _take(
+            prefix_seed(stage, specials, budget, _gate(stage, tol2), tol_cls, stage.check_left + 4, grown), pending
+        )
+        if hit is not None:
+            return hit
     if growth is not None and not grew and growth.then(stage.objective):  # the prefix seeds found none
-        hits = suffix_seed(stage, specials, budget, tol_cls)
-        if hits:
-            pending.extend(hits[1:])
-            return hits[0]
+        hit = _take(suffix_seed(stage, specials, budget, tol_cls), pending)
+        if hit is not None:
+            return hit
     first = [float(w.n * w.sweep_size() + CALL_COST * (len(w.free) + 1)) for w in walkers]
     share = _shares(walkers, stage.prior, specials.sep)
     cap = stage.scored if turns else budget  # graded: the seeds first
@@ -201,9 +200,9 @@ def search_stage(
             hits = prefix_seed(
                 stage, specials, budget, _gate(stage, tol2), tol_cls, stage.check_left + 4, fresh, limit=1
             )
-            if hits:
-                pending.extend(hits[1:])
-                return hits[0]
+            hit = _take(hits, pending)
+            if hit is not None:
+                return hit
             turns = stage.seeder is not None and stage.seeder.left > 0  # None: no seeds here (no [CLS] / [SEP])
             cap = min(budget, stage.scored + max(stage.scored - before, 1)) if turns else budget
             continue
@@ -231,10 +230,12 @@ def search_stage(
     return None
 
 
-def _fill(stage: Stage) -> float:
-    """How full the stage's MLP spans are: the largest rank / rank limit (`mlp_exact`), 0 off the MLP objective."""
-    spans = getattr(stage.score, "spans", [])
-    return max((sp.rank / max(1, int(getattr(m, "out_features", sp.width)) - 1) for m, sp in spans), default=0.0)
+def _take(hits: list[list[int]], pending: list[list[int]]) -> list[int] | None:
+    """The first exact sentence a seed pass found (None: none); the others wait in `pending`."""
+    if not hits:
+        return None
+    pending.extend(hits[1:])
+    return hits[0]
 
 
 def _lowest(w: Walker, walkers: list[Walker]) -> bool:

@@ -27,8 +27,6 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from veil.attacks.span.walker import CALL_COST
-
 
 def ranked_tokens(cands: list[Tensor], prior: Any, special: set[int]) -> list[list[int]]:
     """Per position, its content candidates by the position prior's cost (stable: ties keep the
@@ -61,7 +59,6 @@ class PrefixSeeder:
         # 100,000 with the prior's 24 likeliest tokens)
         self.width: int | None = None if getattr(stage, "objective", "layer2").startswith("mlp") else type(self).width
         self.steps = 0  # sentences scored
-        self.work = 0.0
         self.hits: list[list[int]] = []
         self.repaired: list[list[int]] = []  # sentences already repaired (a path equal to one is not repaired again)
         self.done: set[int] = set()  # first tokens grown on this stage
@@ -70,7 +67,6 @@ class PrefixSeeder:
     def _score(self, ids: Tensor) -> Tensor:
         pc, _ = self.stage.score(ids)
         self.steps += len(ids)
-        self.work += len(ids) * ids.shape[1] + CALL_COST
         return pc
 
     def _exact(self, ids: list[int], pc: Tensor, tol2: float, tol_cls: float) -> bool:

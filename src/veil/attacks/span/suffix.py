@@ -37,7 +37,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from veil.attacks.span.walker import CALL_COST, IMPROVE
+from veil.attacks.span.walker import IMPROVE
 
 #: how close to its rank limit an exact MLP span has the growth run first (`Growth.first`)
 NEAR = 0.85
@@ -73,7 +73,7 @@ class Growth:
 
 class SuffixSeeder:
     """One right-to-left growth per length hypothesis on a stage's objective, with counted work
-    (`steps` sentences scored, `work` token evaluations); `hits`: sentences that passed the exact
+    (`steps`: sentences scored, part of the stage's); `hits`: sentences that passed the exact
     check, in the order found."""
 
     def __init__(self, stage: Any, specials: Any) -> None:
@@ -84,7 +84,6 @@ class SuffixSeeder:
         ]
         self.filler = [self._filler(t) for t in range(len(self.content))]
         self.steps = 0
-        self.work = 0.0
         self.hits: list[list[int]] = []
 
     def _filler(self, t: int) -> int:
@@ -100,7 +99,6 @@ class SuffixSeeder:
         score = self.stage.score
         c = score.at(ids, t) if hasattr(score, "at") else score(ids)[0][:, t]
         self.steps += len(ids)
-        self.work += len(ids) * ids.shape[1] + CALL_COST
         return c
 
     def grow(self, n: int, budget: int) -> list[int] | None:
