@@ -36,6 +36,24 @@ class _PairScore:
         return 0.0 if ids[0].tolist() == self.target else 1.0
 
 
+class _TripleScore(_PairScore):
+    """Position t also costs 0.5 where the two tokens before it and its own are not three in a row
+    of `target`: a token's cost reads its left context, as MiniLM's block-1 MLP input does. Where
+    `decoy` may stand in for the token before t's as a pair, only the left context tells them apart."""
+
+    def __init__(self, target: list[int], decoy: tuple[int, int, int]) -> None:
+        super().__init__(target)
+        self.pairs |= {(decoy[0], decoy[1]), (decoy[1], decoy[2])}
+        self.triples = set(zip(target, target[1:], target[2:]))
+
+    def __call__(self, ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        pc, dc = super().__call__(ids)
+        for i, row in enumerate(ids.tolist()):
+            for t in range(2, len(row)):
+                pc[i, t] += 0.5 * float((row[t - 2], row[t - 1], row[t]) not in self.triples)
+        return pc, dc
+
+
 class _Stage:
     def __init__(self, target: list[int], lengths: list[int], width: int = 12) -> None:
         tokens = torch.arange(10, 10 + width)
@@ -59,17 +77,39 @@ class _Specials:
 def test_a_sentence_is_grown_from_its_end_and_the_other_lengths_restart_their_walkers() -> None:
     """The target's first token is its own successor's only predecessor, so growing from [SEP] picks
     it at every position; the 5-token length is exact, the others restart their walks from their
-    grown sentence; every candidate of every position grown is counted."""
+    grown sentence; every candidate of every position scored is counted."""
     target = [CLS, 13, 17, 11, SEP]
     stage = _Stage(target, [4, 5, 6])
     before = stage.walkers[1].x.clone()
     hits = suffix_seed(stage, _Specials(), budget=10_000, tol_cls=1e-4)
     assert hits == [target]
-    assert stage.grower.steps == 12 * (2 + 3 + 4)  # 12 content candidates at each grown position
+    # 12 content candidates at each grown position, then the next sweep at the positions a change
+    # left within reach: length 4 re-scores position 2 (its left neighbour changed after it), length
+    # 6 positions 4 and 3; the exact length 5 stops after its first sweep
+    assert stage.grower.steps == 12 * (2 + 3 + 4) + 12 * (1 + 2)
     four, _, six = stage.walkers
     assert four.cur is None and four.x[0, -1] == SEP and four.x[0, 1:3].tolist() == [17, 11]  # restarted
     assert six.cur is None and six.x[0, 3:5].tolist() == [17, 11]
     assert torch.equal(stage.walkers[1].x, before)  # the exact length's walk is left alone
+
+
+def test_a_wrong_step_of_the_growth_is_repaired_by_the_next_sweep() -> None:
+    """Growing [CLS] 13 17 11 15 [SEP] from its end: 12 and 17 both precede 11 as pairs, and with the
+    prior's filler left of them (10) neither is three in a row, so the first sweep takes 12 (the
+    first of the tie) and then 13 before it, which is a pair with 12 too: a chimera. The next sweep
+    reads 13 as the left context and takes 17: the target, exact, so the growth stops there."""
+    target = [CLS, 13, 17, 11, 15, SEP]
+    stage = _Stage(target, [6])
+    stage.score = _TripleScore(target, decoy=(13, 12, 11))
+    seeder = SuffixSeeder(stage, _Specials(), tol_cls=1e-4)
+    stage.grower = seeder
+    assert seeder.grow(6, budget=10_000, sweeps=1) == [CLS, 13, 12, 11, 15, SEP]
+    once = seeder.steps
+    assert once == 12 * 4
+    assert seeder.grow(6, budget=10_000) == target
+    # the second growth: 4 positions, then 4, 3 and 2 again (each changed near them after they were
+    # scored) and 1 (17 replaced 12 beside it); it stops there, exact
+    assert seeder.steps - once == 12 * 4 + 12 * 4
 
 
 def test_the_growth_stops_at_the_budget() -> None:

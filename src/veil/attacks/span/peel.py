@@ -301,6 +301,7 @@ def stage_report(stage: Stage, left: int, hit: list[int] | None, seconds: float)
         "objective": stage.objective,
         "hypotheses": len(stage.walkers),
         "rounds": stage.rounds,
+        "scored": stage.scored,
         "suffix_hits": len(stage.grower.hits) if stage.grower is not None else None,
         "seconds": round(seconds, 1),
         "length": len(hit) if hit else None,
