@@ -130,8 +130,9 @@ def test_a_search_grows_first_near_the_rank_limit_and_once_it_has_met_the_graded
 
 
 def test_mlp_score_at_one_position_equals_the_full_scores_column() -> None:
-    """`MLPScore.at` feeds block 1's MLP only row t: the same cost as `_scores`' column t (float32),
-    and with two blocks' spans (the narrowed MLP would change block 2's input) it falls back."""
+    """`MLPScore.at` feeds block 1's MLP only row t and shares the Q/K/V rows of the columns where
+    the sentences agree: the same cost as `_scores`' column t (float32), with one column varied or
+    two; with two blocks' spans (the narrowed MLP would change block 2's input) it falls back."""
     model, res, sents, _ = _scene(2, 1)
     check = CLSCheck(res)
     s = sents[0]
@@ -144,6 +145,14 @@ def test_mlp_score_at_one_position_equals_the_full_scores_column() -> None:
             for t in (1, 4, len(s) - 1):
                 assert torch.allclose(score.at(x, t), full[:, t], atol=1e-5), (blocks, t)
             assert score._rowwise is (True if blocks == 1 else None)
+            assert score.rows_shared is (True if blocks == 1 else None)  # block 1's shared rows were used
+    y = x.clone()
+    y[2:, 6] = torch.tensor(s[1:5])  # two columns differ: both go through Q/K/V per sentence
+    score = MLPScore(model, mlp_spans(res, 1), res.layer_span(1, 1e-6), check)
+    with torch.no_grad():
+        full = score(y)[0]
+        for t in (3, 6, 7):
+            assert torch.allclose(score.at(y, t), full[:, t], atol=1e-5), t
 
 
 @pytest.mark.slow

@@ -186,7 +186,7 @@ def search_stage(
         )
         if hit is not None:
             return hit
-    if growth is not None and not grew and growth.then(stage.objective):  # the prefix seeds found none
+    if growth is not None and not grew and not stage.crowded and growth.then(stage.objective):  # seeds found none
         hit = _take(suffix_seed(stage, specials, budget, tol_cls), pending)
         if hit is not None:
             return hit

@@ -80,8 +80,13 @@ class Growth:
         return self.on and objective.startswith("mlp") and (self.past or fill >= NEAR)
 
     def then(self, objective: str) -> bool:
-        """Grow after prefix seeds that found nothing (before the walkers): on any MLP objective."""
-        return self.on and objective.startswith("mlp")
+        """Grow after prefix seeds that found nothing (before the walkers), on any objective: the
+        layer-2 input reads the token before it through block 1's attention as the MLP's does.
+        Measured on a MiniLM batch of 16 (412 tokens) at 4 sentences left (layer 2, 124 of 384):
+        the walkers took 113,145 scored (54 s) for the next sentence, the growth 39,922 for two;
+        the whole batch 99 s instead of 140. Growing first on the layer-2 stages too: 140 s (the
+        prefix seeds are cheaper there while they find one)."""
+        return self.on
 
 
 class SuffixSeeder:
