@@ -11,7 +11,7 @@ import torch
 from test_span_mlp import _minilm_span, _scene
 from veil.attacks.span.checks import CLSCheck
 from veil.attacks.span.mlp import MLPScore, mlp_spans
-from veil.attacks.span.suffix import Growth, SuffixSeeder, suffix_seed
+from veil.attacks.span.suffix import Growth, SuffixSeeder, reads_previous, suffix_seed
 from veil.attacks.span.walker import Walker
 
 CLS, SEP = 1, 2
@@ -110,6 +110,36 @@ def test_a_wrong_step_of_the_growth_is_repaired_by_the_next_sweep() -> None:
     # the second growth: 4 positions, then 4, 3 and 2 again (each changed near them after they were
     # scored) and 1 (17 replaced 12 beside it); it stops there, exact
     assert seeder.steps - once == 12 * 4 + 12 * 4
+
+
+class _RuleScore(_PairScore):
+    """Position t costs `rule(row, t)`: a stand-in whose dependence on other tokens is chosen."""
+
+    def __init__(self, rule) -> None:
+        super().__init__([CLS, SEP])
+        self.rule = rule
+
+    def __call__(self, ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        pc = torch.tensor([[float(self.rule(row, t)) for t in range(len(row))] for row in ids.tolist()])
+        return pc, torch.full((len(ids),), float("inf"))
+
+
+def test_repairs_run_only_where_a_position_reads_the_token_before_it() -> None:
+    """`reads_previous` holds where a position's cost follows the token before it (as MiniLM's block 1),
+    not where it follows the whole sentence alike (no first-layer head reads the previous token);
+    a search's growth then sweeps once only."""
+    stage = _Stage([CLS, 13, 17, 11, SEP], [12])
+    previous = _RuleScore(lambda row, t: (row[t - 1] * 7 + row[t]) % 5 / 5 if t else 0.0)
+    whole = _RuleScore(lambda row, t: sum(row) % 7 / 7)
+    for score, reads in ((previous, True), (whole, False)):
+        stage.score = score
+        seeder = SuffixSeeder(stage, _Specials())
+        stage.grower = seeder
+        assert reads_previous(seeder, 12) is reads
+        assert seeder.steps == 2 * 7 * 5  # two offsets at positions 4, 5, .., 10, the first 5 candidates each
+    growth = Growth()
+    suffix_seed(stage, _Specials(), budget=10_000, tol_cls=1e-4, growth=growth)
+    assert growth.reads_previous is False and stage.grower.steps == 70 + 12 * 10  # one sweep of 10 positions
 
 
 def test_the_growth_stops_at_the_budget() -> None:

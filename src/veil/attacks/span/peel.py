@@ -174,7 +174,7 @@ def search_stage(
     grown = {} if grown is None else grown
     grew = growth is not None and growth.first(stage.objective, mlp_fill(getattr(stage.score, "spans", [])))
     if grew:  # the right-to-left seeds (`veil.attacks.span.suffix`) before anything else
-        hit = _take(suffix_seed(stage, specials, budget, tol_cls), pending)
+        hit = _take(suffix_seed(stage, specials, budget, tol_cls, growth), pending)
         if hit is not None:
             return hit
     # graded (the MLP span at its rank limit): one first token's prefix seeds, then as much work
@@ -187,7 +187,7 @@ def search_stage(
         if hit is not None:
             return hit
     if growth is not None and not grew and not stage.crowded and growth.then(stage.objective):  # seeds found none
-        hit = _take(suffix_seed(stage, specials, budget, tol_cls), pending)
+        hit = _take(suffix_seed(stage, specials, budget, tol_cls, growth), pending)
         if hit is not None:
             return hit
     first = [float(w.n * w.sweep_size() + CALL_COST * (len(w.free) + 1)) for w in walkers]

@@ -52,6 +52,9 @@ SWEEPS = 6
 #: a changed token sends the positions this close to it through the next sweep again
 REACH = 2
 
+#: how much more a position's cost must move with the token before it than with one three before
+LOCAL = 2.5
+
 #: how close to its rank limit an exact MLP span has the growth run first (`Growth.first`)
 NEAR = 0.85
 
@@ -63,6 +66,7 @@ class Growth:
 
     on: bool = True
     past: bool = False
+    reads_previous: bool | None = None  # the model's block 1 reads the token before (`reads_previous`)
 
     def first(self, objective: str, fill: float = 0.0) -> bool:
         """Grow before the prefix seeds: on the graded MLP objective, on every MLP stage of a search
@@ -160,16 +164,23 @@ class SuffixSeeder:
         return bool(self.stage.score.cls(x) < self.tol_cls)
 
 
-def suffix_seed(stage: Any, specials: Any, budget: int, tol_cls: float) -> list[list[int]]:
+def suffix_seed(
+    stage: Any, specials: Any, budget: int, tol_cls: float, growth: Growth | None = None
+) -> list[list[int]]:
     """Grow one sentence from its end for every length hypothesis of the stage (shortest first),
     check each with the exact [CLS] test, restart each length's walker from its grown sentence;
-    returns the sentences that passed (all lengths are grown: a pass finds several at once)."""
+    returns the sentences that passed (all lengths are grown: a pass finds several at once).
+    With `growth`, the repair sweeps run only where the model's block 1 reads the token before
+    each position (`reads_previous`, measured once per search): where it does not (a randomly
+    initialised encoder), they cycle without finding a sentence and cost 2-3x the growth."""
     if specials.cls is None or specials.sep is None or len(stage.cands) < 3:
         return []
     sd = SuffixSeeder(stage, specials, tol_cls)
     stage.grower = sd
+    if growth is not None and growth.reads_previous is None:
+        growth.reads_previous = reads_previous(sd, stage.walkers[-1].n) if stage.walkers else False
     for w in stage.walkers:
-        sent = sd.grow(w.n, budget)
+        sent = sd.grow(w.n, budget, sweeps=None if growth is None or growth.reads_previous else 1)
         if sent is None:
             break
         if sent not in sd.hits and sd.exact(torch.tensor([sent])):
@@ -177,3 +188,23 @@ def suffix_seed(stage: Any, specials: Any, budget: int, tol_cls: float) -> list[
         else:
             w.restart(sent[1:-1])
     return list(sd.hits)
+
+
+def reads_previous(sd: SuffixSeeder, n: int, probes: int = 8, alts: int = 4) -> bool:
+    """Whether a position's cost moves more when the token before it changes than when one three
+    before it does (`LOCAL` times the mean change), on the prior's filler sentence of length n at
+    up to `probes` positions with `alts` other candidates each (counted in the seeder's steps).
+    Measured on the first stage (graded) of a MiniLM batch of 16: 0.0153 against 0.0037 (4.1x);
+    on a randomly initialised 4-layer encoder (width 96, 5 sentences): 0.0011 against 0.0008 (1.5x)."""
+    x = torch.tensor([[sd.specials.cls, *sd.filler[1 : n - 1], sd.specials.sep]])
+    ts = list(range(4, n - 1))[:: max(1, (n - 5) // probes)][:probes]
+    moved: dict[int, list[Tensor]] = {1: [], 3: []}
+    for t in ts:
+        for d in moved:
+            opts = sd.content[t - d][: alts + 1]
+            var = x.repeat(len(opts), 1)
+            var[:, t - d] = opts
+            c = sd._score(var, t)
+            moved[d].append((c - c[0]).abs()[1:].mean())
+    near, far = (float(torch.stack(v).mean()) if v else 0.0 for v in moved.values())
+    return near > LOCAL * far
