@@ -11,6 +11,7 @@ import torch
 from test_span_mlp import _minilm_span, _scene
 from veil.attacks.span.checks import CLSCheck
 from veil.attacks.span.mlp import MLPScore, mlp_spans
+from veil.attacks.span.score import SentenceScore
 from veil.attacks.span.suffix import Growth, SuffixSeeder, reads_previous, suffix_seed
 from veil.attacks.span.walker import Walker
 
@@ -183,6 +184,24 @@ def test_mlp_score_at_one_position_equals_the_full_scores_column() -> None:
         full = score(y)[0]
         for t in (3, 6, 7):
             assert torch.allclose(score.at(y, t), full[:, t], atol=1e-5), t
+
+
+def test_layer_2_score_at_one_position_equals_the_full_scores_column() -> None:
+    """`SentenceScore.at` (the uncrowded layer-2 objective) computes block 1 for row t only: the same
+    cost as the full pass's column t; with the [CLS] distance in the objective, the full column."""
+    model, res, sents, _ = _scene(2, 1)
+    check = CLSCheck(res)
+    s = sents[0]
+    x = torch.tensor([s] * 6)
+    x[1:, 3] = torch.tensor(s[4:9])
+    with torch.no_grad():
+        score = SentenceScore(model, res.layer_span(1, 1e-6), check, with_cls=False)
+        full = score(x)[0]
+        for t in (2, 4, len(s) - 1):
+            assert torch.allclose(score.at(x, t), full[:, t], atol=1e-4), t
+        assert score.row_ok is True
+        crowded = SentenceScore(model, res.layer_span(1, 1e-6), check, with_cls=True)
+        assert torch.equal(crowded.at(x, 4), crowded(x)[0][:, 4]) and crowded.row_ok is None
 
 
 @pytest.mark.slow

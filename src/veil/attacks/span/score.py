@@ -13,6 +13,7 @@ from torch import Tensor, nn
 from veil.attacks.span.checks import CLSCheck
 from veil.attacks.span.core import ACT_FLOATS, Span, model_device, recording_inputs, rows_per_call
 from veil.attacks.span.residual import Residual
+from veil.attacks.span.rowwise import block1_row
 from veil.models.base import VeilModel
 
 
@@ -57,6 +58,7 @@ class SentenceScore:
         self.q2 = model.attention_layers()[1].q
         self.tok_grad = tok_grad.float() if tok_grad is not None and with_cls else None
         self.batch_size, self.cap = batch_size, cap
+        self.row_ok: bool | None = None  # whether `at` gives `_scores`' column (None: not tried yet)
 
     def rows_per_call(self, n: int) -> int:
         """Candidate sentences of `n` tokens one scoring call may hold: its activations (all blocks
@@ -83,6 +85,23 @@ class SentenceScore:
                 else torch.full((len(ids),), float("inf"))
             )
         return d2, dc
+
+    def at(self, ids: Tensor, t: int) -> Tensor:
+        """Each sentence's cost at position t alone, (N,): layer 2's input at row t is block 1's
+        output there, so block 1 computes that row only (`veil.attacks.span.rowwise`; checked
+        against `_scores`' column on first use, `row_ok`). The [CLS] distance and the gradient
+        match need every position: with either, the full column."""
+        if self.tok_grad is not None or self.with_cls or self.row_ok is False:
+            return self(ids)[0][:, t]
+        x = block1_row(self.model, ids, t, self.q2, shared=True)
+        c = self.span2.distance(x[:, t if x.shape[1] > t else 0].double()).float().cpu()
+        if self.prior is not None:
+            c = c + self.prior(ids)[:, t]
+        if self.row_ok is None:
+            full = self(ids)[0][:, t]
+            self.row_ok = bool(torch.allclose(c, full, atol=1e-4, rtol=1e-3))
+            c = full
+        return c
 
     def _with_gradient(self, ids: Tensor) -> tuple[Tensor, Tensor]:
         model = self.model
