@@ -164,7 +164,7 @@ def search_stage(
     With `growth` (`veil.attacks.span.suffix`), the right-to-left seeds run first on the graded MLP
     objective, on every MLP stage after one and on exact ones near the rank limit (`Growth.first`),
     else after prefix seeds that found nothing (`Growth.then`): MiniLM batch 16, all 8 batches of
-    docs/results.md's span-scale rebuilt exactly, 20-89 s each at 2 threads."""
+    docs/results.md's span-scale rebuilt exactly, 20-92 s each at 2 threads."""
     walkers, used = stage.walkers, stage.used
     pending = [] if pending is None else pending
     for sent in list(pending):  # exact sentences a previous stage found beside the one it peeled

@@ -32,7 +32,7 @@ the growth, none after 2-3 sweeps. When a search grows first is `Growth`'s rule.
 Measured (`benchmarks/span_scale.py`, MiniLM batch 16, 8 batches, budget 500,000, 2 threads): with
 one pass per growth, 7 batches rebuilt exactly and one (425 tokens, six sentences cut at 32) 5 of
 16 when the budget ran out; with the sweeps (and `MLPScore.at`'s shared rows), all 8 exactly in
-20-89 s each (that one in 441,513 scored, 89 s), mean 46 s. The sweeps run only where the model's
+20-92 s each (that one in 441,513 scored, 92 s), mean 46 s. The sweeps run only where the model's
 block 1 reads the token before each position (`reads_previous`). Tried and not kept: starting each
 length's sweeps in the next stage from its last grown sentence instead of the filler (the first
 batch: 486,872 scored instead of 388,807), and rescoring only the first sweep's 5 best candidates
