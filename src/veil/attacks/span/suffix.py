@@ -65,8 +65,10 @@ NEAR = 0.85
 
 @dataclass
 class Growth:
-    """A peeling search's use of the right-to-left seeds: whether they run at all, and whether the
-    search has met the graded MLP objective (`past`: the batch began at the MLP span's rank limit)."""
+    """A peeling search's use of the right-to-left seeds: whether they run at all, whether the
+    search has met the graded MLP objective (`past`: the batch began at the MLP span's rank limit),
+    and whether the model's block 1 reads the token before each position (`reads_previous`,
+    measured on the search's first growth: the repair sweeps run only then)."""
 
     on: bool = True
     past: bool = False
@@ -75,7 +77,8 @@ class Growth:
     def first(self, objective: str, fill: float = 0.0) -> bool:
         """Grow before the prefix seeds: on the graded MLP objective, on every MLP stage of a search
         that began there, and on an exact one whose span is within `NEAR` of its rank limit
-        (`fill`: rank / limit). Measured on MiniLM batch 16 (420 tokens): 16 of 16 sentences exact;
+        (`fill`: rank / limit). Measured before the repair sweeps, on MiniLM batch 16 (420 tokens):
+        16 of 16 sentences exact;
         with the prefix seeds first on the exact stages, 6 (the first seeds to succeed decide which
         sentences are left, and from 10 left neither finds one); batches of 16 with 364 and 373
         tokens (exact from the start, at 0.95 and 0.97 of the limit): 16 of 16 each in ~190,000 and
