@@ -36,11 +36,11 @@ def _batch(data, B: int, max_real: int, seed: int = 1) -> dict[str, torch.Tensor
     return {k: v[idx] for k, v in data.train.items()}
 
 
-def _attack(model, batch, know, threads: int):
+def _attack(model, batch, know, threads: int, **options):
     before = torch.get_num_threads()
     torch.set_num_threads(threads)
     try:
-        rec = create_attack("span").reconstruct(observe(model, batch), know)
+        rec = create_attack("span", **options).reconstruct(observe(model, batch), know)
     finally:
         torch.set_num_threads(before)
     return rec.token_ids, {k: rec.stats[k] for k in ("sentences_scored", "walker_steps", "sentences_exact")}
@@ -72,9 +72,12 @@ def test_span_search_is_the_same_under_load(sst2) -> None:
     know = Knowledge(batch_size=3, seq_len=24, tokenizer=sst2.meta["tokenizer"])
     idle = _attack(model, batch, know, threads=1)
     assert _loaded(lambda: _attack(model, batch, know, threads=1)) == idle
-    # the peeling search scored sentences (its decisions are what is compared; since the growth
-    # runs after prefix seeds that found none on layer 2 too, it finds these without the walkers)
+    # the growth (run after prefix seeds that found none, layer 2 included) finds all three
     assert idle[1]["sentences_scored"] > 0 and idle[1]["sentences_exact"] == 3
+    # without it, the walkers: their decisions compared the same way
+    idle = _attack(model, batch, know, threads=1, suffix_seeds=False)
+    assert _loaded(lambda: _attack(model, batch, know, threads=1, suffix_seeds=False)) == idle
+    assert idle[1]["walker_steps"] > 0  # the peeling search ran (its decisions are what is compared)
 
 
 @pytest.mark.slow

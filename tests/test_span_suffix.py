@@ -160,15 +160,20 @@ def test_a_search_grows_first_near_the_rank_limit_and_once_it_has_met_the_graded
     assert not off.first("mlp-graded") and not off.then("mlp")
 
 
+def _one_column_varied():
+    """Two sentences' client step on a small encoder, and six copies of the first with column 3 varied."""
+    model, res, sents, _ = _scene(2, 1)
+    s = sents[0]
+    x = torch.tensor([s] * 6)
+    x[1:, 3] = torch.tensor(s[4:9])
+    return model, res, CLSCheck(res), s, x
+
+
 def test_mlp_score_at_one_position_equals_the_full_scores_column() -> None:
     """`MLPScore.at` feeds block 1's MLP only row t and shares the Q/K/V rows of the columns where
     the sentences agree: the same cost as `_scores`' column t (float32), with one column varied or
     two; with two blocks' spans (the narrowed MLP would change block 2's input) it falls back."""
-    model, res, sents, _ = _scene(2, 1)
-    check = CLSCheck(res)
-    s = sents[0]
-    x = torch.tensor([s] * 6)
-    x[1:, 3] = torch.tensor(s[4:9])
+    model, res, check, s, x = _one_column_varied()
     with torch.no_grad():
         for blocks in (1, 2):
             score = MLPScore(model, mlp_spans(res, blocks), res.layer_span(1, 1e-6), check)
@@ -189,11 +194,7 @@ def test_mlp_score_at_one_position_equals_the_full_scores_column() -> None:
 def test_layer_2_score_at_one_position_equals_the_full_scores_column() -> None:
     """`SentenceScore.at` (the uncrowded layer-2 objective) computes block 1 for row t only: the same
     cost as the full pass's column t; with the [CLS] distance in the objective, the full column."""
-    model, res, sents, _ = _scene(2, 1)
-    check = CLSCheck(res)
-    s = sents[0]
-    x = torch.tensor([s] * 6)
-    x[1:, 3] = torch.tensor(s[4:9])
+    model, res, check, s, x = _one_column_varied()
     with torch.no_grad():
         score = SentenceScore(model, res.layer_span(1, 1e-6), check, with_cls=False)
         full = score(x)[0]

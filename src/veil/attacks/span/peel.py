@@ -346,9 +346,10 @@ def peel_search(
     or its load: `budget` caps the candidate sentences scored (all stages together); a
     hypothesis' work is the tokens it scored plus `CALL_COST` per scoring call.
 
-    With `suffix`, MLP stages grow every length's sentence from its end (`veil.attacks.span.suffix`),
-    first or after the prefix seeds as `Growth` decides; the exact ones found beside the one peeled
-    wait in `pending` for the next stages."""
+    With `suffix`, stages grow every length's sentence from its end (`veil.attacks.span.suffix`):
+    MLP stages first or after the prefix seeds, uncrowded layer-2 stages after prefix seeds that
+    found none, as `Growth` decides; the exact ones found beside the one peeled wait in `pending`
+    for the next stages."""
     start = time.perf_counter()
     rng = np.random.default_rng(seed)
     found: list[list[int]] = []
