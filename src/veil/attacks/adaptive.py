@@ -29,7 +29,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Literal, TypeVar
+from typing import Any, Literal, TypeVar
 
 import torch
 from scipy.stats import chi2
@@ -41,6 +41,40 @@ from veil.attacks.options import Options, option
 from veil.attacks.presence import special_ids, token_bag
 from veil.errors import VeilError
 from veil.models.base import VeilModel, linear_weight
+
+# ----------------------------------------------------------------------------- what is known
+#: the settings of the noise baselines that put noise on every exported tensor
+_NOISE_EVERYWHERE = {"gaussian": "sigma", "dpsgd": "noise_multiplier"}
+#: AEGIS's per-channel noise scale, by channel
+_AEGIS_SCALE = {"embedding": "embed_noise", "mlp_up": "mlp_noise", "head": "head_noise", "mlp_down": "mlp_down_noise"}
+
+
+def defense_settings(defense: dict[str, Any]) -> list[dict[str, Any]]:
+    """Each defense's granted settings (`Defense.describe()`), from `Knowledge.defense` in either
+    shape: one flat description (``{"name": "aegis", ...}``) or the harness's, nested under each
+    defense's name (``{"aegis": {"name": "aegis", ...}}``, `veil.attacks.harness.knowledge_for`)."""
+    if not defense:
+        return []
+    if "name" in defense and not isinstance(defense["name"], dict):
+        return [defense]
+    return [{"name": k, **v} for k, v in defense.items() if isinstance(v, dict)]
+
+
+def noised_channel(defense: dict[str, Any], channel: str) -> bool:
+    """Whether a granted defense puts noise on `channel` (embedding, mlp_up, head, mlp_down): AEGIS
+    by its scale for that channel, the Gaussian and DP-SGD baselines on every tensor."""
+    for s in defense_settings(defense):
+        name = str(s.get("name"))
+        if name in _NOISE_EVERYWHERE and float(s.get(_NOISE_EVERYWHERE[name]) or 0) > 0:
+            return True
+        if name == "aegis" and float(s.get(_AEGIS_SCALE[channel]) or 0) > 0:
+            return True
+    return False
+
+
+def any_defense(defense: dict[str, Any]) -> bool:
+    """Whether the knowledge names a defense other than none."""
+    return any(s.get("name") not in (None, "none") for s in defense_settings(defense))
 
 
 # ----------------------------------------------------------------------------- presence
@@ -117,7 +151,7 @@ class _PresenceTest(Attack[_PresenceOptionsT]):
 
     def _test(self, rows: Tensor, obs: Observation, know: Knowledge, rounds: int) -> Reconstruction:
         alpha = 1.0 / rows.shape[0] if self.options.alpha is None else self.options.alpha
-        if self.options.source == "head" and not know.defense.get("head_noise"):
+        if self.options.source == "head" and not noised_channel(know.defense, "head"):
             z, s2 = log_norm_scores(rows), 0.0  # clean head: softmax mass on every row, targets stand out
             found = set(torch.nonzero(z > largest_gap_cut(z)).flatten().tolist())
         else:
@@ -257,7 +291,7 @@ class SpanUnfrozen(Attack[SpanUnfrozenOptions]):
         model = obs.model
         tol, noise_aware = self.options.tol, self.options.noise_aware
         if noise_aware is None:
-            noise_aware = bool(know.defense) and know.defense.get("name") not in (None, "none")
+            noise_aware = any_defense(know.defense)
         targets = {k: m for k, m in self._targets(model, self.options.blocks).items() if obs.has_grad(m)}
         vocab = torch.arange(model.token_embedding().weight.shape[0])
         was = model.training
@@ -270,11 +304,8 @@ class SpanUnfrozen(Attack[SpanUnfrozenOptions]):
         specials = set(special_ids(model, know.tokenizer))
         per_layer, found = {}, set()
         for (name, mod), x in zip(targets.items(), inputs):
-            noised = noise_aware and (
-                name.startswith("mlp_up")
-                or (name.startswith("mlp_down") and bool(know.defense.get("mlp_down_noise")))
-                or (name == "head" and bool(know.defense.get("head_noise")))
-            )
+            channel = "head" if name == "head" else name.split(".")[0]
+            noised = noise_aware and noised_channel(know.defense, channel)
             basis = noisy_span(linear_weight(mod, obs.grad(mod)), noised)
             if basis.shape[1] == 0 or basis.shape[1] >= basis.shape[0] or x.shape[-1] != basis.shape[0]:
                 per_layer[name] = {"rank": int(basis.shape[1]), "width": int(basis.shape[0]), "passed": 0}
