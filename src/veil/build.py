@@ -16,7 +16,8 @@ import torch
 from veil.config import RunConfig, load_config
 from veil.errors import VeilError
 from veil.io import load_model_weights, settle
-from veil.registry import DATASETS, DEFENSES, MODELS
+from veil.registry import DATASETS, DEFENSES, MODELS, TUNERS
+from veil.weights import Weights, choose
 
 if TYPE_CHECKING:  # types only: the objects come from the registries
     from veil.data import DataSplits
@@ -76,11 +77,14 @@ def build_defenses(cfg: RunConfig) -> list[Defense]:
 
 
 def build_run(cfg: RunConfig, data: DataSplits | None = None) -> tuple[VeilModel, DataSplits, list[Defense]]:
-    """Data, then a model sized for it (seeded by train.seed), then the attached defenses."""
+    """Data, then a model sized for it (seeded by train.seed), its LoRA adapters (`train.lora`),
+    then the attached defenses."""
     data = data if data is not None else build_data(cfg)
     torch.manual_seed(cfg.train.seed)
     model = build_model(cfg, data)
     model.label_smoothing = cfg.train.label_smoothing
+    if cfg.train.lora:  # adapters before the defenses: they attach to what trains
+        model = TUNERS.create("lora", model=model, base=dict(cfg.model), **cfg.train.lora)
     defenses = build_defenses(cfg)
     for d in defenses:
         d.attach(model)
@@ -88,17 +92,29 @@ def build_run(cfg: RunConfig, data: DataSplits | None = None) -> tuple[VeilModel
 
 
 def load_run(
-    run_dir: str | Path, overrides: list[str] | None = None
+    run_dir: str | Path, overrides: list[str] | None = None, checkpoint: str | None = None
 ) -> tuple[RunConfig, VeilModel, DataSplits, list[Defense]]:
-    """Rebuild a finished (or checkpointed) run with its trained weights."""
-    run_dir = Path(run_dir)
-    cfg = load_config(run_dir, overrides)
-    model, data, defenses = build_run(cfg)
-    settle(run_dir / "checkpoints")  # a checkpoint a kill left half-moved is completed first
-    ckpt = run_dir / "checkpoints" / "model.safetensors"
-    if not ckpt.is_file():
-        ckpt = run_dir / "checkpoints" / "last.safetensors"
-    if not ckpt.is_file():
-        raise VeilError(f"run folder '{run_dir}' has no checkpoint (checkpoints/model.safetensors)")
-    load_model_weights(model, ckpt)
+    """Rebuild a run with its finished model, or with the weights `checkpoint` names
+    (`veil.weights.choose`: last | STEP | init); no finished model and no `checkpoint` is one line."""
+    cfg, model, data, defenses, _ = open_run(run_dir, overrides, checkpoint)
     return cfg, model, data, defenses
+
+
+def open_run(
+    run_dir: str | Path, overrides: list[str] | None = None, checkpoint: str | None = None
+) -> tuple[RunConfig, VeilModel, DataSplits, list[Defense], Weights]:
+    """`load_run`, and the `Weights` it read (their step, for the command's summary.json)."""
+    run_dir = Path(run_dir)
+    if not run_dir.exists():
+        raise VeilError(f"run folder '{run_dir}' does not exist")
+    if not run_dir.is_dir():
+        raise VeilError(f"'{run_dir}' is a file; give a run folder written by `veil train`")
+    if not (run_dir / "config.yaml").is_file():
+        raise VeilError(f"'{run_dir}' is not a veil run folder (it has no config.yaml written by `veil train`)")
+    cfg = load_config(run_dir, overrides)
+    settle(run_dir / "checkpoints")  # a checkpoint a kill left half-moved is completed first
+    weights = choose(run_dir, checkpoint)  # before the data loads: a wrong folder fails at once
+    model, data, defenses = build_run(cfg)
+    if weights.path is not None:
+        load_model_weights(model, weights.path)
+    return cfg, model, data, defenses, weights

@@ -34,7 +34,7 @@ REFERENCES = ("original", "shuffled")  # = veil.attacks.harness.REFERENCES (test
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
     p = subcommand(sub, "attack", "run a privacy attack on one client update and score it", __doc__, run)
-    p.add_argument("source", help="run folder (trained weights) or YAML config (weights at init)")
+    p.add_argument("source", help="run folder (its finished model) or YAML config (weights at init)")
     p.add_argument("overrides", nargs="*", help="config key=value overrides; attack.KEY=VALUE for attack options")
     p.add_argument(
         "--attack", required=True, help="attack name (see `veil list`; `veil list --details NAME` for its options)"
@@ -45,6 +45,12 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
         "--reference", choices=REFERENCES, default="original", help="score against the original or the shuffled input"
     )
     p.add_argument("--seed", type=int, default=0, help="seed of the sample draw and the attack")
+    p.add_argument(
+        "--checkpoint",
+        default=None,
+        metavar="last|STEP|init",
+        help="which weights of a run folder to attack when it has no finished model (default: the finished model)",
+    )
     p.add_argument("--out", required=True, help="output folder")
     p.add_argument("--quiet", action="store_true", help="no progress bar or table")
     p.__class__ = _KeyValueParser  # key=value may also follow the options
@@ -67,7 +73,7 @@ def run(args: argparse.Namespace) -> int:
     cfg_over, attack_over = split_overrides(args.overrides)
     # the attack's name and options, checked against the catalog before torch loads: a typo fails at once
     check_listed(args.attack, attack_over, load_catalog()["kinds"]["attacks"])
-    model, data, defenses, cfg = load_target(args.source, cfg_over)
+    model, data, defenses, cfg, weights = load_target(args.source, cfg_over, args.checkpoint)
     from veil.runtime import use_threads  # as `veil train`: 0 is what the machine can give now
 
     use_threads(cfg.train.threads)
@@ -84,9 +90,11 @@ def run(args: argparse.Namespace) -> int:
         out=Path(args.out),
         progress=not args.quiet,
         config=cfg.to_dict(),
+        weights=weights,
     )
     if not args.quiet:
         print(format_table(args.attack, summary["attacks"][args.attack]))
+        print(f"weights: {weights['checkpoint']} (step {weights['step']}) from the {weights['source']}")
     return 0
 
 
@@ -103,17 +111,25 @@ def split_overrides(items: list[str]) -> tuple[list[str], dict[str, Any]]:
     return config, attack
 
 
-def load_target(source: str, overrides: list[str]) -> tuple[VeilModel, Any, list, RunConfig]:
-    """A run folder gives trained weights; a config gives the model at its seeded init."""
-    from veil.build import build_run, load_run
+def load_target(
+    source: str, overrides: list[str], checkpoint: str | None = None
+) -> tuple[VeilModel, Any, list, RunConfig, dict[str, Any]]:
+    """A run folder gives its finished model (or the weights `checkpoint` names: last | STEP |
+    init); a config gives the model at its seeded init. Also returns what was read
+    ({checkpoint, step, finished}, for summary.json)."""
+    from veil.build import build_run, open_run
 
     path = Path(source)
-    if path.is_dir() and (path / "checkpoints").is_dir():
-        cfg, model, data, defenses = load_run(path, overrides)
-    else:
-        cfg = load_config(source, overrides)
-        model, data, defenses = build_run(cfg)
-    return model, data, defenses, cfg
+    if path.is_dir():
+        cfg, model, data, defenses, weights = open_run(path, overrides, checkpoint)
+        return model, data, defenses, cfg, {"source": "run folder", **weights.record()}
+    if checkpoint is not None and str(checkpoint).strip().lower() not in ("init", "0"):
+        raise VeilError(
+            f"--checkpoint {checkpoint} needs a run folder; '{source}' is a config, whose model is at its seeded init"
+        )
+    cfg = load_config(source, overrides)
+    model, data, defenses = build_run(cfg)
+    return model, data, defenses, cfg, {"source": "config", "checkpoint": "init", "step": 0, "finished": False}
 
 
 # ---- the whole audit -------------------------------------------------------------------------
@@ -131,8 +147,10 @@ def attack_run(
     out: Path | None = None,
     progress: bool = False,
     config: dict | None = None,
+    weights: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
-    """Attack `samples` private test batches and write OUT/summary.json plus the picture."""
+    """Attack `samples` private test batches and write OUT/summary.json plus the picture;
+    `weights` (which weights were attacked: checkpoint, step) goes into each run's entry."""
     import torch
 
     from veil.attacks import create_attack
@@ -165,11 +183,14 @@ def attack_run(
                 "seed": seed,
                 "per_sample": rows,
                 "defenses": [d.describe() for d in defenses],
+                **({"weights": weights} if weights is not None else {}),
             }
         },
     }
     if config is not None:
         summary["config"] = config
+    if weights is not None:
+        summary["weights"] = weights
     if out is not None:
         summary = write_outputs(out, name, summary, shown, data)
     return summary

@@ -33,6 +33,12 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--window", type=int, default=None, help="text n-gram window (default: the run's, else 32)")
     p.add_argument("--keep-pe", action="store_true", help="keep the original PEs at shuffled slots (no E_unk)")
     p.add_argument("--seed", type=int, default=0, help="seed of the test-time shuffles")
+    p.add_argument(
+        "--checkpoint",
+        default=None,
+        metavar="last|STEP|init",
+        help="which weights to evaluate when the run has no finished model (default: the finished model)",
+    )
     p.add_argument("--out", default=None, help="output folder (default RUN_DIR/eval/shuffle-G)")
 
 
@@ -40,7 +46,9 @@ def run(args: argparse.Namespace) -> int:
     # torch and the engine load when the command runs, not when `veil --help` builds the parser
     from veil.experiments.evaluations import evaluate_shuffled
 
-    summary = evaluate_shuffled(args.run_dir, args.shuffle_gamma, args.selection, args.window, args.keep_pe, args.seed)
+    summary = evaluate_shuffled(
+        args.run_dir, args.shuffle_gamma, args.selection, args.window, args.keep_pe, args.seed, args.checkpoint
+    )
     out = Path(args.out) if args.out else Path(args.run_dir) / "eval" / f"shuffle-{args.shuffle_gamma:g}"
     out.mkdir(parents=True, exist_ok=True)
     (out / "summary.json").write_text(json.dumps(summary, indent=2))

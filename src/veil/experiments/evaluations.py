@@ -18,7 +18,7 @@ from typing import Any
 import torch
 
 from veil.analysis.pe import explained_variance, pca, pe_rows
-from veil.build import load_run
+from veil.build import load_run, open_run
 from veil.defenses.base import check_unit_interval
 from veil.defenses.mjp import MJP
 from veil.errors import VeilError
@@ -70,11 +70,13 @@ def evaluate_shuffled(
     window: int | None = None,
     keep_pe: bool = False,
     seed: int = 0,
+    checkpoint: str | None = None,
 ) -> dict[str, Any]:
-    """Load the run and measure clean and shuffled test accuracy."""
+    """Load the run (its finished model, or the weights `checkpoint` names) and measure clean and
+    shuffled test accuracy."""
     gamma = check_unit_interval("--shuffle-gamma", gamma)
     MJP(window=window if window is not None else 32, selection=selection or "block")  # one-line errors first
-    cfg, model, data, defenses = load_run(run_dir)
+    cfg, model, data, defenses, weights = open_run(run_dir, checkpoint=checkpoint)
     use_threads(cfg.train.threads)  # as `veil train`: 0 is what the machine can give now
     mjp = next((d for d in defenses if isinstance(d, MJP)), None)
     if mjp is None:  # an undefended (or otherwise defended) run: plain shuffle, PEs kept
@@ -114,4 +116,5 @@ def evaluate_shuffled(
         "seed": seed,
         "test_accuracy": shuffled,
         "clean_test_accuracy": clean,
+        "weights": weights.record(),
     }

@@ -2,7 +2,8 @@
 from this alone (`veil.report`), with the examples the engine hands beside it.
 
 summary["tasks"][task]:
-  utility[defense]          test_accuracy_mean / _std / values (+ test_perplexity_* for LMs,
+  utility[defense]          weights: the weights attacked ({checkpoint: final | init, steps: per seed}),
+                            test_accuracy_mean / _std / values (+ test_perplexity_* for LMs,
                             test_miou_* / test_macc_* for segmentation, where test_accuracy is pixel accuracy;
                             + privacy: DP-SGD's epsilon, delta, noise multiplier, mode, accountant)
   leakage[defense][attack]  every metric, mean over seeds (each cell already averages samples)
@@ -96,8 +97,9 @@ def build_summary(
         for d, runs in utility[task.name].items():
             u: dict[str, Any] = {}
             if not runs:  # attacked at its initial weights: nothing trained
-                t["utility"][d] = u
+                t["utility"][d] = {"weights": {"checkpoint": "init", "steps": [0]}}
                 continue
+            u["weights"] = {"checkpoint": "final", "steps": [r["steps"] for r in runs if "steps" in r]}
             for key in ("test_accuracy", "test_perplexity", "test_miou", "test_macc"):
                 vals = [r[key] for r in runs if key in r]
                 if vals:
