@@ -24,7 +24,7 @@ from typing import Any
 import yaml
 
 from veil.errors import VeilError
-from veil.registry import DATASETS, DEFENSES, MODELS, Registry
+from veil.registry import DATASETS, DEFENSES, MODELS, TUNERS, Registry
 from veil.schema import check_value
 
 
@@ -45,6 +45,8 @@ class TrainConfig:
     frozen_features: bool = (
         False  # only the classifier trains: compute the frozen encoder's output once (veil.training.frozen)
     )
+    #: LoRA fine-tuning {r, alpha, dropout, targets, head} (veil.models.lora); {} trains the whole model
+    lora: dict[str, Any] = field(default_factory=dict)
 
 
 @dataclass
@@ -163,6 +165,17 @@ def _check_options(section: str, entry: dict[str, Any]) -> None:
             check_value(f"{section}.{key}", schema[key], value)
 
 
+def _check_lora(lora: dict[str, Any]) -> None:
+    """`train.lora`'s keys and plain types (its tuner's signature); ranges: `veil.models.lora`."""
+    if not lora:
+        return
+    schema = {k: o for k, o in TUNERS.options("lora").items() if k not in ("model", "base")}
+    for key, value in lora.items():
+        if key not in schema:
+            raise VeilError(f"unknown config key 'train.lora.{key}'; allowed: {', '.join(sorted(schema))}")
+        check_value(f"train.lora.{key}", schema[key], value)
+
+
 def from_dict(raw: dict[str, Any]) -> RunConfig:
     """Validate a raw mapping into a RunConfig (names, keys and train types)."""
     if not isinstance(raw, dict):
@@ -178,6 +191,7 @@ def from_dict(raw: dict[str, Any]) -> RunConfig:
     )
     _check_options("model", cfg.model)
     _check_options("data", cfg.data)
+    _check_lora(cfg.train.lora)
     for d in cfg.defense:
         _check_options("defense", d)
     return cfg
@@ -238,7 +252,12 @@ def _set(raw: dict[str, Any], key: str, value: Any) -> None:
     target = {"name": target} if isinstance(target, str) else dict(target or {})
     if section in ("model", "data") and "name" not in target:
         target["name"] = RunConfig().__getattribute__(section)["name"]
-    target[sub] = value
+    head, _, rest = sub.partition(".")
+    if section == "train" and rest:  # a nested train key: train.lora.r=8
+        inner = target.get(head)
+        target[head] = {**(inner if isinstance(inner, dict) else {}), rest: value}
+    else:
+        target[sub] = value
     raw[section] = target
 
 

@@ -156,9 +156,46 @@ def load_tensors(path: Path, remedy: str = "") -> dict[str, torch.Tensor]:
 
 
 def save_model_weights(model: torch.nn.Module, path: Path) -> None:
+    """The model's weights; a model whose frozen base is referenced (``checkpoint_base``: LoRA,
+    `veil.models.lora.BaseRef`) saves every tensor but the base, with the reference as metadata."""
     tmp = path.with_name(path.name + ".tmp")
-    save_model(model, str(tmp))  # handles tied weights
+    base = getattr(model, "checkpoint_base", None)
+    if base is None:
+        save_model(model, str(tmp))  # handles tied weights
+    else:
+        part = {k: v.detach().contiguous().clone() for k, v in model.state_dict().items() if k not in base.keys}
+        save_file(part, str(tmp), metadata=dict(base.metadata))
     publish(tmp, path)
+
+
+def _file_metadata(path: Path) -> dict[str, str]:
+    from safetensors import safe_open
+
+    with safe_open(str(path), framework="pt") as f:
+        return dict(f.metadata() or {})
+
+
+def _load_partial(model: torch.nn.Module, base: Any, sd: dict[str, torch.Tensor], path: Path) -> None:
+    """Load an adapters-only checkpoint into `model`, whose base must be the one it references."""
+    meta = _file_metadata(path)
+    digest = meta.get("veil.base.sha256")
+    if digest is None:
+        raise VeilError(
+            f"checkpoint '{path}' holds a whole model, but this run trains LoRA adapters on a frozen base (train.lora)"
+        )
+    if digest != base.metadata["veil.base.sha256"]:
+        raise VeilError(
+            f"checkpoint '{path}' was trained on another base model (base sha256 {digest[:12]}..., this run's "
+            f"{base.metadata['veil.base.sha256'][:12]}...); rebuild the run's base (model config, train.seed)"
+        )
+    want = {k for k in model.state_dict() if k not in base.keys}
+    extra, missing = sorted(set(sd) - want), sorted(want - set(sd))
+    if extra or missing:
+        raise VeilError(f"checkpoint '{path}' does not fit the model's adapters (e.g. key '{(extra or missing)[0]}')")
+    try:
+        model.load_state_dict(sd, strict=False)
+    except RuntimeError:
+        raise VeilError(f"checkpoint '{path}' does not fit the model (a tensor of the wrong shape)") from None
 
 
 def load_model_weights(model: torch.nn.Module, path: Path) -> None:
@@ -169,12 +206,20 @@ def load_model_weights(model: torch.nn.Module, path: Path) -> None:
         sd = load_file(str(path))
     except (SafetensorError, OSError):
         raise VeilError(f"checkpoint '{path}' is not a readable safetensors file") from None
+    base = getattr(model, "checkpoint_base", None)
+    if base is not None:
+        _load_partial(model, base, sd, path)
+        return
     sd = legacy_keys(model, sd)
     try:
         missing, unexpected = model.load_state_dict(sd, strict=False)
     except RuntimeError:  # a key that fits with the wrong shape
         raise VeilError(f"checkpoint '{path}' does not fit the model (a tensor of the wrong shape)") from None
     bad = list(unexpected) + [k for k in missing if not _tied_to_loaded(model, k, sd)]
+    if bad and "veil.base.sha256" in _file_metadata(path):
+        raise VeilError(
+            f"checkpoint '{path}' holds LoRA adapters only; build the model with the run's train.lora to load it"
+        )
     if bad:
         raise VeilError(f"checkpoint '{path}' does not fit the model (e.g. key '{bad[0]}')")
 

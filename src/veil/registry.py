@@ -171,6 +171,8 @@ ATTACKS: Registry[Attack] = Registry(
     ),
     checked_by_component=True,  # `veil.attacks.options.check`: keys and value types, in the attack's own words
 )
+#: model tuners a run applies after building its model (`train.lora`: `veil.models.lora`)
+TUNERS: Registry[Any] = Registry("tuner", modules=("veil.models.lora",))
 #: the protocols the audit engine hands a non-single-step task to (`veil.experiments.audit`): each
 #: registers an object with validate_task(task, s), run_task(task, s, out, progress) and
 #: report_blocks(t, out) (the report's blocks for its tasks)

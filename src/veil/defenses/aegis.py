@@ -28,6 +28,16 @@ sum_t delta_t holds no input x_t). ``noised_lr`` scales the local learning rate 
 tables (Adam would turn pure-noise rows into full-size steps), ``lr_scale`` every parameter
 that still trains. Clipping sees the clean gradient (`veil.training.step` clips first).
 
+LoRA (`veil.models.lora`: only adapters ``y = W x + s B A x`` train, the base is frozen), channel
+by channel: 1. the adapters on q / k / v / o are frozen with their base (their gradient
+dL/dB = s G (A x)^T spans the projected inputs A x: the same span check in r dimensions); 2. the
+token embedding (and an LM head) is frozen under LoRA, so no embedding gradient is exported and
+eq. (E) has nothing to noise; 3. eq. (M) applies to each adapter tensor of the MLP expansion (and
+down-projection) by its own norm and shape: dL/dB (H x r) = s G (A x)^T has every singular value
+<= its Frobenius norm, and BBP's threshold for an H x r matrix is s (H r)^{1/4}, so mlp_noise >= 1
+hides the span of A x there too (dL/dA = s B^T G x^T is zero while B = 0, and noised likewise).
+A model on which nothing trains once attention is frozen (adapters on attention only) is refused.
+
 Noise is keyed on (seed, step, call count): reruns draw the same, no two calls repeat (repeated
 noise would cancel in the difference of two updates); all tables of a step share one draw
 (`veil.defenses.noise.noise_tables_`). With every strength 0 and nothing frozen the defense is
@@ -65,10 +75,15 @@ def attention_parameters(model: VeilModel, biases: bool = True) -> list[nn.Param
     seen: dict[int, nn.Parameter] = {}
     for layer in model.attention_layers():
         for mod in (layer.q, layer.k, layer.v, layer.o):
-            for name, p in mod.named_parameters(recurse=False):
-                if biases or name != "bias":
+            for name, p in mod.named_parameters():  # a LoRA layer: its base and its adapters
+                if biases or name.rsplit(".", 1)[-1] != "bias":
                     seen.setdefault(id(p), p)
     return list(seen.values())
+
+
+def module_parameters(mod: nn.Module) -> list[nn.Parameter]:
+    """A layer's weight and bias, or for a LoRA layer its adapters A and B besides its base."""
+    return list(mod.parameters())
 
 
 def row_norm_max(grad: Tensor) -> Tensor:
@@ -150,6 +165,13 @@ class Aegis(KeyedNoiseDefense):
             for p, _ in self._frozen:
                 p.requires_grad_(False)
                 p.grad = None
+            if not any(p.requires_grad for p in model.parameters()):
+                self._detach(model)
+                self.model = None
+                raise VeilError(
+                    "aegis freezes the attention projections and their LoRA adapters, and nothing else of this model "
+                    "trains; adapt the MLP too (train.lora.targets: [q, k, v, o, up, down]) or set freeze_attention: false"
+                )
 
     def _detach(self, model: VeilModel) -> None:
         self._work = {}
@@ -167,7 +189,7 @@ class Aegis(KeyedNoiseDefense):
             out.append(head)
         for scale, mods in ((self.mlp_noise, model.mlp_up()), (self.mlp_down_noise, model.mlp_down())):
             if scale > 0:
-                out += [p for m in mods for p in (m.weight, getattr(m, "bias", None)) if p is not None]
+                out += [p for m in mods for p in module_parameters(m)]
         return [p for p in dict.fromkeys(out) if p.requires_grad]
 
     def lr_scales(self, model: VeilModel) -> list[tuple[nn.Parameter, float]]:
@@ -186,6 +208,9 @@ class Aegis(KeyedNoiseDefense):
         if self.embed_noise == 0 and self.mlp_noise == 0 and self.head_noise == 0 and self.mlp_down_noise == 0:
             return
         targets = self._noise_targets(model)
+        if not targets:  # nothing noised trains (e.g. LoRA adapters only on frozen attention)
+            self.last_std = {}
+            return
         # every std from the clean gradients, then one draw for all the tables (veil.defenses.noise)
         stds = noise_tables_(
             [p.grad for _, p, _, _ in targets],
@@ -217,12 +242,7 @@ class Aegis(KeyedNoiseDefense):
             ("mlp_down", self.mlp_down_noise, model.mlp_down()),
         ):
             if scale > 0:
-                out += [
-                    (channel, p, frobenius, block_factor(p, scale))
-                    for m in mods
-                    for p in (m.weight, getattr(m, "bias", None))
-                    if p is not None
-                ]
+                out += [(channel, p, frobenius, block_factor(p, scale)) for m in mods for p in module_parameters(m)]
         return [t for t in out if t[1].grad is not None]
 
     def describe(self) -> dict[str, Any]:

@@ -135,6 +135,8 @@ def noise_tables_(
     rounding of log / sin / cos. ``work``: a dict the caller keeps across calls, where the numpy
     path keeps its work space."""
     tables = list(tables)
+    if not tables:
+        return []
     device, n = tables[0].device, sum(t.numel() for t in tables)
     scale = torch.tensor(list(factors), dtype=torch.float32, device=device)
     graph = _compiled_graph() if device.type == "cpu" else None

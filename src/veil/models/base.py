@@ -61,7 +61,8 @@ def linear_weight(module: nn.Module, tensor: Tensor | None = None) -> Tensor:
     Hugging Face GPT-2's Conv1D stores weights as (in, out); nn.Linear as (out, in).
     """
     t = module.weight if tensor is None else tensor
-    return t.t() if type(module).__name__ == "Conv1D" else t
+    base = getattr(module, "base_layer", module)  # a LoRA layer (peft) reports its base layer's weight
+    return t.t() if type(base).__name__ == "Conv1D" else t
 
 
 #: batch key of the classifier's input, cached from a frozen encoder (`veil.training.frozen`)
