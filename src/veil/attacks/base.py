@@ -53,6 +53,8 @@ class Observation:
     features: Tensor | None = None  # split learning: the smashed data the server received
     kind: str = "gradient"  # "gradient" | "delta" | "features"
     local: LocalTraining | None = None  # "delta": how the client trained, when the server knows it
+    #: the client's private batch, for `Attack.applies` only (attacks read Knowledge.batch_size)
+    batch_size: int | None = None
 
     def grad(self, param: nn.Parameter | nn.Module, what: str = "weight") -> Tensor:
         """The exported gradient of a parameter (or of `module.<what>`); a one-line error if absent."""
@@ -128,6 +130,13 @@ def work_bar(total: int, desc: str) -> Any:
 
 
 _WORDS = {2: "two", 3: "three", 4: "four"}
+#: where each protocol an attack declares is set (`Attack.protocols`), for the one-line reason
+PROTOCOL_WORDS = {
+    "single-step": "protocol: single-step",
+    "fedsgd": "protocol: fedavg and federated.mode: fedsgd",
+    "fedavg": "protocol: fedavg",
+    "split": "protocol: split",
+}
 
 
 OptionsT = TypeVar("OptionsT", bound=Options)
@@ -167,6 +176,16 @@ class Attack(Generic[OptionsT]):
     #: the fewest attention layers the attack reads, and what the deepest is for ("to resolve
     #: positions"): `applies_to` skips a model with fewer; (0, ""): no such need
     needs_attention_layers: ClassVar[tuple[int, str]] = (0, "")
+    #: where the attack is valid beyond the model's family (`applies`): the largest private batch
+    #: its equations model, and why; the protocols whose updates it models ("single-step",
+    #: "fedsgd": one gradient; "fedavg": a weight change over local steps; "split": head features),
+    #: and why not the others; why a client training with dropout breaks it (None: dropout is
+    #: fine), and the attack that applies there instead; whether it reads an untied token embedding
+    max_batch: ClassVar[tuple[int, str] | None] = None
+    protocols: ClassVar[tuple[str, ...]] = ("single-step", "fedsgd", "fedavg")
+    protocol_why: ClassVar[str] = ""
+    dropout_breaks: ClassVar[tuple[str, str] | None] = None
+    needs_untied_embedding: ClassVar[bool] = False
 
     options: OptionsT
 
@@ -202,8 +221,31 @@ class Attack(Generic[OptionsT]):
             return f"{self.name} needs at least {_WORDS.get(layers, layers)} attention layers {why}"
         return None
 
+    def applies(self, model: VeilModel, batch_size: int | None = None, protocol: str | None = None) -> str | None:
+        """None where the attack is valid, else why not (one line): the model's family
+        (`applies_to`), then the declared batch, protocol, dropout and embedding needs. `batch_size`:
+        the client's private batch; `protocol`: how the update was made (None: not checked); the
+        client's dropout is read from the model (it trains in train mode). `veil attack`, the audit
+        and `reconstruct` all decide here, so no cell outside these settings gets a number."""
+        reason = self.applies_to(model)
+        if reason or model is None:
+            return reason
+        if self.max_batch is not None and batch_size is not None and batch_size > self.max_batch[0]:
+            return f"{self.name} needs a private batch of at most {self.max_batch[0]} ({self.max_batch[1]}); got {batch_size}"
+        if protocol is not None and protocol not in self.protocols:
+            why = f" ({self.protocol_why})" if self.protocol_why else ""
+            where = " or ".join(dict.fromkeys(PROTOCOL_WORDS[p] for p in self.protocols))
+            return f"{self.name} does not model a {protocol} update{why}: use it in a task with {where}"
+        if self.dropout_breaks is not None and (p := client_dropout(model)) > 0:
+            why, instead = self.dropout_breaks
+            return f"{self.name} {why}; the client trains with dropout {p:g}: use {instead}"
+        if self.needs_untied_embedding and tied_embedding(model):
+            return f"{self.name} reads the token-embedding rows, which this model ties to its LM head (every row gets gradient)"
+        return None
+
     def reconstruct(self, obs: Observation, know: Knowledge) -> Reconstruction:
-        reason = self.applies_to(obs.model)
+        protocol = {"delta": "fedavg", "features": "split"}.get(obs.kind)
+        reason = self.applies(obs.model, obs.batch_size, protocol)
         if reason:
             raise VeilError(reason)
         t0 = time.perf_counter()
@@ -214,6 +256,26 @@ class Attack(Generic[OptionsT]):
 
     def _reconstruct(self, obs: Observation, know: Knowledge) -> Reconstruction:
         raise NotImplementedError
+
+
+def client_dropout(model: nn.Module) -> float:
+    """The largest dropout rate among the model's dropout modules (and a Hugging Face config's
+    hidden / embedding dropout): what the client's step applies; 0 for a model in eval mode."""
+    if not model.training:
+        return 0.0
+    p = max((float(m.p) for m in model.modules() if isinstance(m, nn.Dropout)), default=0.0)
+    cfg = getattr(getattr(model, "hf", None), "config", None)
+    return max([p] + [float(getattr(cfg, k, 0.0) or 0.0) for k in ("hidden_dropout_prob", "embd_pdrop")])
+
+
+def tied_embedding(model: VeilModel) -> bool:
+    """Whether the model's output head is its token embedding (one tensor)."""
+    try:
+        emb, head = model.token_embedding(), model.classifier()
+    except (AttributeError, NotImplementedError):
+        return False
+    w = getattr(emb, "weight", None)
+    return w is not None and getattr(head, "weight", None) is w
 
 
 def account(stats: dict[str, Any], budget: dict[str, int] | None) -> None:
@@ -236,7 +298,7 @@ def observe(model: VeilModel, batch: dict[str, Tensor], defenses: list | None = 
     was_training = model.training
     res = client_step(model, batch, defenses or [], optimizer=None, step=step)
     model.train(was_training)
-    return Observation(model=model, grads=res.grads or {})
+    return Observation(model=model, grads=res.grads or {}, batch_size=len(next(iter(batch.values()))))
 
 
 def set_seed(seed: int) -> torch.Generator:

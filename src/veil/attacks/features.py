@@ -106,6 +106,8 @@ class _FeatureAttack(Attack[_DecoderOptionsT]):
 
     modality = "image"
     needs = "features"
+    protocols = ("split",)
+    protocol_why = "it inverts the head features a split-learning server receives"
 
     def applies_to(self, model: Any) -> str | None:
         return None if model is None else super().applies_to(model)

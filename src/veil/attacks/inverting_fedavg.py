@@ -172,6 +172,8 @@ class MultiStepInvertingGradients(Attack[IGFedAvgOptions]):
     """
 
     modality = "image"
+    protocols = ("fedavg",)
+    protocol_why = "it simulates a client's multi-step FedAvg round; a single gradient is ig's"
     knows = (
         "the FedAvg update, the weights, and the local training the server configured (optimizer, lr, steps, batch size, "
         "epochs, sample count, public batch schedule); not the defense (naive)"

@@ -51,6 +51,8 @@ class MultiRound(Attack[MultiRoundOptions]):
 
     modality = "any"
     needs = "rounds"  # the auditor supplies the combined view (`veil.federated.auditor.Auditor`)
+    protocols = ("fedsgd", "fedavg")
+    protocol_why = "it combines what a FedAvg server sees of a client over rounds"
     combine = "mean"
 
     def __init__(self, **settings: object) -> None:

@@ -98,6 +98,7 @@ class PresenceAttack(Attack[PresenceOptions]):
     knows = "the token-embedding gradient and the public vocabulary; not the defense (naive)"
     modality = "text"
     closed_form = "one pass over the embedding rows"
+    needs_untied_embedding = True
 
     def _reconstruct(self, obs: Observation, know: Knowledge) -> Reconstruction:
         rel_tol, abs_tol = self.options.rel_tol, self.options.abs_tol

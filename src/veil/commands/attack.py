@@ -160,9 +160,9 @@ def attack_run(
     if reference not in REFERENCES:
         raise VeilError(f"reference must be one of {', '.join(REFERENCES)}, got {reference!r}")
     attack = create_attack(name, **settings)
-    reason = attack.applies_to(model)
+    reason = attack.applies(model, batch_size, "single-step")
     if reason:
-        raise VeilError(reason)
+        raise VeilError(f"not applicable: {reason}")
     batches = private_batches(data.test, batch_size, samples, seed)
     rows, shown = [], []
     for i, batch in enumerate(_progress(batches, progress, name)):

@@ -78,10 +78,10 @@ def validate(s: Scenario) -> list[Cell]:
                     _check_schedule(defense, cfg, len(data.train["labels"]), f"task '{task.name}', defense {label(d)}")
         own = [(a, True) for a in task.attacks]
         shared = [(a, False) for a in s.attacks if label(a) not in {label(x) for x in task.attacks}]
+        granted = task.knowledge.get("batch_size", 1)
+        batch = 1 if isinstance(granted, bool) else int(granted)  # the batch run_cell draws
         for a, required in own + shared:
-            reason = make_attack(a).applies_to(model)
-            if reason is None and (make_attack(a).needs == "rounds" or a["name"] == "ig-fedavg"):
-                reason = f"{a['name']} attacks what a FedAvg server sees over local steps or rounds: use it in a task with protocol: fedavg"
+            reason = make_attack(a).applies(model, batch, "single-step")  # batch, family, dropout, protocol
             if reason and required:
                 raise VeilError(f"attack '{a['name']}' does not apply to task '{task.name}': {reason}")
             for d in task.defenses:

@@ -74,6 +74,7 @@ class SpanAttack(Attack[SpanOptions]):
     knows = "the first layers' Q/K/V gradients, the weights, the vocabulary and batch size; not the defense (naive)"
     modality = "text"
     needs_attention_layers = (2, "to resolve positions")
+    dropout_breaks = ("tests tokens by exact span membership, which a client's dropout masks break", "span-robust")
 
     def budget(self) -> dict[str, int]:
         """Candidate sentences scored (decoders: prefixes), all searches together. Every search

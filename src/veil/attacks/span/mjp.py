@@ -153,6 +153,7 @@ class SpanMJPAttack(Attack[SpanMJPOptions]):
     attack's go to it; see the module docstring for what the attacker knows)."""
 
     modality = "text"
+    dropout_breaks = SpanAttack.dropout_breaks
     knows = (
         "the update, the weights (E_unk included), batch size, length and tokenizer, MJP's settings (Knowledge.defense: "
         "gamma, window, variant) and public text (SST-2 train) for an n-gram word-order prior"

@@ -91,7 +91,7 @@ def plan(task: Task, s: Scenario) -> tuple[list[dict[str, Any]], dict[str, str]]
     own = {label(a) for a in task.attacks}
     run, skipped = [], {}
     for a in task.attacks + [a for a in s.attacks if label(a) not in own]:
-        reason = make_attack(a).applies_to(model)
+        reason = make_attack(a).applies(model, protocol=fed.mode)  # family, dropout, protocol
         if reason is None and fed.mode == "fedavg" and a["name"] in SINGLE_GRADIENT:
             reason = SINGLE_GRADIENT[a["name"]]
         if reason is None and fed.mode == "fedsgd" and a["name"] == "ig-fedavg":
