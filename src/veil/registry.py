@@ -127,7 +127,14 @@ def _takes_any(factory: Callable[..., Any]) -> bool:
 
 #: the registries and the modules that fill them
 MODELS: Registry[VeilModel] = Registry(
-    "model", modules=("veil.models", "veil.models.hf", "veil.models.multiple_choice", "veil.models.vit_seg")
+    "model",
+    modules=(
+        "veil.models",
+        "veil.models.hf",
+        "veil.models.hf_path",
+        "veil.models.multiple_choice",
+        "veil.models.vit_seg",
+    ),
 )
 DATASETS: Registry[DataSplits] = Registry(
     "dataset",
@@ -176,4 +183,6 @@ TUNERS: Registry[Any] = Registry("tuner", modules=("veil.models.lora",))
 #: the protocols the audit engine hands a non-single-step task to (`veil.experiments.audit`): each
 #: registers an object with validate_task(task, s), run_task(task, s, out, progress) and
 #: report_blocks(t, out) (the report's blocks for its tasks)
-PROTOCOLS: Registry[Any] = Registry("protocol", modules=("veil.federated.fedavg.audit", "veil.federated.split.audit"))
+PROTOCOLS: Registry[Any] = Registry(
+    "protocol", modules=("veil.federated.fedavg.audit", "veil.federated.split.audit", "veil.experiments.dp_audit")
+)

@@ -43,6 +43,7 @@ TASK_KEYS = {
     "weights",
     "reference",
     "evaluate",
+    "canaries",
 }
 WEIGHTS = ("trained", "init")
 REFERENCES = ("original", "shuffled")
@@ -66,6 +67,8 @@ class Task:
     reference: str = "original"
     #: evaluations of each trained run beyond its test accuracy (`veil.experiments.evaluations`)
     evaluate: dict[str, Any] = field(default_factory=dict)
+    #: a dp-audit task's canary and membership options (`veil.experiments.dp_audit.OPTIONS`)
+    canaries: dict[str, Any] = field(default_factory=dict)
 
     def run_for(self, defense: dict[str, Any], seed: int) -> RunConfig:
         """The task's run with one defense and one seed."""
@@ -152,6 +155,7 @@ def parse_task(raw: Any, index: int) -> Task:
         weights=raw.get("weights", "trained"),
         reference=raw.get("reference", "original"),
         evaluate=check_evaluations(raw.get("evaluate") or {}, where),
+        canaries=dict(raw.get("canaries") or {}),
     )
 
 

@@ -17,6 +17,7 @@ import yaml
 from veil.io import atomic_write_text
 from veil.metrics.leakage import cell_leakage, describe, fmt, leak_text
 from veil.registry import PROTOCOLS
+from veil.report.dp_audit import audit_blocks, claim_note
 from veil.report.figures import CAP_DB, privacy_utility, reconstruction_grid, wrap
 from veil.report.headline import IMAGE_BANDS, TEXT_BANDS, glance_blocks
 from veil.report.markup import to_html, to_markdown
@@ -80,6 +81,7 @@ def task_blocks(name: str, t: dict[str, Any], out: Path, examples: list[dict[str
     blocks += worst_case_blocks(t)
     if t["protocol"] != "single-step":  # per round / per protocol: the protocol's own blocks
         blocks += PROTOCOLS.create(t["protocol"]).report_blocks(t, out)
+    blocks += audit_blocks(name, t, out)  # claimed epsilon vs epsilon-hat, membership inference (if measured)
     blocks.append(("h3", "Utility and cost"))
     blocks.append(
         (
@@ -96,7 +98,7 @@ def task_blocks(name: str, t: dict[str, Any], out: Path, examples: list[dict[str
                     "p",
                     f"Privacy of `{d}`: epsilon = {pv['epsilon']} at delta = {pv['delta']:.3g} ({pv['accountant']} accountant, "
                     f"noise multiplier {pv['noise_multiplier']:.3f}, sample rate {pv['sample_rate']:.4g}, {pv['steps']} steps, "
-                    f"per-sample gradients: {pv['mode']}).",
+                    f"per-sample gradients: {pv['mode']}). {claim_note(t, d)}",
                 )
             )
     blocks.append(("h3", "Every attack (defense × attack, naive and adaptive)"))
