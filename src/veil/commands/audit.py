@@ -46,6 +46,7 @@ def audit(scenario: Any, out: str | Path, progress: bool = True, jobs: int = 0) 
 def run(args: argparse.Namespace) -> int:
     from veil.experiments.scenario import load_scenario  # the engine's parser: see audit()
     from veil.metrics.leakage import describe  # veil.metrics loads torch: see audit()
+    from veil.report.headline import task_verdict
 
     if args.jobs < 0:
         raise VeilError(f"--jobs must be an integer >= 0 (0: the free cores), got {args.jobs}")
@@ -56,8 +57,7 @@ def run(args: argparse.Namespace) -> int:
         print(f"{name}:")
         for d, u in t["utility"].items():  # the verdict per defense: the attack that rebuilt the most
             acc = f"{u['test_accuracy_mean']:.3f}" if "test_accuracy_mean" in u else "— (at init)"
-            print(
-                f"  {d}: acc {acc}; worst case {describe(t['worst_case'][d], 3, ('token_recovery', 'psnr', 'psnr_masked_set')).replace('`', '')}"
-            )
+            worst = describe(t["worst_case"][d], 3, ("token_recovery", "psnr", "psnr_masked_set")).replace("`", "")
+            print(f"  {d}: acc {acc}; worst case {worst}; verdict {task_verdict(t, d)}")
     print(f"report: {args.out}/report.html")
     return 0

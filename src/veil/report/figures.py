@@ -30,7 +30,7 @@ COLUMNS = 6  #: images per band of a grid; more wrap into another band (original
 CAP_DB = 100.0  #: PSNR drawn at this height and above: an exact copy (inf included)
 MIN_ACC_SPAN = 0.05  #: the accuracy axis spans at least 5 points, never a fraction of one
 #: verdict colours, shared with the report's headline (veil.report.headline)
-COLOURS = {"leaks": "#c62828", "partly": "#ef8f00", "holds": "#2e7d32", "untested": "#757575"}
+COLOURS = {"leaks": "#c62828", "partly": "#ef8f00", "holds": "#2e7d32", "untested": "#757575", "unknown": "#5c6bc0"}
 MARKERS = "os^Dv<>pP*Xh"
 
 
