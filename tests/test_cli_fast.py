@@ -77,7 +77,8 @@ def test_list_details(cache: Path, capsys: pytest.CaptureFixture[str], monkeypat
     )
     assert main(["list", "--details", "vit-digits"]) == 0
     rows = {line.split()[0]: line.split()[1:] for line in capsys.readouterr().out.splitlines()[2:]}
-    assert rows["dim"] == ["int", "64"] and rows["patch_size"] == ["int", "2"]  # the preset's defaults
+    assert rows["dim"][:2] == ["int", "64"] and rows["patch_size"][:2] == ["int", "2"]  # the preset's defaults
+    assert " ".join(rows["dim"][2:]) == "width of the token vectors"  # every option has help
     assert main(["list", "--details", "nope"]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert err == ["veil: error: unknown component 'nope'; `veil list` shows the names"]

@@ -9,6 +9,8 @@ import contextlib
 import importlib
 import os
 import sys
+from collections.abc import Iterator
+from typing import Any
 
 from veil import __version__
 from veil.errors import VeilError
@@ -38,6 +40,37 @@ def _out_lock(args: argparse.Namespace) -> contextlib.AbstractContextManager:
     return hold(args.out)
 
 
+@contextlib.contextmanager
+def plain_progress(on: bool) -> Iterator[None]:
+    """While `on` (stderr is not a terminal), every tqdm bar is off and each stage that would
+    have shown one prints one line instead, `veil: train (60 step)`, once per stage name."""
+    if not on:
+        yield
+        return
+    from tqdm import std  # light: no torch
+
+    real, seen = std.tqdm.__init__, set()
+
+    def init(self: Any, *args: Any, **kwargs: Any) -> None:
+        shown = not kwargs.get("disable", False)
+        kwargs["disable"] = True
+        real(self, *args, **kwargs)
+        desc = kwargs.get("desc") or (args[1] if len(args) > 1 and isinstance(args[1], str) else None)
+        if shown and desc and desc not in seen:
+            seen.add(desc)
+            total = kwargs.get("total")
+            if total is None and args and hasattr(args[0], "__len__"):
+                total = len(args[0])
+            unit = kwargs.get("unit", "it")
+            print(f"veil: {desc}" + (f" ({total} {unit})" if total else ""), file=sys.stderr, flush=True)
+
+    std.tqdm.__init__ = init
+    try:
+        yield
+    finally:
+        std.tqdm.__init__ = real
+
+
 def main(argv: list[str] | None = None) -> int:
     os.environ.setdefault("FLWR_TELEMETRY_ENABLED", "0")
     parser = build_parser()
@@ -52,14 +85,15 @@ def main(argv: list[str] | None = None) -> int:
     if not getattr(args, "run", None):
         parser.print_help()
         return 0 if args.command is None else 2
+    tty = sys.stderr.isatty()
     try:
-        with _out_lock(args):
+        with _out_lock(args), plain_progress(not tty):
             return int(args.run(args) or 0)
     except VeilError as e:
         print(f"veil: error: {e}", file=sys.stderr)
         return 2
-    except KeyboardInterrupt:
-        print("veil: interrupted; run the same command again to resume", file=sys.stderr)
+    except KeyboardInterrupt:  # on a terminal, below the bar the interrupt cut off
+        print(("\n" if tty else "") + "veil: interrupted; run the same command again to resume", file=sys.stderr)
         return 130
 
 

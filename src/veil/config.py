@@ -197,23 +197,63 @@ def from_dict(raw: dict[str, Any]) -> RunConfig:
     return cfg
 
 
-def read_yaml(path: str | Path) -> dict[str, Any]:
+#: what a file of each kind must hold, for the one-line error of an empty or non-mapping file
+NEEDS = {
+    "config file": "a config needs at least a model and a data set, e.g. `model: vit-digits` and "
+    "`data: digits`, with optional sections defense and train (examples in configs/)",
+    "scenario": "a scenario must be a mapping with name, seeds and tasks (a list; each task with run, "
+    "defenses and attacks), e.g. veil's embedded quickstart (`veil audit` with no scenario)",
+}
+
+
+def read_yaml(path: str | Path, what: str = "config file") -> dict[str, Any]:
+    """The mapping a YAML `what` (config file | scenario) holds; a missing, non-UTF-8, invalid,
+    empty or non-mapping file is one line naming it and what it must hold."""
     p = Path(path)
     if p.is_dir():
         p = p / "config.yaml"
     if not p.is_file():
-        raise VeilError(f"config file '{path}' does not exist")
+        raise VeilError(f"{what} '{path}' does not exist")
     try:
-        raw = yaml.safe_load(p.read_text())
+        text = p.read_bytes().decode("utf-8")
+    except UnicodeDecodeError as e:
+        raise VeilError(
+            f"{what} '{path}' is not UTF-8 text (byte 0x{e.object[e.start]:02x} at offset {e.start}); save it as UTF-8"
+        ) from None
+    except OSError as e:
+        raise VeilError(f"cannot read {what} '{path}': {e.strerror}") from None
+    try:
+        raw = yaml.safe_load(text)
     except yaml.YAMLError as e:
         mark = getattr(e, "problem_mark", None)
         where = f" at line {mark.line + 1}" if mark else ""
-        raise VeilError(f"config file '{path}' is not valid YAML{where}") from None
+        raise VeilError(f"{what} '{path}' is not valid YAML{where}") from None
     if raw is None:
-        return {}
+        raise VeilError(f"{what} '{path}' is empty; {NEEDS.get(what, 'it must hold a YAML mapping')}")
     if not isinstance(raw, dict):
-        raise VeilError(f"config file '{path}' must hold a mapping with sections: {', '.join(SECTIONS)}")
+        kind = "a list" if isinstance(raw, list) else f"the {type(raw).__name__} {raw!r}"[:60]
+        if what == "config file":
+            raise VeilError(
+                f"config file '{path}' must hold a mapping with sections: {', '.join(SECTIONS)}; got {kind}"
+            )
+        raise VeilError(f"{what} '{path}' holds {kind}; {NEEDS.get(what, 'it must hold a YAML mapping')}")
+    if what == "config file" and not Path(path).is_dir():
+        resolve_paths(raw, p.resolve().parent)
     return raw
+
+
+def resolve_paths(raw: dict[str, Any], base: Path) -> None:
+    """A relative ``data.path`` (and a ``model.path`` that exists there) in a config file means a
+    file beside the config: made absolute against `base`, the config's folder, in place (the run
+    folder's resolved config then names the file wherever the run is read from)."""
+    for section, always in (("data", True), ("model", False)):
+        entry = raw.get(section)
+        path = entry.get("path") if isinstance(entry, dict) else None
+        if not isinstance(path, str) or not path or Path(path).expanduser().is_absolute():
+            continue
+        target = base / path
+        if always or target.exists():
+            entry["path"] = str(target)
 
 
 def apply_overrides(raw: dict[str, Any], overrides: list[str]) -> dict[str, Any]:

@@ -6,6 +6,9 @@ when the holder exits, however it exits (an exception, Ctrl-C, kill -9), so a st
 never blocks anything. On release the lock file is removed, and a folder this call created and
 that is still empty is removed too, with the empty parents it made (a bad input leaves nothing behind).
 
+An existing folder that holds files but nothing a veil command writes (a user's own folder) is
+refused in one line (`check_ours`), as is one the process cannot write in: nothing is written there.
+
 `holds_progress(folder)`: whether a folder holds anything a rerun would reuse (a checkpoint,
 events, results) — a folder with nothing but a resolved config from a run that failed before its
 first step does not, and a corrected command may take it over.
@@ -25,6 +28,11 @@ from veil.errors import VeilError
 LOCK_NAME = ".veil.lock"
 #: files a run writes before its first step: they record what it meant to do, not progress
 NOT_PROGRESS = frozenset({LOCK_NAME, "config.yaml", "scenario.yaml"})
+#: what a folder written by a veil command holds at its top (`check_ours`): run, audit, attack, pretrain
+OURS = frozenset(
+    {"config.yaml", "scenario.yaml", "summary.json", "metrics.jsonl", "checkpoints", "runs", "cells", "features"}
+    | {"pretrained.json", "run", "eval", "report.md", "report.html"}
+)
 
 
 @contextmanager
@@ -38,6 +46,8 @@ def hold(folder: str | Path) -> Iterator[Path]:
         raise VeilError(f"cannot create run folder '{folder}': {e.strerror}") from None
     if not folder.is_dir():
         raise VeilError(f"'{folder}' is a file, not a run folder")
+    if not created:
+        check_ours(folder)
     fd = _acquire(folder / LOCK_NAME, folder)
     try:
         yield folder
@@ -45,9 +55,26 @@ def hold(folder: str | Path) -> Iterator[Path]:
         _release(fd, folder / LOCK_NAME, created)
 
 
+def check_ours(folder: Path) -> None:
+    """A one-line `VeilError` when an existing `folder` holds files (hidden ones aside) and nothing
+    a veil command writes: a user's own folder, which a run must not write among."""
+    try:
+        names = sorted(p.name for p in folder.iterdir() if not p.name.startswith("."))
+    except OSError as e:
+        raise VeilError(f"cannot read run folder '{folder}': {e.strerror}") from None
+    if names and not set(names) & OURS:
+        shown = ", ".join(names[:3]) + (f" and {len(names) - 3} more" if len(names) > 3 else "")
+        raise VeilError(
+            f"'{folder}' is not a veil run folder (it holds {shown}); pick a new or empty --out, so nothing of yours is written among"
+        )
+
+
 def _acquire(path: Path, folder: Path) -> int:
     while True:
-        fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+        try:
+            fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+        except OSError as e:
+            raise VeilError(f"cannot write in run folder '{folder}' ({e.strerror}); pick another --out") from None
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:

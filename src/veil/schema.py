@@ -21,6 +21,62 @@ from veil.errors import VeilError
 
 REQUIRED = "(required)"
 _SCALARS = (bool, int, float, str)
+#: readable names of option types that are classes (`Option.type_name`)
+_CLASS_NAMES = {"Path": "path", "PurePath": "path", "Tokenizer": "tokenizer"}
+
+#: the help line of an option whose builder's docstring gives none, by option name: the meaning
+#: these names have wherever veil's builders take them
+COMMON_HELP = {
+    # models
+    "dim": "width of the token vectors",
+    "depth": "number of Transformer blocks",
+    "heads": "attention heads per block (dim must be divisible by heads)",
+    "mlp_ratio": "MLP hidden width as a multiple of dim",
+    "mlp_hidden": "MLP hidden width (SwiGLU)",
+    "dropout": "dropout rate while training (0: none); the attacks that assume none check it",
+    "num_classes": "number of output classes (default: the data's)",
+    "vocab_size": "token vocabulary size (default: the data's tokenizer)",
+    "max_len": "longest sequence in tokens",
+    "image_size": "image side in pixels (default: the data's)",
+    "patch_size": "patch side in pixels (must divide image_size)",
+    "in_chans": "image channels (default: the data's)",
+    "type_vocab": "number of segment (token type) embeddings",
+    "special_ids": "token ids never moved by a shuffling defense (pad, [CLS], [SEP])",
+    "tie_weights": "share the LM head's weight with the token embedding",
+    "pad_id": "token id of padding",
+    "rope_theta": "base of the rotary position embedding's frequencies",
+    "norm_eps": "epsilon of the RMSNorm layers",
+    "pooling": "sentence vector for the head: cls (the [CLS] token) or mean (mean over tokens)",
+    "base_width": "channels of the first stage",
+    "stages": "number of stages (each halves the grid)",
+    "blocks": "residual blocks per stage",
+    "groups": "GroupNorm groups",
+    "window": "attention window side in patches",
+    # defenses
+    "seed": "seed of the defense's random draws",
+    "sigma": "standard deviation of the Gaussian noise added to each exported gradient",
+    "ratio": "share of each gradient tensor's smallest-magnitude entries set to zero, in [0, 1)",
+    "enabled": "false: the permutation is the identity (zero strength)",
+    "skip": "leading feature slots (e.g. [CLS]) never permuted",
+    "variant": "mjp (shuffle + E_unk at the shuffled slots), shuffle (positions kept) or nope (no position embedding)",
+    "pairs_per_token": "DRL: pairs of unshuffled slots drawn per token each step",
+    "freeze_attention": "freeze the attention projections (closes the Q/K/V span channel)",
+    "freeze_attention_bias": "freeze the attention projections' biases too",
+    "embed_noise": "noise on the token-embedding gradient, as a factor of its largest clean row norm",
+    "mlp_noise": "per-block noise on the MLP expansion gradient, as a factor of its clean scale",
+    "head_noise": "noise on an untied LM head's gradient (default: embed_noise)",
+    "mlp_down_noise": "noise on the MLP down-projection gradient (default: none)",
+    "noised_lr": "learning-rate factor of the noised tables",
+    "lr_scale": "learning-rate factor of every parameter",
+    "clip": "per-sample gradient norm bound C",
+    "noise_multiplier": "sigma: noise std as a multiple of C (give this or target_epsilon)",
+    "target_epsilon": "epsilon the run must reach; the accountant picks sigma (give this or noise_multiplier)",
+    "delta": "delta of the (epsilon, delta) guarantee (default: 1 / training samples)",
+    "accountant": "privacy accountant: rdp or prv",
+    "mode": "per-sample gradients: auto, ghost, hooks or functorch",
+    "trainable": "regular expression over parameter names: train only those (the rest frozen)",
+    "chunk": "samples per physical micro-batch of a logical batch",
+}
 
 
 @dataclass(frozen=True)
@@ -59,7 +115,7 @@ def options_of(builder: Callable[..., Any], defaults: dict[str, Any] | None = No
         default = REQUIRED if p.default is p.empty else p.default
         if defaults and name in defaults:
             default = defaults[name]
-        out[name] = Option(name, hints.get(name), default, helps.get(name, ""))
+        out[name] = Option(name, hints.get(name), default, helps.get(name) or COMMON_HELP.get(name, ""))
     return out
 
 
@@ -128,4 +184,6 @@ def _type_name(tp: Any) -> str:
         return "one of " + ", ".join(repr(a) for a in typing.get_args(tp))
     if tp in _SCALARS:
         return tp.__name__
+    if inspect.isclass(tp):
+        return _CLASS_NAMES.get(tp.__name__, tp.__name__)
     return str(tp).replace("typing.", "")

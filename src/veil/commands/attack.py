@@ -4,7 +4,8 @@ Audits one model: for each of N private batches of the test split, run one clien
 run's defenses (`observe`), hand the server's view to the attack, and score the reconstruction
 against the private batch. `key=value` overrides the config (e.g. `defense=mjp gamma=0.5`);
 `attack.KEY=VALUE` sets an attack option (e.g. `attack.iterations=500`). `train.threads=N` sets
-torch's CPU threads as for `veil train` (0, the default, keeps torch's: one per core).
+torch's CPU threads as for `veil train` (0, the default: the cores the machine can give now, or
+OMP_NUM_THREADS when set).
 
 `--reference original|shuffled` picks what an image/text reconstruction is scored against: the
 client's input (MJP setting (a) undefended, (c) defended) or the input as the shuffling defense

@@ -99,5 +99,8 @@ def read_table(path: str | Path) -> Columns:
 def column(table: Columns, name: str, role: str, path: str | Path) -> list[str]:
     """One column by name; a missing one lists those the file has."""
     if name not in table:
-        raise VeilError(f"{role} column {name!r} not found in {path}; columns are: {', '.join(table)}")
+        tabs = any("\t" in c for c in table)  # a tab-separated header read as one comma-separated column
+        hint = "; the file looks tab-separated: name it .tsv (or .tsv.gz)" if tabs else ""
+        shown = ", ".join(c.replace("\t", "\\t") for c in table)
+        raise VeilError(f"{role} column {name!r} not found in {path}; columns are: {shown}{hint}")
     return table[name]

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import re
+import unicodedata
 from collections import Counter
 from collections.abc import Iterable, Sequence
 from functools import lru_cache
@@ -23,7 +24,9 @@ from veil.errors import VeilError
 
 PAD, UNK, CLS, SEP, MASK = 0, 100, 101, 102, 103
 FIRST_WORD_ID = 104
-WORD_RE = re.compile(r"[a-z0-9]+(?:'[a-z]+)?|[^\sa-z0-9]")
+#: a word is letters and digits of any script (with an apostrophe suffix of letters); any other
+#: non-space character is a token of its own
+WORD_RE = re.compile(r"[^\W_]+(?:'[^\W\d_]+)?|\S")
 
 
 class Tokenizer(Protocol):
@@ -104,8 +107,9 @@ class WordPieceTokenizer:
 
 
 def split_words(text: str) -> list[str]:
-    """Lowercased words (with a simple apostrophe suffix) and single punctuation marks."""
-    return WORD_RE.findall(text.lower())
+    """Lowercased words of any script (NFC, so `café` is one word however it was typed; with a
+    simple apostrophe suffix) and single punctuation marks."""
+    return WORD_RE.findall(unicodedata.normalize("NFC", text).lower())
 
 
 def base_vocab() -> list[str]:

@@ -26,7 +26,7 @@ from typing import Any
 import yaml
 
 from veil.attacks import check_attack
-from veil.config import RunConfig, from_dict, read_yaml
+from veil.config import RunConfig, from_dict, read_yaml, resolve_paths
 from veil.errors import VeilError
 from veil.experiments.evaluations import check_evaluations
 from veil.registry import PROTOCOLS
@@ -187,7 +187,16 @@ def default_scenario_path() -> Path:
 
 def load_scenario(path: str | Path | None) -> Scenario:
     p = Path(path) if path is not None else default_scenario_path()
-    return parse_scenario(read_yaml(p), default_name=p.stem)
+    raw = read_yaml(p, "scenario")
+    tasks = raw.get("tasks")
+    runs = (
+        [t["run"] for t in tasks if isinstance(t, dict) and isinstance(t.get("run"), dict)]
+        if isinstance(tasks, list)
+        else [raw]
+    )
+    for run in runs:  # a task's relative paths name files beside the scenario
+        resolve_paths(run, p.resolve().parent)
+    return parse_scenario(raw, default_name=p.stem)
 
 
 def dump_scenario(s: Scenario) -> str:
