@@ -65,3 +65,29 @@ def test_the_glance_names_the_step_of_the_weights_attacked() -> None:
     t["utility"]["none"]["weights"] = {"checkpoint": "final", "steps": [120]}
     rows = [r for b in glance_blocks({"tasks": {"x": t}}) if b[0] == "glance" for r in b[2]]
     assert rows[0][1] == "accuracy 0.500 (the reference), final model at step 120"
+
+
+def test_a_real_audit_whose_attack_fails_undefended_says_unknown(tmp_path) -> None:  # noqa: ANN001
+    """End to end at init on digits: IG cut to 2 steps rebuilds noise with and without MJP, so
+    MJP's verdict is unknown, not holds; APRIL, which rebuilds the undefended image, keeps the
+    other task's MJP verdict meaningful (leaks or holds, never unknown)."""
+    from veil.experiments.audit import run_audit
+    from veil.experiments.scenario import parse_scenario
+    from veil.report.headline import task_verdict
+
+    run = {"model": {"name": "vit-digits", "depth": 1, "dim": 32, "heads": 2}, "data": {"name": "digits"}}
+    task = {"run": run, "defenses": ["none", {"name": "mjp", "gamma": 0.27}], "samples": 1, "weights": "init"}
+    raw = {
+        "name": "twin",
+        "tasks": [
+            {**task, "name": "weak", "attacks": [{"name": "ig", "iterations": 2, "restarts": 1}]},
+            {**task, "name": "strong", "attacks": ["april"]},
+        ],
+    }
+    summary = run_audit(parse_scenario(raw), tmp_path / "a", progress=False, jobs=1)
+    weak, strong = summary["tasks"]["weak"], summary["tasks"]["strong"]
+    assert weak["leakage"]["none"]["ig(iterations=2,restarts=1)"]["psnr"] < 12  # failed undefended too
+    assert task_verdict(weak, "mjp(gamma=0.27)") == "unknown"
+    assert task_verdict(weak, "none") == "unknown"
+    assert task_verdict(strong, "none") == "leaks"
+    assert task_verdict(strong, "mjp(gamma=0.27)") in ("leaks", "partly", "holds")
