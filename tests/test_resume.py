@@ -55,6 +55,9 @@ CASES: dict[str, list[str]] = {
     "dpsgd": [*IMAGE, "defense=dpsgd", "defense.noise_multiplier=1.0", "defense.clip=1.0", "defense.seed=5"],
     "gaussian": [*IMAGE, "defense=gaussian", "defense.sigma=0.05"],
     "prune": [*IMAGE, "defense=prune"],
+    # LoRA (train.lora): the adapters-only checkpoint resumes exactly, on an LM and under AEGIS's noise
+    "none-lora": [*TEXT, "model=llama-tiny", "model.mlp_hidden=64", "train.lora.r=4"],
+    "aegis-lora": [*TEXT, "defense=aegis", "train.lora.r=4"],
 }
 #: split learning's client-side permutation is refused outside split learning (tests/test_split.py)
 NOT_TRAINED_ALONE = {"permutation"}

@@ -70,10 +70,20 @@ def embedding_row_norms(obs: Observation) -> Tensor:
         raise VeilError(
             "presence needs an untied token embedding; this model ties it to the LM head, so every row gets gradient"
         )
+    if not emb.weight.requires_grad and not obs.has_grad(emb):
+        raise VeilError(frozen_embedding_reason("presence"))
     g = obs.grad(emb)
     if g.dim() != 2:
         raise VeilError(f"presence needs a token-embedding table gradient (vocab, width), got shape {tuple(g.shape)}")
     return g.float().norm(dim=1)
+
+
+def frozen_embedding_reason(attack: str) -> str:
+    """Why an attack on the token-embedding gradient does not apply where the embedding is frozen."""
+    return (
+        f"{attack} is not applicable: the token embedding does not train here (frozen, e.g. under train.lora only "
+        "the adapters train), so the update holds no gradient of it"
+    )
 
 
 def present_tokens(norms: Tensor, rel_tol: float = 1e-6, abs_tol: float = 0.0) -> Tensor:
@@ -99,6 +109,12 @@ class PresenceAttack(Attack[PresenceOptions]):
     modality = "text"
     closed_form = "one pass over the embedding rows"
     needs_untied_embedding = True
+
+    def applies_to(self, model: VeilModel) -> str | None:
+        reason = super().applies_to(model)
+        if reason is None and not model.token_embedding().weight.requires_grad:
+            return frozen_embedding_reason(self.name)
+        return reason
 
     def _reconstruct(self, obs: Observation, know: Knowledge) -> Reconstruction:
         rel_tol, abs_tol = self.options.rel_tol, self.options.abs_tol

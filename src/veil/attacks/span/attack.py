@@ -2,7 +2,9 @@
 (`veil.attacks.span.core`), then whole sentences: causal decoders by left-to-right extension and
 encoders by the assignment search (`veil.attacks.span.search`), an encoder classifier given its
 batch size by peeling one exact sentence at a time (`veil.attacks.span.peel`). The search is
-bounded by counted work (`budget`, candidate sentences scored), never seconds.
+bounded by counted work (`budget`, candidate sentences scored), never seconds. A LoRA update
+(adapters on the first layers' Q/K/V, the base frozen) is tested in the adapters' projected
+spaces instead (`veil.attacks.span.lora`).
 """
 
 from __future__ import annotations
@@ -24,6 +26,7 @@ from veil.attacks.span.core import (
     position_candidates,
     vocabulary,
 )
+from veil.attacks.span.lora import lora_layers, lora_reconstruct
 from veil.attacks.span.peel import Residual, peel_search
 from veil.attacks.span.search import SearchInput, decoder_search, encoder_search
 from veil.errors import VeilError
@@ -83,6 +86,8 @@ class SpanAttack(Attack[SpanOptions]):
         return {"sentences_scored": self.options.budget}
 
     def _reconstruct(self, obs: Observation, know: Knowledge) -> Reconstruction:
+        if lora_layers(obs.model):  # a LoRA update: the span of the adapters' projected inputs
+            return lora_reconstruct(self.options, obs, know)
         model, o = obs.model, self.options
         tol1, tol2, rank_tol = o.tol1, o.tol2, o.rank_tol
         span1, span2 = layer_span(obs, 0, rank_tol), layer_span(obs, 1, rank_tol)

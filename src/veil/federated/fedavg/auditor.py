@@ -40,11 +40,13 @@ from veil.federated.fedavg.task import (
     batch_digest,
     client_split,
     load_arrays,
+    load_state,
     local_batches,
     local_slots,
     unpack,
 )
 from veil.models.base import VeilModel
+from veil.models.lora import exchanged_state
 
 Score = Callable[[int, int, str, Reconstruction], dict[str, Any]]
 
@@ -135,7 +137,7 @@ class Auditor:
         self, global_arrays: ArrayRecord, reply: Message, lr: float
     ) -> tuple[dict[str, torch.Tensor], int]:
         load_arrays(self.model, global_arrays)
-        update = unpack(reply.content["arrays"], self.model.state_dict())
+        update = unpack(reply.content["arrays"], exchanged_state(self.model))
         if self.mode == "fedsgd":
             return {k: v.float() for k, v in update.items()}, 1
         steps = max(1, int(reply.content["metrics"]["steps"]))
@@ -170,7 +172,7 @@ class Auditor:
             return
         steps = [max(1, int(r.content["metrics"]["steps"])) for r in replies] or [1]
         self.prev = {
-            "weights": {k: v.detach().clone() for k, v in unpack(global_arrays, self.model.state_dict()).items()},
+            "weights": {k: v.detach().clone() for k, v in unpack(global_arrays, exchanged_state(self.model)).items()},
             "lr": lr,
             "steps": statistics.fmean(steps),
             "pids": sorted(int(r.content["metrics"]["partition-id"]) for r in replies),
@@ -189,8 +191,8 @@ class Auditor:
         """(w_{r-1} - w_r) / (lr_{r-1} s̄_{r-1}) at w_{r-1}, or None at the first round."""
         if self.prev is None or self.prev["round"] != rnd - 1:
             return None
-        now = unpack(global_arrays, self.model.state_dict())
-        self.model.load_state_dict(self.prev["weights"])
+        now = unpack(global_arrays, exchanged_state(self.model))
+        load_state(self.model, self.prev["weights"])
         scale = self.prev["lr"] * (self.prev["steps"] if self.mode != "fedsgd" else 1.0)
         grads = {n: (p.detach() - now[n]) / scale for n, p in self.model.named_parameters() if p.requires_grad}
         return Observation(self.model, grads, kind="gradient" if self.mode == "fedsgd" else "delta")

@@ -39,6 +39,7 @@ from veil.federated.fedavg.config import FederatedConfig, federated_config
 from veil.federated.fedavg.silo import Schema, load_silo, silo_parts
 from veil.federated.sections import SpecText, read_sections, split_sections
 from veil.models.base import Batch, VeilModel
+from veil.models.lora import base_ref, exchanged_state
 from veil.training.loop import make_optimizer
 from veil.training.step import client_step
 
@@ -135,10 +136,11 @@ PACKED = "veil.packed."  # key prefix of a packed record: one flat array per dty
 
 
 def model_arrays(model: torch.nn.Module, packed: bool = False) -> ArrayRecord:
-    """The model's weights as a record, one array per tensor, or `packed` into one flat array per
+    """The model's weights (with LoRA: its adapters and whatever else trains, never the frozen
+    base, `veil.models.lora.exchanged_state`) as a record, one array per tensor, or `packed` into one flat array per
     dtype: the same numbers, but a handful of objects on the wire instead of one per tensor, which
     a SuperLink and its SuperNodes move one HTTP request at a time (deployment sends packed)."""
-    state = {k: v.detach().cpu() for k, v in model.state_dict().items()}
+    state = {k: v.detach().cpu() for k, v in exchanged_state(model).items()}
     return pack(state) if packed else ArrayRecord(state)
 
 
@@ -169,7 +171,20 @@ def unpack(arrays: ArrayRecord, like: dict[str, Tensor]) -> dict[str, Tensor]:
 
 
 def load_arrays(model: torch.nn.Module, arrays: ArrayRecord) -> None:
-    model.load_state_dict(unpack(arrays, model.state_dict()), strict=True)
+    load_state(model, unpack(arrays, exchanged_state(model)))
+
+
+def load_state(model: torch.nn.Module, state: dict[str, Tensor]) -> None:
+    """Set the exchanged part of `model` (`exchanged_state`: all of it, or with LoRA every tensor
+    but the frozen base) from `state`, which must hold exactly those tensors."""
+    if base_ref(model) is None:
+        model.load_state_dict(state, strict=True)
+        return
+    want = exchanged_state(model)
+    odd = sorted(set(state) ^ set(want))
+    if odd:
+        raise VeilError(f"a federated message does not fit the model's adapters (e.g. key '{odd[0]}')")
+    model.load_state_dict(state, strict=False)
 
 
 def tensors_arrays(tensors: dict[str, Tensor]) -> ArrayRecord:
