@@ -39,10 +39,16 @@ def options_type(name: str) -> type[Options]:
 
 def attack_checks(name: str) -> dict[str, Any]:
     """What the catalog keeps so that `veil attack` checks options without importing the attacks
-    (`veil.attacks.options.check_listed`): each option's type spec, and the inner-attack option."""
+    (`veil.attacks.options.check_listed`): each option's type spec, the inner-attack option, and
+    the largest private batch the attack models with why (`Attack.max_batch`; None: any)."""
     cls = options_type(name)
     defaults = {f.name: f.default for f in dataclasses.fields(cls)}
-    return {"spec": specs(cls), "inner": None if cls.inner is None else [cls.inner, defaults[cls.inner]]}
+    most = getattr(ATTACKS.factory(name), "max_batch", None)
+    return {
+        "spec": specs(cls),
+        "inner": None if cls.inner is None else [cls.inner, defaults[cls.inner]],
+        "max_batch": None if most is None else list(most),
+    }
 
 
 def check_attack(entry: dict[str, Any], where: str = "") -> None:

@@ -221,21 +221,26 @@ class Attack(Generic[OptionsT]):
             return f"{self.name} needs at least {_WORDS.get(layers, layers)} attention layers {why}"
         return None
 
-    def applies(self, model: VeilModel, batch_size: int | None = None, protocol: str | None = None) -> str | None:
-        """None where the attack is valid, else why not (one line): the model's family
-        (`applies_to`), then the declared batch, protocol, dropout and embedding needs. `batch_size`:
+    def applies(
+        self, model: VeilModel | None, batch_size: int | None = None, protocol: str | None = None
+    ) -> str | None:
+        """None where the attack is valid, else why not (one line): the declared batch and
+        protocol, then the model's family (`applies_to`), dropout and embedding needs. `batch_size`:
         the client's private batch; `protocol`: how the update was made (None: not checked); the
-        client's dropout is read from the model (it trains in train mode). `veil attack`, the audit
-        and `reconstruct` all decide here, so no cell outside these settings gets a number."""
-        reason = self.applies_to(model)
-        if reason or model is None:
-            return reason
+        client's dropout is read from the model (it trains in train mode); `model` None: the
+        model-free checks only (`veil attack` makes them before loading anything). `veil attack`,
+        the audit and `reconstruct` all decide here, so no cell outside these settings gets a number."""
         if self.max_batch is not None and batch_size is not None and batch_size > self.max_batch[0]:
             return f"{self.name} needs a private batch of at most {self.max_batch[0]} ({self.max_batch[1]}); got {batch_size}"
         if protocol is not None and protocol not in self.protocols:
             why = f" ({self.protocol_why})" if self.protocol_why else ""
             where = " or ".join(dict.fromkeys(PROTOCOL_WORDS[p] for p in self.protocols))
             return f"{self.name} does not model a {protocol} update{why}: use it in a task with {where}"
+        if model is None:
+            return None
+        reason = self.applies_to(model)
+        if reason:
+            return reason
         if self.dropout_breaks is not None and (p := client_dropout(model)) > 0:
             why, instead = self.dropout_breaks
             return f"{self.name} {why}; the client trains with dropout {p:g}: use {instead}"

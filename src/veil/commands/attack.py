@@ -73,7 +73,13 @@ def run(args: argparse.Namespace) -> int:
 
     cfg_over, attack_over = split_overrides(args.overrides)
     # the attack's name and options, checked against the catalog before torch loads: a typo fails at once
-    check_listed(args.attack, attack_over, load_catalog()["kinds"]["attacks"])
+    attacks = load_catalog()["kinds"]["attacks"]
+    check_listed(args.attack, attack_over, attacks)
+    most = attacks[args.attack].get("max_batch")  # the batch the attack cannot model fails before torch loads
+    if most and args.batch_size > most[0]:
+        raise VeilError(
+            f"not applicable: {args.attack} needs a private batch of at most {most[0]} ({most[1]}); got {args.batch_size}"
+        )
     model, data, defenses, cfg, weights = load_target(args.source, cfg_over, args.checkpoint)
     from veil.runtime import use_threads  # as `veil train`: 0 is what the machine can give now
 
