@@ -167,3 +167,51 @@ def test_bad_canary_options_fail_in_one_line(tmp_path) -> None:
     raw["tasks"][0]["canaries"] = {"gradient": 0, "input": 0}
     with pytest.raises(VeilError, match="needs canaries"):
         run_audit(parse_scenario(raw), tmp_path, progress=False)
+
+
+def test_head_class_sum_canaries_are_orthogonal_to_every_sample_gradient() -> None:
+    """Where only a softmax head trains, canary j = sum over class rows of column j: each sample's
+    gradient there is (p - y) h^T with sum_c (p_c - y_c) = 0, so the data add nothing to a score."""
+    from veil.build import build_run
+    from veil.config import from_dict
+    from veil.experiments.canaries import gradient_canaries, head_columns
+
+    cfg = {
+        "model": {"name": "transformer4", "dim": 32, "depth": 1, "heads": 2, "dropout": 0.0},
+        "data": {"name": "sst2", "tokenizer": "wordpiece", "max_len": 16, "train_size": 64, "test_size": 8},
+    }
+    model, data, _ = build_run(from_dict(cfg))
+    for n, p in model.named_parameters():  # what dpsgd(trainable=^head) trains
+        p.requires_grad_(n.startswith("head."))
+    name, cols = head_columns(model)
+    assert cols.shape == (32, 2)
+    c = gradient_canaries(model, [data.train], 16, 1.0, torch.Generator().manual_seed(0))
+    assert c.where == "the head's class-sum directions" and c.index.shape == (16, 2)
+    logits = model(data.train)
+    for i in range(4):  # per-sample gradients of the head's weight
+        g = torch.autograd.grad(
+            model.loss(logits[i : i + 1], {"labels": data.train["labels"][i : i + 1]}),
+            model.head.weight,
+            retain_graph=True,
+        )[0]
+        assert g.abs().max() > 1e-4 and g.view(-1)[c.index].sum(1).abs().max() < 1e-6
+
+
+def test_head_recipe_on_frozen_features_is_audited(tmp_path) -> None:
+    """The DP head recipe's path (train.frozen_features): without noise the head's canaries are all
+    told apart; with noise epsilon-hat stays at or below the claim."""
+    raw = _scenario(
+        [
+            {"name": "dpsgd", "noise_multiplier": 0.0, "clip": 1.0e6, "trainable": "^head"},
+            {"name": "dpsgd", "noise_multiplier": 3.0, "delta": 1e-5, "trainable": "^head"},
+        ]
+    )
+    task = raw["tasks"][0]
+    task["run"]["model"]["dropout"] = 0.0
+    task["run"]["train"].update(frozen_features=True, batch_size=64, lr=0.03, epochs=4)
+    task["canaries"]["gradient"] = 32
+    t = run_audit(parse_scenario(raw), tmp_path, progress=False)["tasks"]["t4"]
+    free, dp = t["dp_audit"].values()
+    assert free["white_box"]["coordinates"] == "the head's class-sum directions"
+    assert free["white_box"]["v"] == free["white_box"]["r"] > 0 and free["eps_hat"] > 1.0
+    assert dp["eps_hat"] <= float(dp["claimed_epsilon"]) and not dp["flagged"]

@@ -16,7 +16,11 @@ act on canaries exactly as on data); afterwards the auditor scores every canary 
   ``sum_t g_t[j_i]``. The coordinates lie in token-embedding rows of tokens no sample of the audit
   contains, so the data's gradient there is exactly zero and the score is signal plus the
   mechanism's noise; a model without such rows gets random coordinates (the data's gradient then
-  adds to the noise: a weaker audit, never an invalid one).
+  adds to the noise: a weaker audit, never an invalid one). Where only a linear softmax head
+  trains (DP fine-tuning of the classifier on a frozen encoder), canary j is the direction
+  ``c (e_{1,j} + ... + e_{C,j}) / sqrt(C)`` across the C class rows of feature column j: every
+  sample's gradient of a softmax cross-entropy there is ``(p - y) h^T`` with ``sum_c (p_c - y_c) = 0``,
+  so it is orthogonal to every such direction and the data again add nothing to the score.
 - Black-box input canaries: held-out samples with a wrong label (binary: the other class, else a
   random other class), scored by minus their loss on the released model (the final weights).
 
@@ -45,13 +49,15 @@ from veil.training.step import defended_backward
 
 @dataclass
 class GradientCanaries:
-    """m Dirac canaries: canary i is coordinate ``index[i]`` of parameter ``names[param[i]]``."""
+    """m gradient canaries: canary i is ``norm / sqrt(k)`` on each of the k flat coordinates
+    ``index[i]`` of parameter ``names[param[i]]`` (k = 1: a Dirac canary)."""
 
     names: list[str]
     param: Tensor  # (m,) index into names
-    index: Tensor  # (m,) flat index into that parameter
+    index: Tensor  # (m, k) flat indices into that parameter
     included: Tensor  # (m,) bool
     norm: float = 1.0
+    where: str = "random coordinates"
 
     @property
     def m(self) -> int:
@@ -74,21 +80,44 @@ def unused_rows(model: VeilModel, splits: list[dict[str, Tensor]]) -> tuple[str,
     return name, (~used).nonzero()[:, 0]
 
 
+def head_columns(model: VeilModel) -> tuple[str, Tensor] | None:
+    """The classifier weight's name and, per feature column j, its flat indices in every class row
+    (D, C), when only a linear softmax head trains; else None."""
+    named = {n: p for n, p in model.named_parameters() if p.requires_grad}
+    head = model.classifier()
+    if model.task != "classification" or not isinstance(head, torch.nn.Linear) or head.out_features < 2:
+        return None
+    if {id(p) for p in named.values()} - {id(p) for p in head.parameters()}:
+        return None
+    name = next((n for n, p in named.items() if p is head.weight), None)
+    if name is None:
+        return None
+    c, d = head.weight.shape
+    return name, torch.arange(c)[None, :] * d + torch.arange(d)[:, None]
+
+
 def gradient_canaries(
     model: VeilModel, splits: list[dict[str, Tensor]], m: int, norm: float, generator: torch.Generator
 ) -> GradientCanaries:
-    """m Dirac canaries on distinct coordinates (unused embedding rows when there are enough),
-    each included with probability 1/2."""
+    """m gradient canaries on distinct coordinates (unused embedding rows, or the head's
+    class-sum directions, when there are enough; else random Dirac ones), each included with
+    probability 1/2."""
     named = {n: p for n, p in model.named_parameters() if p.requires_grad}
     if not named:
         raise VeilError("gradient canaries need a trainable parameter")
     rows = unused_rows(model, splits)
-    if rows is not None and len(rows[1]) * named[rows[0]].shape[1] >= m:
+    cols = head_columns(model)
+    if cols is not None and len(cols[1]) >= m:
+        pick = torch.randperm(len(cols[1]), generator=generator)[:m]
+        names, param, index = [cols[0]], torch.zeros(m, dtype=torch.long), cols[1][pick]
+        where = "the head's class-sum directions"
+    elif rows is not None and len(rows[1]) * named[rows[0]].shape[1] >= m:
         name, free = rows
         width = named[name].shape[1]
         cells = torch.randperm(len(free) * width, generator=generator)[:m]
-        index = free[cells // width] * width + cells % width
+        index = (free[cells // width] * width + cells % width)[:, None]
         names, param = [name], torch.zeros(m, dtype=torch.long)
+        where = "unused embedding rows"
     else:
         names = list(named)
         sizes = torch.tensor([p.numel() for p in named.values()])
@@ -97,9 +126,10 @@ def gradient_canaries(
         flat = torch.randperm(int(sizes.sum()), generator=generator)[:m]
         bounds = sizes.cumsum(0)
         param = torch.searchsorted(bounds, flat, right=True)
-        index = flat - torch.cat([torch.zeros(1, dtype=torch.long), bounds[:-1]])[param]
+        index = (flat - torch.cat([torch.zeros(1, dtype=torch.long), bounds[:-1]])[param])[:, None]
+        where = "random coordinates"
     included = torch.rand(m, generator=generator) < 0.5
-    return GradientCanaries(names, param, index, included, float(norm))
+    return GradientCanaries(names, param, index, included, float(norm), where)
 
 
 def input_canaries(pool: dict[str, Tensor], num_classes: int, generator: torch.Generator) -> dict[str, Tensor]:
@@ -121,9 +151,9 @@ def _add(named: dict[str, torch.nn.Parameter], c: GradientCanaries, which: Tenso
         p = named[name]
         if p.grad is None:
             p.grad = torch.zeros_like(p)
-        p.grad.view(-1).index_add_(
-            0, c.index[sel], torch.full((int(sel.sum()),), weight * c.norm, dtype=p.dtype, device=p.device)
-        )
+        idx = c.index[sel].reshape(-1)
+        step = weight * c.norm / math.sqrt(c.index.shape[1])
+        p.grad.view(-1).index_add_(0, idx, torch.full((len(idx),), step, dtype=p.dtype, device=p.device))
 
 
 def _read(named: dict[str, torch.nn.Parameter], c: GradientCanaries) -> Tensor:
@@ -133,7 +163,7 @@ def _read(named: dict[str, torch.nn.Parameter], c: GradientCanaries) -> Tensor:
         sel = c.param == k
         g = named[name].grad
         if g is not None:
-            out[sel] = g.detach().view(-1)[c.index[sel]].double().cpu()
+            out[sel] = g.detach().view(-1)[c.index[sel]].double().sum(1).cpu() / math.sqrt(c.index.shape[1])
     return out
 
 

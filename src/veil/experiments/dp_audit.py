@@ -36,8 +36,10 @@ from torch import Tensor
 
 from veil.attacks.membership import confidence_logits, lira_offline, loss_scores
 from veil.build import build_data, build_run
+from veil.config import RunConfig
 from veil.errors import VeilError
 from veil.experiments.canaries import canary_train, gradient_canaries, input_canaries, label_loss
+from veil.experiments.features import frozen_run
 from veil.experiments.scenario import Scenario, Task, label
 from veil.experiments.summary import task_entry
 from veil.io import intact, write_checked_text
@@ -110,16 +112,24 @@ def _cat(a: dict[str, Tensor], b: dict[str, Tensor]) -> dict[str, Tensor]:
     return {k: torch.cat([a[k], b[k]]) for k in a}
 
 
+def build(cfg: RunConfig, data: Any, out: Path) -> tuple[Any, Any, list[Any]]:
+    """The run's model, data and defenses; a ``train.frozen_features`` run gets both splits as the
+    head sees them (the frozen encoder's features, computed once per audit: `frozen_run`)."""
+    if cfg.train.frozen_features:
+        return frozen_run(cfg, out / "features")
+    return build_run(cfg, data)
+
+
 def audit_one(
-    task: Task, d: dict[str, Any], seed: int, o: dict[str, Any], confidence: float, data: Any
+    task: Task, d: dict[str, Any], seed: int, o: dict[str, Any], confidence: float, data: Any, out: Path
 ) -> dict[str, Any]:
     """One (defense, seed): the canary run, both epsilon-hats, and membership inference."""
     cfg = task.run_for(d, seed)
+    model, data, defenses = build(cfg, data, out)
     parts = partition(len(data.train["labels"]), o, seed)
     members, nonmembers = _take(data.train, parts["members"]), _take(data.train, parts["nonmembers"])
     g = torch.Generator().manual_seed(seed * 104_729 + 3)
     pool = input_canaries(_take(data.train, parts["pool"]), data.num_classes, g) if o["input"] else None
-    model, _, defenses = build_run(cfg, data)
     every = [data.train, data.test]
     grad = gradient_canaries(model, every, o["gradient"], 1.0, g) if o["gradient"] else None
     train_split = members
@@ -140,13 +150,13 @@ def audit_one(
     }
     if grad is not None:
         row["white_box"] = audit(res["scores"].numpy(), grad.included.numpy(), delta, confidence, seed)
-        row["white_box"]["coordinates"] = "unused embedding rows" if len(grad.names) == 1 else "random"
+        row["white_box"]["coordinates"] = grad.where
     if pool is not None:
         scores = -label_loss(model, pool, cfg.train.eval_batch_size)
         row["black_box"] = audit(scores.numpy(), pool["included"].numpy(), delta, confidence, seed)
     row["eps_hat"] = max(row.get(k, {}).get("eps_hat", 0.0) for k in ("white_box", "black_box"))
     row["flagged"] = flagged(row["eps_hat"], claimed)
-    row["membership"] = membership(task, d, seed, o, data, model, members, nonmembers)
+    row["membership"] = membership(task, d, seed, o, data, model, members, nonmembers, out)
     return row
 
 
@@ -159,6 +169,7 @@ def membership(
     target: Any,
     members: dict[str, Tensor],
     nonmembers: dict[str, Tensor],
+    folder: Path,
 ) -> dict[str, Any]:
     """The loss attack and (with references) LiRA offline on members vs non-members."""
     candidates = _cat(members, nonmembers)
@@ -172,7 +183,7 @@ def membership(
         for k in range(o["references"]):
             pick = torch.randperm(n, generator=g)[:n_in]
             cfg = task.run_for(d, 10_000 + seed * 100 + k)  # the attacker's own training runs
-            model, _, defenses = build_run(cfg, data)
+            model, _, defenses = build(cfg, data, folder)
             canary_train(cfg, model, _take(candidates, pick), data.test, defenses)
             ref_phi.append(confidence_logits(model, candidates))
             mask = torch.zeros(n, dtype=torch.bool)
@@ -209,7 +220,7 @@ def run_task(task: Task, s: Scenario, out: Path, progress: bool = False) -> dict
             if row is None:
                 if progress:
                     print(f"dp-audit: {task.name} / {label(d)} / seed {seed}", flush=True)
-                row = audit_one(task, d, seed, o, confidence, data)
+                row = audit_one(task, d, seed, o, confidence, data, out)
                 path.parent.mkdir(parents=True, exist_ok=True)
                 write_checked_text(path, json.dumps(row))
             rows.append(row)

@@ -1,0 +1,64 @@
+"""Check privacy claims empirically (issue 44): one-run canary auditing (Steinke, Nasr, Jagielski
+2023) of DP-SGD at several claimed epsilons, of the undefended run and of MJP / AEGIS (which claim
+no epsilon), and membership inference on every released model, on a text and an image task.
+
+    python benchmarks/dp_audit.py [--scenario dp_audit] [--scenario dp_audit_minilm] [--write]
+
+Runs (or resumes: every (task, defense, seed) is a cached file) each scenario
+(configs/paper/NAME.yaml, into runs/paper/NAME) through the audit engine (`protocol: dp-audit`,
+`veil.experiments.dp_audit`), collects its summary to docs/results/SCENARIO.json (hashed), draws
+each task's membership ROC (log-log) to docs/figures/dp-audit_TASK_roc.png, and with `--write`
+splices the `dp-audit` section of docs/results.md, rendered by
+`veil.report.results.sections.dp_audit` from those JSON files (as `python -m veil.report.results`
+does). One torch thread.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import time
+from pathlib import Path
+
+import torch
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--scenario", action="append", help="configs/paper/NAME.yaml (repeatable; default: both)")
+    ap.add_argument("--write", action="store_true", help="splice the dp-audit section into docs/results.md")
+    args = ap.parse_args()
+    os.environ.setdefault("OMP_NUM_THREADS", "1")
+    torch.set_num_threads(1)
+
+    from veil.experiments.audit import run_audit
+    from veil.experiments.scenario import load_scenario
+    from veil.io import atomic_write_text
+    from veil.report.dp_audit import curves_of, roc_figure, slug
+    from veil.report.results import CACHE, DOC, FIGURES, Section, collect, render_section, splice
+    from veil.report.results.sections import dp_audit as section
+
+    for name in args.scenario or ["dp_audit", "dp_audit_minilm"]:
+        t0 = time.perf_counter()
+        summary = run_audit(load_scenario(ROOT / "configs/paper" / f"{name}.yaml"), ROOT / "runs/paper" / name)
+        print(f"audit {name}: {time.perf_counter() - t0:.0f} s (cached cells cost nothing)")
+        for task, t in summary["tasks"].items():
+            for d, e in t.get("dp_audit", {}).items():
+                print(
+                    f"{task} / {d}: claimed {e['claimed_epsilon']}, eps-hat {e['eps_hat']:.3f}, flagged {e['flagged']}"
+                )
+            if t.get("membership"):
+                roc_figure(curves_of(t), FIGURES / f"dp-audit_{slug(task)}_roc.png", f"{task}: membership ROC")
+        print(f"collected {collect(ROOT / 'runs/paper' / name, None, CACHE)}")
+    if args.write:
+        body = render_section(Section("dp-audit", section), CACHE)
+        if body is None:
+            raise SystemExit(f"the dp-audit section's sources are not all collected: {section.SOURCES}")
+        atomic_write_text(DOC, splice(DOC.read_text(), "dp-audit", body))
+        print(f"spliced the dp-audit section into {DOC}")
+
+
+if __name__ == "__main__":
+    main()
