@@ -104,3 +104,27 @@ def test_the_audit_skips_a_shared_attack_outside_its_batch() -> None:
     april = [c for c in cells if c.attack["name"] == "april"]
     assert april and all(c.skipped and "at most 1" in c.skipped for c in april)
     assert all(c.skipped is None for c in cells if c.attack["name"] == "labels")
+
+
+def test_the_audit_routes_span_on_a_dropout_client_to_span_robust() -> None:
+    from veil.experiments.audit import validate
+    from veil.experiments.scenario import parse_scenario
+
+    data = {"name": "sst2", "tokenizer": "wordpiece", "max_len": 16, "train_size": 40, "test_size": 20}
+    raw = {
+        "name": "dropout",
+        "tasks": [
+            {
+                "name": "text",
+                "run": {"model": {"name": "bert-mini", "depth": 2, "dropout": 0.1}, "data": data},
+                "defenses": ["none"],
+                "attacks": [{"name": "span", "budget": 1000}],  # span's options are not span-robust's
+                "knowledge": {"batch_size": 2},
+                "weights": "init",
+            }
+        ],
+    }
+    cells = {c.attack["name"]: c for c in validate(parse_scenario(raw))}
+    assert set(cells) == {"span", "span-robust"}  # no longer an error: the attacker that applies runs
+    assert "dropout 0.1" in (cells["span"].skipped or "") and "runs span-robust" in cells["span"].skipped
+    assert cells["span-robust"].skipped is None and cells["span-robust"].attack == {"name": "span-robust"}

@@ -80,14 +80,35 @@ def validate(s: Scenario) -> list[Cell]:
         shared = [(a, False) for a in s.attacks if label(a) not in {label(x) for x in task.attacks}]
         granted = task.knowledge.get("batch_size", 1)
         batch = 1 if isinstance(granted, bool) else int(granted)  # the batch run_cell draws
+        listed = {label(a) for a, _ in own + shared}
         for a, required in own + shared:
             reason = make_attack(a).applies(model, batch, "single-step")  # batch, family, dropout, protocol
-            if reason and required:
+            alt = instead(a, model, batch) if reason else None
+            if reason and required and alt is None:
                 raise VeilError(f"attack '{a['name']}' does not apply to task '{task.name}': {reason}")
-            for d in task.defenses:
-                for seed in s.seeds:
-                    cells.append(Cell(task, d, a, seed, reason))
+            routed = [alt] if alt is not None and label(alt) not in listed else []
+            if alt is not None:
+                reason = f"{reason} (the audit runs {label(alt)} here)"
+            listed |= {label(x) for x in routed}
+            for entry, why in [(a, reason)] + [(x, None) for x in routed]:
+                for d in task.defenses:
+                    for seed in s.seeds:
+                        cells.append(Cell(task, d, entry, seed, why))
     return cells
+
+
+def instead(entry: dict[str, Any], model: Any, batch: int) -> dict[str, Any] | None:
+    """The attacker that applies where `entry`'s does not because the client trains with dropout
+    (its declared ``dropout_breaks`` alternative, e.g. span -> span-robust), at its own default
+    options (a name two attacks share need not mean the same: span's tol1 is not span-robust's);
+    None when there is none or it does not apply either."""
+    from veil.attacks.base import client_dropout
+
+    breaks = make_attack(entry).dropout_breaks
+    if breaks is None or client_dropout(model) <= 0:
+        return None
+    alt = {"name": breaks[1]}
+    return alt if make_attack(alt).applies(model, batch, "single-step") is None else None
 
 
 def _check_schedule(defense: Any, cfg: Any, n_train: int, where: str) -> None:
