@@ -62,7 +62,7 @@ from torch import Tensor
 
 from veil.attacks import ATTACKS
 from veil.attacks.analytic_vit import April, AprilOptions, patch_geometry, position_rows, weight_as_matrix
-from veil.attacks.base import Knowledge, Observation, Reconstruction
+from veil.attacks.base import Knowledge, Observation, Reconstruction, work_bar
 from veil.attacks.inverting import strong_wolfe_lbfgs
 from veil.attacks.jigsaw_solver import place
 from veil.attacks.labels import recover_labels
@@ -263,10 +263,14 @@ class AprilMJP(April):
         stopped it: a restart ran its iterations out, or every restart ran without reaching the floor)."""
         best: tuple[Tensor, float] | None = None
         evals, iters, capped = 0, 0, False
+        bar = work_bar(self.budget()["iterations"], self.name)  # a restart that stops early leaves its share
         for r in range(max(1, self.options.restarts)):
             x0 = self._start(X, prob.masked, r)
             x, cost, n, k = levenberg_marquardt(
-                lambda flat: prob.residual(flat.view(-1, *X.shape)), x0.flatten(), self.options.iterations
+                lambda flat: prob.residual(flat.view(-1, *X.shape)),
+                x0.flatten(),
+                self.options.iterations,
+                tick=bar.update,
             )
             evals, iters, capped = evals + n, iters + k, capped or k >= self.options.iterations
             if best is None or cost < best[1]:
@@ -275,6 +279,7 @@ class AprilMJP(April):
                 break
         else:
             capped = True  # the restarts ran out above the floor
+        bar.close()
         return best[0], best[1], iters, evals, r + 1, capped
 
     def _lbfgs(self, prob: Problem, X0: Tensor) -> tuple[Tensor, float, int, int]:
@@ -300,6 +305,7 @@ class AprilMJP(April):
         its = self.options.iterations
         lbfgs = strong_wolfe_lbfgs([a, C], its, lr=1.0, history=50, tolerances=(1e-16, 1e-20))
         evals = 0
+        bar = work_bar(its, self.name)  # L-BFGS iterations, read off the optimiser at each evaluation
 
         def closure() -> Tensor:
             nonlocal evals
@@ -307,9 +313,11 @@ class AprilMJP(April):
             loss = prob.residual(build()[None], create_graph=True).pow(2).sum()
             loss.backward()
             evals += 1
+            bar.update(int(lbfgs.state[a].get("n_iter", 0)) - bar.n)
             return loss
 
         lbfgs.step(closure)
+        bar.close()
         X = build().detach()
         its_done = int(lbfgs.state[a].get("n_iter", 0))
         return X, float(prob.residual(X[None]).pow(2).sum()), its_done, evals
@@ -338,11 +346,13 @@ def levenberg_marquardt(
     chunk: int = 128,
     h: float = 1e-7,
     floor: float = LM_FLOOR,
+    tick: Callable[[int], Any] | None = None,
 ) -> tuple[Tensor, float, int, int]:
     """min ||r(x)||^2 by Levenberg-Marquardt (Marquardt's diagonal scaling); the Jacobian by forward
     differences, all n perturbed points in batched calls of `residual` ((B, n) -> (B, R)). Stops
     when no step lowers the cost, or when an iteration gains < 1% with the cost under `floor`.
-    Returns x, the final cost, the number of points evaluated and of iterations run."""
+    Returns x, the final cost, the number of points evaluated and of iterations run; `tick(1)` is
+    called after each iteration (a progress bar's update)."""
     x = x0.clone()
     n = x.numel()
     r = residual(x[None])[0]
@@ -366,6 +376,8 @@ def levenberg_marquardt(
             lam *= 4
         else:
             break  # no step lowers the cost: converged to rounding
+        if tick is not None:
+            tick(1)
         if cost < 1e-30 or (before - cost < 1e-2 * before and cost < floor):
             break  # at the rounding floor of the float32 update
     return x, cost, evals, done

@@ -1,0 +1,35 @@
+"""Visible searches: a long attack shows a bar over its counted work inside one update when a
+terminal watches (`attack_progress`), and nothing otherwise."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from veil.attacks import create_attack
+from veil.attacks.base import attack_progress
+from veil.attacks.harness import attack_once
+from veil.data import load_data
+from veil.defenses import create_defense
+from veil.models import create_model
+
+
+@pytest.fixture(scope="module")
+def digits():
+    return load_data("digits", train_size=64, test_size=8)
+
+
+@pytest.mark.parametrize("solver", ["lm", "lbfgs"])
+def test_april_mjp_shows_its_iterations(digits, solver: str, capsys: pytest.CaptureFixture[str]) -> None:
+    torch.manual_seed(0)
+    model = create_model("vit-digits", depth=1, dim=32, heads=2).double().train()
+    d = create_defense("mjp", gamma=0.27, seed=3)
+    d.attach(model)
+    batch = {"pixels": digits.test["pixels"][:1].double(), "labels": digits.test["labels"][:1]}
+    attack = create_attack("april-mjp", iterations=3, restarts=1, solver=solver)
+    with attack_progress(True):
+        attack_once(attack, model, batch, [d], digits, "original", 0)
+    err = capsys.readouterr().err
+    assert "april-mjp" in err and "/3" in err, err[-300:]
+    attack_once(attack, model, batch, [d], digits, "original", 0)  # off by default: silent
+    assert "april-mjp" not in capsys.readouterr().err
