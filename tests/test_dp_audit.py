@@ -215,3 +215,23 @@ def test_head_recipe_on_frozen_features_is_audited(tmp_path) -> None:
     assert free["white_box"]["coordinates"] == "the head's class-sum directions"
     assert free["white_box"]["v"] == free["white_box"]["r"] > 0 and free["eps_hat"] > 1.0
     assert dp["eps_hat"] <= float(dp["claimed_epsilon"]) and not dp["flagged"]
+
+
+def test_flower_client_level_dp_audited_with_canary_clients() -> None:
+    """Flower's DP-FedAvg wrapper as `veil federate` builds it, driven with canary clients: without
+    noise (nearly) every guess is right; at the accountant's noise for epsilon 2 epsilon-hat stays below it."""
+    import logging
+
+    from veil.federated.fedavg.dp_audit import canary_clients
+
+    logging.disable(logging.INFO)
+    try:
+        free = canary_clients(noise=0.0, rounds=20, canaries=200, clients=50, fraction=0.2)
+        dp = canary_clients(target_epsilon=2.0, rounds=20, canaries=200, clients=50, fraction=0.2)
+    finally:
+        logging.disable(logging.NOTSET)
+    # an included canary that no round sampled scores 0, as the excluded ones do: at most a guess or two wrong
+    assert free["claimed_epsilon"] == "inf" and free["v"] >= free["r"] - 2 and free["eps_hat"] > 2.5
+    assert dp["claimed_epsilon"] == pytest.approx(2.0, rel=0.05) and dp["eps_hat"] <= 2.0 and not dp["flagged"]
+    with pytest.raises(VeilError, match="canary-client audit supports"):
+        canary_clients(kind="local")

@@ -133,6 +133,7 @@ def audit_blocks(name: str, t: dict[str, Any], out: Path) -> list[tuple]:
     blocks: list[tuple] = []
     if t.get("dp_audit"):
         c = t.get("canaries", {})
+        where = sorted({e["white_box"]["coordinates"] for e in t["dp_audit"].values() if e.get("white_box")})
         blocks += [
             ("h3", "Privacy claim vs one-run audit (epsilon-hat)"),
             (
@@ -143,8 +144,9 @@ def audit_blocks(name: str, t: dict[str, Any], out: Path) -> list[tuple]:
             ),
             (
                 "p",
-                f"One training run per defense with {c.get('gradient', 0)} white-box gradient canaries (Dirac canaries "
-                f"read in every exported update) and {c.get('input', 0)} black-box input canaries (mislabelled samples "
+                f"One training run per defense with {c.get('gradient', 0)} white-box gradient canaries (a crafted "
+                f"per-sample gradient on {', '.join(where) or 'coordinates'} of its own, read in every exported "
+                f"update) and {c.get('input', 0)} black-box input canaries (mislabelled samples "
                 "read from the released model's loss), each included with probability 1/2. epsilon-hat is Steinke, Nasr "
                 f"and Jagielski's (2023) one-run lower bound at the row's delta, {100 * c.get('confidence', 0.95):g} % "
                 "confidence over every guess count tried (Bonferroni); r guesses, v right; the ceiling is what the "
