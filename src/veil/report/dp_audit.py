@@ -20,6 +20,8 @@ import matplotlib
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 
+from veil.report.figures import wrap  # noqa: E402
+
 BUG = "BUG in the mechanism: epsilon-hat above the claimed epsilon"
 
 
@@ -95,15 +97,27 @@ def membership_rows(t: dict[str, Any]) -> list[list[str]]:
 
 
 def roc_figure(curves: dict[str, list[list[float]]], path: Path, title: str) -> Path:
-    """ROC curves on log-log axes (FPR 1e-4..1), the chance diagonal dashed; legend beside."""
-    fig, ax = plt.subplots(figsize=(8.6, 4.6), dpi=100)
+    """ROC curves on log-log axes (FPR 1e-4..1), the chance diagonal dashed; one colour per
+    defense, one line style per attack (keys 'defense: attack'); the legend beside, labels wrapped."""
+    fig = plt.figure(figsize=(10.0, 5.0), dpi=100)
+    ax = fig.add_axes((0.08, 0.11, 0.44, 0.8))
     grid = [10 ** (-4 + 4 * i / 50) for i in range(51)]
-    ax.plot(grid, grid, ls="--", color="#999999", lw=1, label="chance")
+    ax.plot(grid, grid, ls=(0, (2, 2)), color="#999999", lw=1, label="chance")
+    defenses = list(dict.fromkeys(k.rsplit(": ", 1)[0] for k in curves))
+    attacks = list(dict.fromkeys(k.rsplit(": ", 1)[-1] for k in curves))
+    colours = plt.get_cmap("tab10")
     styles = ["-", "--", ":", "-."]
-    for i, (name, pts) in enumerate(curves.items()):
-        xs = [p[0] for p in pts]
-        ys = [max(p[1], 1e-4) for p in pts]
-        ax.step(xs, ys, where="post", lw=1.5, ls=styles[(i // 10) % len(styles)], label=name)
+    for name, pts in curves.items():
+        d, a = name.rsplit(": ", 1)
+        ax.step(
+            [p[0] for p in pts],
+            [max(p[1], 1e-4) for p in pts],
+            where="post",
+            lw=1.5,
+            color=colours(defenses.index(d) % 10),
+            ls=styles[attacks.index(a) % len(styles)],
+            label=wrap(f"{d}: {a}", 48),
+        )
     ax.set_xscale("log")
     ax.set_yscale("log")
     ax.set_xlim(1e-4, 1)
@@ -111,8 +125,7 @@ def roc_figure(curves: dict[str, list[list[float]]], path: Path, title: str) -> 
     ax.set_xlabel("false-positive rate")
     ax.set_ylabel("true-positive rate")
     ax.set_title(title, fontsize=10)
-    ax.legend(loc="upper left", bbox_to_anchor=(1.02, 1.0), fontsize=7, frameon=False)
-    fig.tight_layout()
+    ax.legend(loc="upper left", bbox_to_anchor=(1.03, 1.0), fontsize=7, frameon=False)
     path.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(path)
     plt.close(fig)
