@@ -235,3 +235,32 @@ def test_flower_client_level_dp_audited_with_canary_clients() -> None:
     assert dp["claimed_epsilon"] == pytest.approx(2.0, rel=0.05) and dp["eps_hat"] <= 2.0 and not dp["flagged"]
     with pytest.raises(VeilError, match="canary-client audit supports"):
         canary_clients(kind="local")
+
+
+def test_single_step_audit_reports_membership_when_asked(tmp_path) -> None:
+    """`evaluate: {membership: true}` on a single-step task: the loss attack's numbers per defense
+    in the summary and a table in the report; a bad value is one line."""
+    raw = {
+        "name": "mia",
+        "seeds": [0],
+        "tasks": [
+            {
+                "name": "digits",
+                "run": {
+                    "model": {"name": "vit-digits"},
+                    "data": {"name": "digits"},
+                    "train": {"epochs": 2, "threads": 1},
+                },
+                "defenses": ["none"],
+                "evaluate": {"membership": True},
+            }
+        ],
+    }
+    summary = run_audit(parse_scenario(raw), tmp_path, progress=False)
+    m = summary["tasks"]["digits"]["utility"]["none"]["evaluations"]["membership"]
+    assert m["members"] == 1438 and m["nonmembers"] == 359 and 0.0 <= m["tpr_at_0.01"] <= 1.0 and 0.3 < m["auc"] < 1.0
+    write_reports(summary, tmp_path)
+    assert "Membership inference (loss attack): training split vs test split" in (tmp_path / "report.md").read_text()
+    raw["tasks"][0]["evaluate"] = {"membership": "yes"}
+    with pytest.raises(VeilError, match="evaluate.membership must be true or false"):
+        parse_scenario(raw)

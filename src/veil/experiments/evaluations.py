@@ -7,6 +7,12 @@ task asks for them (`evaluate:` in a scenario task) and cached in the run folder
                           kept (`evaluate_shuffled`, also behind `veil eval --shuffle-gamma`)
   pe: DIMS                cumulative explained variance (%) of the position embeddings by PCA
                           dimension 1..DIMS (MJP Table XII; `veil.analysis.pe`)
+  membership: true        the loss-threshold membership attack on the released model (Yeom et al.
+                          2018, `veil.attacks.membership`): the run's training split (members)
+                          against its test split (non-members); TPR at 0.1 % / 1 % FPR and AUC.
+                          A test split from another source than the training one (SST-2's GLUE
+                          dev) inflates it: `protocol: dp-audit` holds non-members out of the
+                          training split itself
 """
 
 from __future__ import annotations
@@ -18,15 +24,17 @@ from typing import Any
 import torch
 
 from veil.analysis.pe import explained_variance, pca, pe_rows
+from veil.attacks.membership import confidence_logits, loss_scores
 from veil.build import load_run, open_run
 from veil.defenses.base import check_unit_interval
 from veil.defenses.mjp import MJP
 from veil.errors import VeilError
 from veil.io import intact, write_checked_text
+from veil.metrics.membership import summarize
 from veil.runtime import use_threads
 from veil.training.loop import evaluate, pick_device
 
-EVALUATIONS = ("test_shuffle", "pe")
+EVALUATIONS = ("test_shuffle", "pe", "membership")
 
 
 def check_evaluations(raw: Any, where: str) -> dict[str, Any]:
@@ -40,6 +48,8 @@ def check_evaluations(raw: Any, where: str) -> dict[str, Any]:
     dims = raw.get("pe", 0)
     if not isinstance(dims, int) or isinstance(dims, bool) or dims < 0:
         raise VeilError(f"{where}.evaluate.pe must be a number of PCA dimensions >= 1, got {dims!r}")
+    if not isinstance(raw.get("membership", False), bool):
+        raise VeilError(f"{where}.evaluate.membership must be true or false, got {raw['membership']!r}")
     return dict(raw)
 
 
@@ -59,8 +69,17 @@ def run_evaluations(run_dir: Path, wanted: dict[str, Any], seed: int) -> dict[st
         _, model, _, _ = load_run(run_dir)
         _, ratios = pca(pe_rows(model)[0])
         out["pe"] = {str(k): float(v) for k, v in explained_variance(ratios, int(wanted["pe"])).items()}
+    if wanted.get("membership"):
+        _, model, data, _ = load_run(run_dir)
+        out["membership"] = membership_loss(model, data)
     write_checked_text(path, json.dumps({"wanted": wanted, "results": out}))
     return out
+
+
+def membership_loss(model: Any, data: Any) -> dict[str, float]:
+    """The loss attack's TPR at 0.1 % / 1 % FPR and AUC, training split against test split."""
+    phi_in, phi_out = (loss_scores(confidence_logits(model, split)).numpy() for split in (data.train, data.test))
+    return {k: float(v) for k, v in summarize(phi_in, phi_out).items() if k != "curve"}
 
 
 def evaluate_shuffled(

@@ -168,6 +168,23 @@ def audit_blocks(name: str, t: dict[str, Any], out: Path) -> list[tuple]:
                 "claimed epsilon is a bug in the mechanism (clipping, noise or accounting), not a privacy finding.",
             ),
         ]
+    rows = [
+        [d, f"{100 * m['tpr_at_0.001']:.2f}", f"{100 * m['tpr_at_0.01']:.2f}", f"{m['auc']:.3f}"]
+        + [f"{int(m['members'])} / {int(m['nonmembers'])}"]
+        for d, u in t.get("utility", {}).items()
+        if (m := (u.get("evaluations") or {}).get("membership"))
+    ]
+    if rows:  # `evaluate: {membership: true}` of a single-step task
+        blocks += [
+            ("h3", "Membership inference (loss attack): training split vs test split"),
+            ("table", ["defense", "TPR at 0.1 % FPR (%)", "TPR at 1 % FPR (%)", "AUC", "members / non-members"], rows),
+            (
+                "p",
+                "Yeom et al.'s loss threshold on the released model of each defense; the test split stands for the "
+                "non-members, so a test split drawn from another source than the training data inflates these "
+                "figures (a `protocol: dp-audit` task holds non-members out of the training split itself).",
+            ),
+        ]
     if t.get("membership"):
         blocks += [
             ("h3", "Membership inference on the released model"),
