@@ -33,3 +33,19 @@ def test_april_mjp_shows_its_iterations(digits, solver: str, capsys: pytest.Capt
     assert "april-mjp" in err and "/3" in err, err[-300:]
     attack_once(attack, model, batch, [d], digits, "original", 0)  # off by default: silent
     assert "april-mjp" not in capsys.readouterr().err
+
+
+def test_span_shows_the_sentences_it_scored(capsys: pytest.CaptureFixture[str]) -> None:
+    """The peeling search's bar counts sentences scored against the budget, every stage together."""
+    from veil.attacks import Knowledge, observe
+
+    torch.manual_seed(0)
+    sst2 = load_data("sst2", max_len=24, train_size=300, seed=0)
+    model = create_model("transformer4", max_len=24, dim=96, depth=3).eval()
+    batch = {k: v[:8] for k, v in sst2.train.items()}
+    know = Knowledge(batch_size=8, seq_len=24, tokenizer=sst2.meta["tokenizer"])
+    with attack_progress(True):
+        rec = create_attack("span", budget=3_000).reconstruct(observe(model, batch), know)
+    err = capsys.readouterr().err
+    assert rec.stats["search"] == "peel"
+    assert "span" in err and "/3000" in err, err[-300:]

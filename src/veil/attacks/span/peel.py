@@ -24,12 +24,14 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field
+from functools import partial
 from typing import Any
 
 import numpy as np
 import torch
 from torch import Tensor
 
+from veil.attacks.base import work_bar
 from veil.attacks.span.checks import CLSCheck
 from veil.attacks.span.core import last_position
 from veil.attacks.span.mlp import MLPScore, mlp_exact, mlp_fill, mlp_spans, mlp_usable
@@ -64,6 +66,7 @@ class Stage:
     # MiniLM batch 16's whole budget on one stage, so seeds and walkers take turns, `search_stage`)
     objective: str = "layer2"
     tol2: float | None = None  # the prefix seeds' gate before the exact check (None: the search's tol2)
+    tick: Any = None  # called after each piece of work (a walker step, a seed pass): a progress bar
 
     @property
     def scored(self) -> int:
@@ -203,6 +206,8 @@ def search_stage(
             hit = _take(hits, pending)
             if hit is not None:
                 return hit
+            if stage.tick is not None:
+                stage.tick()
             turns = stage.seeder is not None and stage.seeder.left > 0  # None: no seeds here (no [CLS] / [SEP])
             cap = min(budget, stage.scored + max(stage.scored - before, 1)) if turns else budget
             continue
@@ -218,6 +223,8 @@ def search_stage(
                 w.seed(shorter[-1].best[2][0, 1:-1].tolist())
         before, had = w.work, w.best
         _, dc, ids = w.step(stage.score, cap - stage.scored)  # never past the budget
+        if stage.tick is not None:
+            stage.tick()
         w.last = w.work - before
         used[i] += w.last
         stage.rounds += 1
@@ -362,6 +369,12 @@ def peel_search(
     grown: dict[int, int] = {}  # first tokens the prefix seeds grew from, and how often
     note = None
     growth = Growth(on=suffix)
+    bar = work_bar(budget, "span")  # sentences scored, all stages; shown where `attack_progress` is on
+    done = [0]  # sentences scored by the stages before the current one
+
+    def progress(s: Stage) -> None:
+        bar.update(done[0] + s.scored - bar.n)
+
     while res.left > 0 and steps < budget:
         check = CLSCheck(res)
         if not check.usable:
@@ -383,6 +396,7 @@ def peel_search(
             mlp_blocks=mlp_blocks,
             mlp_codim=mlp_codim,
         )
+        stage.tick = partial(progress, stage)
         if not stage.walkers:
             reports.append(stage_report(stage, res.left, None, time.perf_counter() - t0))
             note = None if found else "no token passes layer 1 (dropout or noise? raise tol1)"
@@ -390,6 +404,9 @@ def peel_search(
         hit = search_stage(stage, specials, carried, budget - steps, tol_cls, tol2, seeds, pending, grown, growth)
         steps += stage.scored
         rounds += stage.rounds
+        done[0] = steps
+        bar.update(steps - bar.n)
+        bar.set_postfix(exact=len(found) + (hit is not None), refresh=False)
         reports.append(stage_report(stage, res.left, hit, time.perf_counter() - t0))
         if hit is None:
             guesses = best_guesses(stage)
@@ -399,6 +416,7 @@ def peel_search(
         label, _ = res.peel(hit, check)
         found.append(hit)
         labels.append(label)
+    bar.close()
     exact = found + [s for s in pending if s not in found]  # exact sentences found but not yet peeled, too
     seqs = exact + guesses[: max(0, res.batch_size - len(exact))]  # unsolved: the best guesses
     seqs += [[] for _ in range(res.batch_size - len(seqs))]  # no guess: an empty sentence (scored, not skipped)
