@@ -156,3 +156,12 @@ def _events(run: Path) -> list[dict]:
 def test_exchanged_state_is_everything_without_lora() -> None:
     model = create_model("gpt-tiny", **SMALL["gpt-tiny"])
     assert exchanged_state(model).keys() == model.state_dict().keys()
+
+
+def test_split_learning_refuses_lora_in_one_line(tmp_path: Path) -> None:
+    from veil.federated.split.spec import load_split_spec
+
+    cfg = tmp_path / "split.yaml"
+    cfg.write_text("model: {name: vit-digits}\ndata: {name: digits}\ntrain: {lora: {r: 4}}\nsplit: {protocol: festa}\n")
+    with pytest.raises(VeilError, match="train.lora is not supported by split learning"):
+        load_split_spec(cfg)

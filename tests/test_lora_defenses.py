@@ -20,7 +20,7 @@ SHAPES = {
 }
 #: the defense's settings in these tests (seeded: the exported noise is checked against its law)
 SETTINGS = {
-    "aegis": [],
+    "aegis": ["defense.mlp_noise=1.0", "defense.mlp_down_noise=1.0"],
     "dpsgd": ["defense.noise_multiplier=1.0", "defense.clip=1.0", "defense.seed=3"],
     "gaussian": ["defense.sigma=0.01"],
     "prune": ["defense.ratio=0.9"],
@@ -84,7 +84,7 @@ def test_defense_on_lora_runs_or_refuses_in_one_line(shape: str, name: str) -> N
         stds = defenses[0].last_std["mlp_up"] + defenses[0].last_std["mlp_down"]
         for n, std in zip([named[id(p)] for p in mlp], stds):
             g = clean[n]
-            assert std == pytest.approx(float(g.norm()) / g.numel() ** 0.25, rel=1e-5)  # mlp_noise 1
+            assert std == pytest.approx(float(g.norm()) / g.numel() ** 0.25, rel=1e-5)  # eq. (M), scale 1
             if std > 0:  # dL/dB: the noise is what eq. (M) says; dL/dA is 0 at B = 0, and so is its noise
                 assert float((grads[n] - g).std()) == pytest.approx(std, rel=0.2)
             else:

@@ -112,6 +112,10 @@ def split_spec_from_raw(raw: dict[str, Any]) -> SplitSpec:
     cfg = from_dict(base)
     sc = split_config(extra.get("split"))
     check_defenses(cfg, sc.protocol)
+    if cfg.train.lora:  # split learning builds its own head / body / tail from the model's name
+        raise VeilError(
+            "train.lora is not supported by split learning (it trains head, body and tails whole); remove it"
+        )
     split = {**sc.__dict__}
     if split["head_pos"] == "model":  # the default stays out of the text: older run folders still match
         del split["head_pos"]
