@@ -44,6 +44,7 @@ from veil.experiments.scenario import Scenario, Task, label
 from veil.experiments.summary import task_entry
 from veil.io import intact, write_checked_text
 from veil.metrics.dp_audit import audit, flagged, max_epsilon
+from veil.metrics.leakage import worst_case
 from veil.metrics.membership import summarize
 from veil.registry import PROTOCOLS
 
@@ -246,6 +247,7 @@ def run_task(task: Task, s: Scenario, out: Path, progress: bool = False) -> dict
         entry["eps_hat"] = max(r["eps_hat"] for r in rows)
         entry["flagged"] = flagged(entry["eps_hat"], entry["claimed_epsilon"])
         t["dp_audit"][dn] = entry
+        t["worst_case"][dn] = worst_case({}, {}, None)  # no reconstruction attack runs in this protocol
         t["membership"][dn] = {
             a: _mean_attack([r["membership"][a] for r in rows])
             for a in rows[0]["membership"]
