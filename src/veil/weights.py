@@ -128,4 +128,4 @@ def _holds(ck: Path, last_step: int | None, has_last: bool) -> str:
             f"or name the weights with --checkpoint last (step {last_step}) or --checkpoint init"
         )
     where = "its checkpoints folder is missing" if not ck.is_dir() else f"'{ck}' holds no checkpoint"
-    return f"{where}; retrain it, or attack the seeded initial weights with --checkpoint init"
+    return f"{where}; retrain it, or name the seeded initial weights with --checkpoint init"

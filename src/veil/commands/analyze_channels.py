@@ -32,6 +32,12 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--tol", type=float, default=0.01, help="relative span distance counted as a hit (default 0.01)")
     p.add_argument("--seed", type=int, default=0, help="which training batch (seeded pick)")
     p.add_argument("--out", default=None, help="output folder")
+    p.add_argument(
+        "--checkpoint",
+        default=None,
+        metavar="last|STEP|init",
+        help="which weights to read when the run has no finished model (default: the finished model)",
+    )
 
 
 def run(args: argparse.Namespace) -> int:
@@ -45,7 +51,7 @@ def run(args: argparse.Namespace) -> int:
         raise VeilError(f"--batch-size must be >= 1, got {args.batch_size}")
     src = Path(args.source)
     if src.is_dir():
-        cfg, model, data, defenses = load_run(src, args.overrides)
+        cfg, model, data, defenses = load_run(src, args.overrides, args.checkpoint)
         out = Path(args.out) if args.out else src / "analysis" / "channels"
     else:
         cfg = load_config(src, args.overrides)

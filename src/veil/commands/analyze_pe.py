@@ -24,6 +24,12 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--out", default=None, help="output folder (default RUN_DIR/analysis/pe)")
     p.add_argument("--dims", type=int, default=10, help="projected dimensions to report (default 10)")
     p.add_argument("--rows", type=int, default=None, help="text: only the first ROWS positions")
+    p.add_argument(
+        "--checkpoint",
+        default=None,
+        metavar="last|STEP|init",
+        help="which weights to read when the run has no finished model (default: the finished model)",
+    )
 
 
 def run(args: argparse.Namespace) -> int:
@@ -33,7 +39,7 @@ def run(args: argparse.Namespace) -> int:
 
     if args.dims < 1:
         raise VeilError(f"--dims must be >= 1, got {args.dims}")
-    cfg, model, _, _ = load_run(args.run_dir)
+    cfg, model, _, _ = load_run(args.run_dir, checkpoint=args.checkpoint)
     title = f"{cfg.model['name']} + {'+'.join(d['name'] for d in cfg.defense) or 'none'}"
     out = Path(args.out) if args.out else Path(args.run_dir) / "analysis" / "pe"
     result = analyze_model_pe(model, out, title, args.dims, args.rows)
