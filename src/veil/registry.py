@@ -167,6 +167,7 @@ ATTACKS: Registry[Attack] = Registry(
             "inverting_fedavg",
             "head_embedding",
             "multiround",
+            "sparse_rows",
         )
     ),
     checked_by_component=True,  # `veil.attacks.options.check`: keys and value types, in the attack's own words

@@ -30,6 +30,7 @@ from flwr.clientapp.typing import ClientAppCallable
 
 from veil.errors import VeilError
 from veil.federated.fedavg import dp
+from veil.federated.fedavg.secagg import secure_mod
 from veil.federated.fedavg.silo import node_silo
 from veil.federated.fedavg.task import (
     ClientWorld,
@@ -97,7 +98,7 @@ def clipping_mod(msg: Message, ctx: Context, call_next: ClientAppCallable) -> Me
     return call_next(msg, ctx)
 
 
-@app.train(mods=[clipping_mod])
+@app.train(mods=[secure_mod, clipping_mod])  # SecAgg+ masks what the clipping mod lets out
 def train(msg: Message, ctx: Context) -> Message:
     torch.set_num_threads(1)
     conf = msg.content["config"]

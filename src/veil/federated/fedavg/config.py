@@ -31,6 +31,9 @@
       dp_quantile: 0.5       # adaptive: target fraction of updates under the clip
       dp_clip_lr: 0.2        # adaptive: the clip's geometric learning rate
       dp_count_std: 0.0      # adaptive: noise std of the unclipped count (0: Flower's default k / 20)
+      secagg: null           # Flower's SecAgg+ (veil/federated/fedavg/secagg.py): true or {num_shares: 3,
+                             # reconstruction_threshold: 2, clipping_range: 8.0, quantization_range: 2**22,
+                             # modulus_range: 2**32, max_weight: 1000.0}; the server then sees only the sum
 
 Every bad key or value is a one-line `VeilError`.
 """
@@ -45,6 +48,7 @@ from veil.config import coerce_section
 from veil.errors import VeilError
 from veil.federated.client_secret import MODES as SECRET_MODES
 from veil.federated.fedavg.dp import check_dp
+from veil.federated.fedavg.secagg import check_secagg
 from veil.federated.sections import check_choices
 
 
@@ -75,6 +79,7 @@ class FederatedConfig:
     dp_quantile: float = 0.5
     dp_clip_lr: float = 0.2
     dp_count_std: float = 0.0
+    secagg: Any = None
 
     def to_dict(self) -> dict[str, Any]:
         """The resolved section; without DP its dp_* keys are left out, so the spec text (which a
@@ -82,6 +87,8 @@ class FederatedConfig:
         d = dataclasses.asdict(self)
         if self.dp == "none":
             d = {k: v for k, v in d.items() if not k.startswith("dp")}
+        if self.secagg is None:
+            d.pop("secagg")
         return d
 
 
@@ -95,7 +102,11 @@ _CHOICES = {
 
 
 def federated_config(raw: Any) -> FederatedConfig:
+    secagg = raw.get("secagg") if isinstance(raw, dict) else None  # a mapping or true: `check_secagg`
+    if isinstance(raw, dict):
+        raw = {k: v for k, v in raw.items() if k != "secagg"}
     fed = coerce_section(FederatedConfig, raw, "federated")
+    fed.secagg = secagg
     check_choices(fed, "federated", _CHOICES)
     if fed.clients < 1 or fed.rounds < 1:
         raise VeilError(
@@ -109,6 +120,7 @@ def federated_config(raw: Any) -> FederatedConfig:
         raise VeilError("federated.audit_every must be >= 1 and federated.audit_clients >= 0")
 
     check_dp(fed)
+    check_secagg(fed)
     fed.audit = [a if isinstance(a, dict) else {"name": a} for a in fed.audit]
     if any(not isinstance(a.get("name"), str) for a in fed.audit):
         raise VeilError("each federated.audit entry must be an attack name or a mapping with a 'name' key")

@@ -37,6 +37,7 @@ from veil.attacks import Knowledge
 from veil.errors import VeilError
 from veil.federated.comm import message_bytes
 from veil.federated.fedavg import dp
+from veil.federated.fedavg.aggregate_audit import secure_train
 from veil.federated.fedavg.auditor import Auditor, BatchOracle, LocalPlan
 from veil.federated.fedavg.membership import Membership
 from veil.federated.fedavg.silo import Schema
@@ -214,13 +215,20 @@ def _rounds(grid: Grid, spec: Spec, run_dir: Path, oracle: bool, progress: bool,
         strategy.partition_of = members.partition_of()
         if not strategy.partition_of:
             raise VeilError(f"round {rnd}: no silo has a live SuperNode; see {metrics}")
-        arrays = model_arrays(state.model, packed)
-        msgs = list(strategy.configure_train(rnd, arrays, ConfigRecord({**shared, "lr": lr}), grid))
-        down = sum(message_bytes(m) for m in msgs)
-        replies = exchange(grid, msgs, spec.fed.timeout)
-        up = sum(message_bytes(m) for m in replies)
-        dp.seed_noise(spec.fed, spec.cfg.train.seed, rnd)
-        agg, train_metrics = strategy.aggregate_train(rnd, replies)
+        arrays = model_arrays(state.model, packed and spec.fed.secagg is None)
+        if spec.fed.secagg is None:
+            msgs = list(strategy.configure_train(rnd, arrays, ConfigRecord({**shared, "lr": lr}), grid))
+            down = sum(message_bytes(m) for m in msgs)
+            replies = exchange(grid, msgs, spec.fed.timeout)
+            up = sum(message_bytes(m) for m in replies)
+            dp.seed_noise(spec.fed, spec.cfg.train.seed, rnd)
+            agg, train_metrics = strategy.aggregate_train(rnd, replies)
+            sent, got = len(msgs), sum(not m.has_error() for m in replies)
+        else:  # SecAgg+: the server (and its auditor) sees only the sum
+            dp.seed_noise(spec.fed, spec.cfg.train.seed, rnd)
+            agg, train_metrics, sent, got, down, up = secure_train(
+                grid, spec, strategy, rnd, arrays, {**shared, "lr": lr}
+            )
         for node in strategy.failed:
             members.mark_dead(node)
         if agg is not None:
@@ -230,8 +238,8 @@ def _rounds(grid: Grid, spec: Spec, run_dir: Path, oracle: bool, progress: bool,
             "event": "round",
             "round": rnd,
             "lr": lr,
-            "clients": len(msgs),
-            "replies": sum(not m.has_error() for m in replies),
+            "clients": sent,
+            "replies": got,
             "train_loss": float(train_metrics["loss"]) if train_metrics is not None else None,
             "bytes_down": down,
             "bytes_up": up,
