@@ -82,3 +82,22 @@ def test_labels_on_a_lora_classifier_read_its_trained_head() -> None:
     obs, know, batch = _observe([*enc, "train.lora.r=8"], n=4)
     rec = create_attack("labels").reconstruct(obs, know)
     assert sorted(rec.labels.tolist()) == sorted(batch["labels"].tolist())
+
+
+def test_veil_attack_on_a_lora_llama_config_rebuilds_its_sentences(tmp_path) -> None:
+    """End to end, no user Python: `veil attack` on a config with train.lora (SST-2 cut to 8 tokens:
+    7 reach the loss, below r = 8)."""
+    import json
+
+    from veil.cli import main
+
+    cfg = tmp_path / "lora.yaml"
+    cfg.write_text(
+        "model: {name: llama-tiny, depth: 2}\ndata: {name: sst2, max_len: 8, train_size: 64, test_size: 16}\n"
+        "train: {lora: {r: 8}}\n"
+    )
+    out = tmp_path / "out"
+    args = ["attack", str(cfg), "--attack", "span", "--batch-size", "1", "--samples", "2", "--out", str(out), "--quiet"]
+    assert main(args) == 0
+    span = json.loads((out / "summary.json").read_text())["attacks"]["span"]
+    assert span["token_recovery"] == 1.0 and span["exact_recovery"] == 1.0
