@@ -78,7 +78,7 @@ def grads_of(defense_kw: dict, step: int, model_seed: int = 0, calls: int = 1) -
 
 def test_noise_is_seeded_and_changes_every_step() -> None:
     emb = "tok.weight"
-    clean = grads_of(dict(embed_noise=0.0, mlp_noise=0.0), 0)
+    clean = grads_of(dict(embed_noise=0.0, mlp_noise=0.0, mlp_down_noise=0.0), 0)
     a = grads_of(dict(seed=1), 0)
     assert torch.equal(a[emb], grads_of(dict(seed=1), 0)[emb])  # same seed, same step -> same noise
     assert not torch.equal(a[emb], grads_of(dict(seed=2), 0)[emb])  # another seed
@@ -91,7 +91,8 @@ def test_noise_is_seeded_and_changes_every_step() -> None:
     assert (a[emb][absent].norm(dim=1) > 0).all()
     up = "blocks.0.mlp.fc1.weight"
     assert not torch.equal(a[up], clean[up])
-    assert torch.equal(a["blocks.0.mlp.fc2.weight"], clean["blocks.0.mlp.fc2.weight"])  # other layers untouched
+    assert not torch.equal(a["blocks.0.mlp.fc2.weight"], clean["blocks.0.mlp.fc2.weight"])  # the default noises fc2
+    assert torch.equal(a["head.weight"], clean["head.weight"])  # other layers untouched
 
 
 def test_embedding_noise_follows_its_calibration() -> None:
@@ -231,13 +232,18 @@ def test_span_unfrozen_finds_decoder_first_tokens_unless_mlp_down_is_noised() ->
     assert not (first & _attack("span-unfrozen", model, [d], know=dict(know)).token_set)
 
 
-@pytest.mark.parametrize("name, causal", [("transformer4", False), ("gpt-tiny", True), ("hf-gpt2", True)])
-def test_mlp_down_noise_defaults_by_attention_direction(name: str, causal: bool) -> None:
+@pytest.mark.parametrize("name", ["transformer4", "gpt-tiny", "hf-gpt2"])
+def test_mlp_down_noise_defaults_to_one_on_encoders_and_decoders(name: str) -> None:
+    """The down-projection's gradient spans the MLP activations on every model (`span-down`
+    rebuilds encoder sentences from it too), so the default closes that channel everywhere."""
     model = tiny(name)
     d = create_defense("aegis").attach(model)
     down = {id(p) for m in model.mlp_down() for p in m.parameters()}
-    assert model.causal is causal and d.mlp_down_noise == (1.0 if causal else 0.0)
-    assert bool(down & {id(p) for p in d.noised_parameters(model)}) is causal
+    assert d.mlp_down_noise == 1.0
+    assert down <= {id(p) for p in d.noised_parameters(model)}
+    d.detach()
+    d = create_defense("aegis", mlp_down_noise=0.0).attach(model)  # as published
+    assert not down & {id(p) for p in d.noised_parameters(model)}
     d.detach()
     assert create_defense("aegis", mlp_down_noise=0.5).attach(model).mlp_down_noise == 0.5
 
@@ -258,7 +264,7 @@ def test_weights_only_freeze_leaves_the_attention_biases_training() -> None:
 def test_clipping_sees_the_clean_gradient_not_the_noise() -> None:
     """The global clip acts before AEGIS: its noise must not shrink the parameters it leaves clean."""
     m0, m1 = tiny(), tiny()
-    d = create_defense("aegis", freeze_attention=False, embed_noise=3.0, mlp_noise=0.0).attach(m1)
+    d = create_defense("aegis", freeze_attention=False, embed_noise=3.0, mlp_noise=0.0, mlp_down_noise=0.0).attach(m1)
     r0 = client_step(m0, batch(), [], clip=0.01)
     r1 = client_step(m1, batch(), [d], clip=0.01)
     emb = next(n for n, p in m1.named_parameters() if p is m1.token_embedding().weight)

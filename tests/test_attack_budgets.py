@@ -31,6 +31,7 @@ TINY: dict[str, tuple[str, dict[str, Any]]] = {
     "lamp": ("text", {"iterations": 4, "discrete_every": 2, "candidates": 2}),
     "span": ("text", {"budget": 60}),
     "span-mjp": ("text", {"budget": 60, "corpus": "none"}),
+    "span-down": ("text", {"budget": 60}),
 }
 #: attacks whose input fixes their work; those run here must report no work
 CLOSED = {
@@ -45,7 +46,7 @@ CLOSED = {
 }
 RUN_CLOSED = {"april": "image", "labels": "image", "head-embedding": "image", "presence": "text"}
 #: may stop before the budget on their own test (L-BFGS tolerances, LM at the rounding floor, an exact sentence)
-EARLY = {"span", "span-mjp", "dlg", "april-mjp"}
+EARLY = {"span", "span-mjp", "span-down", "dlg", "april-mjp"}
 
 
 @pytest.fixture(scope="module")

@@ -36,7 +36,7 @@ from scipy.stats import chi2
 from torch import Tensor, nn
 
 from veil.attacks import ATTACKS
-from veil.attacks.base import Attack, Knowledge, Observation, Reconstruction, observe
+from veil.attacks.base import Attack, Knowledge, Observation, Reconstruction, observe, param_names
 from veil.attacks.options import Options, option
 from veil.attacks.presence import special_ids, token_bag
 from veil.errors import VeilError
@@ -95,6 +95,11 @@ def presence_rows(obs: Observation, source: str) -> Tensor:
             raise VeilError("presence-adaptive source=head needs an untied LM head (a causal LM); this model has none")
         return linear_weight(head, obs.grad(head)).float()
     raise VeilError(f"presence-adaptive source must be 'embedding' or 'head', got {source!r}")
+
+
+def presence_reads(model: VeilModel, source: str) -> list[str]:
+    """The tensor a presence test reads: the token embedding, or the LM head with ``source=head``."""
+    return param_names(model, [model.classifier() if source == "head" else model.token_embedding()])[:1]
 
 
 def chi2_scores(rows: Tensor) -> tuple[Tensor, float]:
@@ -171,6 +176,10 @@ class PresenceAdaptive(_PresenceTest[PresenceTestOptions]):
 
     knows = "the defense's mechanism (noised tables, noise law: Knowledge.defense) and the token-embedding gradient"
 
+    def reads(self, model: VeilModel) -> list[str]:
+        """The token embedding's rows, or the untied LM head's (``source=head``)."""
+        return presence_reads(model, self.options.source)
+
     def _reconstruct(self, obs: Observation, know: Knowledge) -> Reconstruction:
         return self._test(presence_rows(obs, self.options.source), obs, know, 1)
 
@@ -195,6 +204,10 @@ class PresenceAverage(_PresenceTest[PresenceAverageOptions]):
 
     knows = "the defense's mechanism and R updates of the same client on the same batch"
     needs_rounds = True
+
+    def reads(self, model: VeilModel) -> list[str]:
+        """As presence-adaptive."""
+        return presence_reads(model, self.options.source)
 
     def _reconstruct(self, obs: Observation, know: Knowledge) -> Reconstruction:
         source = self.options.source
@@ -286,6 +299,10 @@ class SpanUnfrozen(Attack[SpanUnfrozenOptions]):
             out[f"mlp_down.{b}"] = model.mlp_down()[b]
         out["head"] = model.classifier()
         return out
+
+    def reads(self, model: VeilModel) -> list[str]:
+        """The first blocks' MLP layers and the head (`_targets`)."""
+        return param_names(model, [m.weight for m in self._targets(model, self.options.blocks).values()])
 
     def _reconstruct(self, obs: Observation, know: Knowledge) -> Reconstruction:
         model = obs.model

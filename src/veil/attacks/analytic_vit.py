@@ -38,7 +38,7 @@ import torch
 from torch import Tensor
 
 from veil.attacks import ATTACKS
-from veil.attacks.base import Attack, Knowledge, Observation, Reconstruction
+from veil.attacks.base import Attack, Knowledge, Observation, Reconstruction, param_names
 from veil.attacks.options import Options, option
 from veil.errors import VeilError
 from veil.models.base import VeilModel
@@ -60,10 +60,11 @@ def weight_as_matrix(grad: Tensor) -> Tensor:
 
 
 def position_rows(obs: Observation) -> Tensor:
-    """dL/dE_pos for the patch slots, (N, D): the [CLS] row 0 dropped, HF's (1, N+1, D) squeezed."""
+    """dL/dE_pos for the patch slots, (N, D): the rows before the patches ([CLS]; DeiT's
+    distillation token too: the model's ``pos_offset``) dropped, HF's (1, N+k, D) squeezed."""
     g = obs.grad(obs.model.position_table())
     g = g.reshape(-1, g.shape[-1])
-    return g[1:]
+    return g[getattr(obs.model, "pos_offset", 1) :]
 
 
 def solve_patches(G: Tensor, dW: Tensor, rcond: float = 1e-7) -> Tensor:
@@ -96,6 +97,10 @@ class April(Attack[AprilOptions]):
         if not hasattr(model, "patches") or not hasattr(model, "grid"):
             return f"april attacks ViTs with a patch embedding; {type(model).__name__} has none"
         return None
+
+    def reads(self, model: VeilModel) -> list[str]:
+        """The position table's and the patch embedding's gradients."""
+        return param_names(model, [model.position_table(), model.token_embedding()])
 
     def _reconstruct(self, obs: Observation, know: Knowledge) -> Reconstruction:
         model = obs.model

@@ -212,6 +212,12 @@ class Attack(Generic[OptionsT]):
         (`closed_form`); None (the base) when the attack declares none, which the tests refuse."""
         return {} if self.closed_form else None
 
+    def reads(self, model: VeilModel) -> list[str]:
+        """The parameters whose exported gradient this attack reads in closed form (a span, row
+        norms, a row): what the census (`veil.attacks.census`) counts as covered. Gradient-matching
+        attacks read the whole update through their objective and declare none."""
+        return []
+
     def applies_to(self, model: VeilModel) -> str | None:
         """None if the attack applies to `model`, else the reason it is skipped."""
         if self.modality != "any" and model.modality != self.modality:
@@ -294,6 +300,17 @@ def account(stats: dict[str, Any], budget: dict[str, int] | None) -> None:
     stats["budget"] = dict(budget)
     stats["budget_used"] = max((work.get(u, 0) / b for u, b in budget.items() if b > 0), default=0.0)
     stats["budget_stopped"] = bool(stats.get("budget_stopped", False))
+
+
+def param_names(model: nn.Module, params: list[Any]) -> list[str]:
+    """The names of `params` (parameters or modules: their weight and bias) in `model`."""
+    ids = {id(p): n for n, p in model.named_parameters()}
+    out: list[str] = []
+    for p in params:
+        for q in [getattr(p, "weight", None), getattr(p, "bias", None)] if isinstance(p, nn.Module) else [p]:
+            if q is not None and id(q) in ids and ids[id(q)] not in out:
+                out.append(ids[id(q)])
+    return out
 
 
 def observe(model: VeilModel, batch: dict[str, Tensor], defenses: list | None = None, step: int = 0) -> Observation:

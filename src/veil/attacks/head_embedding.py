@@ -40,9 +40,10 @@ import torch
 from torch import Tensor
 
 from veil.attacks import ATTACKS
-from veil.attacks.base import Attack, Knowledge, Observation, Reconstruction
+from veil.attacks.base import Attack, Knowledge, Observation, Reconstruction, param_names
 from veil.attacks.options import Options, option
 from veil.errors import VeilError
+from veil.models.base import VeilModel
 from veil.training.frozen import encoder_features
 
 
@@ -92,6 +93,10 @@ class HeadEmbedding(Attack[HeadEmbeddingOptions]):
     )
     needs_pool = True  # veil's harness grants the test split's inputs, which hold the attacked batch
     closed_form = "one read of the head's gradient, one scan of the pool"
+
+    def reads(self, model: VeilModel) -> list[str]:
+        """The classifier's weight and bias gradients (its input, matched to the pool)."""
+        return param_names(model, [model.classifier()])
 
     def _reconstruct(self, obs: Observation, know: Knowledge) -> Reconstruction:
         pool = (know.aux_data or {}).get("candidates") if isinstance(know.aux_data, dict) else None

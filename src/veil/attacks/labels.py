@@ -23,7 +23,7 @@ import torch
 from torch import Tensor
 
 from veil.attacks import ATTACKS
-from veil.attacks.base import Attack, Knowledge, Observation, Reconstruction
+from veil.attacks.base import Attack, Knowledge, Observation, Reconstruction, param_names
 from veil.errors import VeilError
 from veil.models.base import VeilModel, linear_weight
 
@@ -80,6 +80,10 @@ class LabelRecovery(Attack):
         if model.task != "classification":
             return f"labels recovers class labels; {type(model).__name__} is a {model.task} model"
         return None
+
+    def reads(self, model: VeilModel) -> list[str]:
+        """The last layer's bias (else weight) gradient."""
+        return param_names(model, [model.classifier()])
 
     def _reconstruct(self, obs: Observation, know: Knowledge) -> Reconstruction:
         B = int(know.batch_size or 1)

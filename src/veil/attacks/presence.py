@@ -28,7 +28,7 @@ import torch
 from torch import Tensor
 
 from veil.attacks import ATTACKS
-from veil.attacks.base import Attack, Knowledge, Observation, Reconstruction
+from veil.attacks.base import Attack, Knowledge, Observation, Reconstruction, param_names
 from veil.attacks.options import Options, option
 from veil.errors import VeilError
 from veil.models.base import VeilModel
@@ -115,6 +115,10 @@ class PresenceAttack(Attack[PresenceOptions]):
         if reason is None and not model.token_embedding().weight.requires_grad:
             return frozen_embedding_reason(self.name)
         return reason
+
+    def reads(self, model: VeilModel) -> list[str]:
+        """The token-embedding gradient's rows."""
+        return param_names(model, [model.token_embedding()])
 
     def _reconstruct(self, obs: Observation, know: Knowledge) -> Reconstruction:
         rel_tol, abs_tol = self.options.rel_tol, self.options.abs_tol

@@ -20,9 +20,11 @@ operation, in `transform_grads` on ``p.grad`` (what the client both steps with a
 
 Beyond the abstract: an untied LM head leaks like channel 2 (row v of dL/dW_head =
 sum_t (p_tv - 1[y_t = v]) h_t), so its rows get eq. (E) too (``head_noise``, default embed_noise);
-the MLP down-projection (fc2 / c_proj) leaks in a causal model, whose inputs at position t hold
-tokens <= t only (a span check grows sentences token by token), so ``mlp_down_noise`` applies
-eq. (M) there, resolving to 1.0 on causal models and 0 on encoders (AEGIS as published).
+the MLP down-projection (fc2 / c_proj / w2) leaks in every model: its gradient sum_t delta_t a_t^T
+spans the blocks' MLP activations a_t, which the server recomputes for any candidate sentence
+with the weights it sent (a causal model's grow token by token, an encoder's by coordinate descent
+over the vocabulary: `veil.attacks.span.down`), so ``mlp_down_noise`` applies eq. (M) there,
+1.0 by default on every model (0: AEGIS as published).
 ``freeze_attention_bias=False`` freezes only the projection weights (a bias gradient
 sum_t delta_t holds no input x_t). ``noised_lr`` scales the local learning rate of the noised
 tables (Adam would turn pure-noise rows into full-size steps), ``lr_scale`` every parameter
@@ -57,6 +59,11 @@ from veil.defenses.base import KeyedNoiseDefense, check_seed
 from veil.defenses.noise import Statistic, noise_tables_
 from veil.errors import VeilError
 from veil.models.base import VeilModel
+
+
+def expansion_modules(model: VeilModel) -> list[nn.Module]:
+    """Every MLP expansion module, all blocks (SwiGLU's gate and up both: `mlp_up_groups`)."""
+    return [m for group in model.mlp_up_groups() for m in group]
 
 
 def check_scale(name: str, value: float) -> float:
@@ -145,7 +152,7 @@ class Aegis(KeyedNoiseDefense):
         self.embed_noise = check_scale("embed_noise", embed_noise)
         self.mlp_noise = check_scale("mlp_noise", mlp_noise)
         self.head_noise = self.embed_noise if head_noise is None else check_scale("head_noise", head_noise)
-        #: None = by model: 1.0 for causal models, 0 for encoders (see the module docstring)
+        #: None = the default, 1.0 on every model (see the module docstring)
         self.mlp_down_setting = None if mlp_down_noise is None else check_scale("mlp_down_noise", mlp_down_noise)
         self.mlp_down_noise = self.mlp_down_setting or 0.0
         self.noised_lr = check_scale("noised_lr", noised_lr)
@@ -159,7 +166,7 @@ class Aegis(KeyedNoiseDefense):
     def _attach(self, model: VeilModel) -> None:
         self._calls = 0
         if self.mlp_down_setting is None:
-            self.mlp_down_noise = 1.0 if model.causal else 0.0
+            self.mlp_down_noise = 1.0
         if self.freeze_attention:
             self._frozen = [(p, p.requires_grad) for p in attention_parameters(model, self.freeze_attention_bias)]
             for p, _ in self._frozen:
@@ -187,7 +194,7 @@ class Aegis(KeyedNoiseDefense):
         head = untied_lm_head(model)
         if self.head_noise > 0 and head is not None:
             out.append(head)
-        for scale, mods in ((self.mlp_noise, model.mlp_up()), (self.mlp_down_noise, model.mlp_down())):
+        for scale, mods in ((self.mlp_noise, expansion_modules(model)), (self.mlp_down_noise, model.mlp_down())):
             if scale > 0:
                 out += [p for m in mods for p in module_parameters(m)]
         return [p for p in dict.fromkeys(out) if p.requires_grad]
@@ -238,7 +245,7 @@ class Aegis(KeyedNoiseDefense):
         if self.head_noise > 0 and head is not None:
             out.append(("head", head, row_norm_max, embedding_factor(head, self.head_noise)))
         for channel, scale, mods in (
-            ("mlp_up", self.mlp_noise, model.mlp_up()),
+            ("mlp_up", self.mlp_noise, expansion_modules(model)),
             ("mlp_down", self.mlp_down_noise, model.mlp_down()),
         ):
             if scale > 0:

@@ -47,12 +47,15 @@ The package, bottom up: `core` (spans, layer inputs, layer-1 candidates, LayerNo
 
 from veil.attacks.span.attack import SpanAttack, SpanOptions
 from veil.attacks.span.core import Span, layer_span, position_candidates
+from veil.attacks.span.down import SpanDownAttack, SpanDownOptions
 from veil.attacks.span.mjp import SpanMJPAttack, SpanMJPOptions
 from veil.attacks.span.robust import SpanRobustAttack, SpanRobustOptions
 
 __all__ = [
     "Span",
     "SpanAttack",
+    "SpanDownAttack",
+    "SpanDownOptions",
     "SpanMJPAttack",
     "SpanMJPOptions",
     "SpanOptions",

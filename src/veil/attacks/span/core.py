@@ -72,6 +72,20 @@ def layer_span(obs: Observation, layer: int, rank_tol: float = 1e-6) -> Span:
     return Span(basis=vh[keep].T.contiguous(), singular=s, width=g.shape[1])
 
 
+def span_reads(model: VeilModel) -> list[str]:
+    """What the span attacks read (`Attack.reads`): the first two attention layers' Q/K/V and the
+    last one's Q, the token embedding, the position table and the down-projections but the last."""
+    from veil.attacks.base import param_names
+
+    layers = model.attention_layers()
+    mods: list[Any] = [m for att in layers[:2] for m in qkv_modules(att)] + ([layers[-1].q] if layers else [])
+    mods.append(model.token_embedding())
+    if model.absolute_positions:
+        mods.append(model.position_table())
+    mods += list(model.mlp_down())[:-1]
+    return param_names(model, [m.weight if isinstance(m, nn.Module) and hasattr(m, "weight") else m for m in mods])
+
+
 def qkv_modules(att: Any) -> list[nn.Module]:
     """The distinct Q, K, V projections of one attention layer (GPT-2: one fused c_attn)."""
     return list({id(m): m for m in (att.q, att.k, att.v)}.values())

@@ -65,6 +65,7 @@ from veil.attacks.base import Attack, Knowledge, Observation, Reconstruction
 from veil.attacks.ngram import NGram, order_bag
 from veil.attacks.options import option
 from veil.attacks.span.attack import SpanAttack, SpanOptions
+from veil.attacks.span.core import span_reads
 from veil.errors import VeilError
 from veil.models.base import VeilModel
 
@@ -169,6 +170,11 @@ class SpanMJPAttack(Attack[SpanMJPOptions]):
     def _span(self) -> SpanAttack:
         own = {"corpus", "order", "discount", "beam", "zero_tol"}  # SpanMJPOptions' own (beam: the reordering's)
         return SpanAttack(**{k: v for k, v in self.settings.items() if k not in own})
+
+    def reads(self, model: VeilModel) -> list[str]:
+        """The first two attention layers' Q/K/V and the last one's Q, the token embedding (its
+        bag) and the position table, and the down-projections the peeling search scores with."""
+        return span_reads(model)
 
     def _reconstruct(self, obs: Observation, know: Knowledge) -> Reconstruction:
         o = self.options

@@ -67,7 +67,7 @@ from veil.attacks.base import Attack, Knowledge, Observation, Reconstruction
 from veil.attacks.options import Options, option
 from veil.attacks.presence import special_ids
 from veil.attacks.span.checks import row_span
-from veil.attacks.span.core import Span, Specials, layer_span, qkv_modules, vocabulary
+from veil.attacks.span.core import Span, Specials, layer_span, qkv_modules, span_reads, vocabulary
 from veil.attacks.span.robust_search import decoder_assign, encoder_assign
 from veil.errors import VeilError
 from veil.models.base import VeilModel, linear_weight
@@ -216,6 +216,11 @@ class SpanRobustAttack(Attack[SpanRobustOptions]):
         vocabulary x positions, refused above `max_pairs`; layer 2: `restarts` x `sweeps` over at
         most a few length layouts, then `refine` rounds)."""
         return {}
+
+    def reads(self, model: VeilModel) -> list[str]:
+        """The first two attention layers' Q/K/V and the last one's Q, the token embedding (its
+        bag) and the position table, and the down-projections the peeling search scores with."""
+        return span_reads(model)
 
     def _reconstruct(self, obs: Observation, know: Knowledge) -> Reconstruction:
         model, o = obs.model, self.options

@@ -1,0 +1,230 @@
+"""The searches of ``span-down`` (`veil.attacks.span.down`): DAGER's span test (Petrov et al. 2024,
+eq. 2-3) on the MLP down-projections' gradients, with no candidate pool.
+
+A block's down-projection ``y_i = W a_i`` gets ``dL/dW = sum_i delta_i a_i^T`` over every token i
+with a gradient, so its row space is ``span{a_i}`` below its rank limit; ``a_i`` (the block's MLP
+activation) is a function of the tokens the server computes with the model's weights for any
+candidate sentence. Each candidate position is scored by the relative distance of its ``a_t`` to
+that row space (`_distance`), one vectorised pass per chunk of candidates through the first block
+only (`veil.attacks.span.rowwise`: block 1's MLP computes the scored row alone).
+
+Causal decoders (`prefix_search`): ``a_t`` depends on tokens <= t only, so sentences grow left to
+right (DAGER alg. 1): every candidate token is appended to every kept prefix and the pairs whose
+new row lies in the span (distance < tol) are kept. A sentence's last token gets no gradient at
+its own position (it has no target); the LM head's gradient holds it: row v of ``dL/dW_head`` is
+``(1/N) sum_t (p_tv - 1[x_{t+1} = v]) h_t``, so once the rest is known the residual of the head
+gradient after the recomputed one (with a placeholder last token) is ``-(1/N) h_{T-2}`` at the
+last token's row (`last_tokens`).
+
+Bidirectional encoders (`coordinate_descent`): every ``a_t`` reads the whole sentence, so a
+sentence of known length is found by coordinate descent: each sweep scores every vocabulary token
+at each position by that position's distance, re-ranks the `shortlist` best by the whole
+sentence's mean distance over every clean down-projection, and keeps the best. At batch > 1 the
+found sentence's own gradient (its best label) is subtracted from the observation (peeling,
+`Residual` of `veil.attacks.span.residual`'s rule) and the next length read off the residual
+position-table gradient.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import torch
+from torch import Tensor, nn
+
+from veil.attacks.span.core import Span, model_device, recording_inputs
+from veil.attacks.span.rowwise import block1_row
+from veil.models.base import VeilModel, linear_weight
+
+#: candidate sentences per scoring call
+CHUNK = 2048
+
+
+def _distance(x: Tensor, basis: Tensor) -> Tensor:
+    """Relative distance of each row of `x` to the span of the orthonormal `basis` (float32)."""
+    r = (x @ basis).pow(2).sum(-1) / x.pow(2).sum(-1).clamp_min(1e-30)
+    return (1 - r).clamp_min(0).sqrt()
+
+
+class RowScorer:
+    """Distances of one position's first-block MLP activation to the first down-projection's span,
+    for sentences that differ only in a few columns; checked once against the full forward pass
+    (the shared rows of `block1_row`), which it falls back to where they disagree. It scores at
+    most `limit` candidates in all (the attack's budget): past it, +inf and ``stopped``."""
+
+    def __init__(self, model: VeilModel, down: nn.Module, span: Span, limit: int) -> None:
+        self.model, self.down = model, down
+        self.basis = span.basis.float().to(model_device(model))
+        self.shared: bool | None = None
+        self.scored, self.limit, self.stopped = 0, limit, False
+
+    def __call__(self, ids: Tensor, t: int) -> Tensor:
+        left = max(0, self.limit - self.scored)
+        if left < len(ids):
+            self.stopped = True
+        out = [torch.full((max(0, len(ids) - left),), torch.inf)]
+        for s in range(0, min(left, len(ids)), CHUNK):
+            part = ids[s : min(s + CHUNK, left)]
+            a = block1_row(self.model, part, t, self.down, shared=self.shared is not False)
+            if self.shared is None:
+                plain = block1_row(self.model, part, t, self.down, shared=False)
+                self.shared = plain.shape == a.shape and bool(torch.allclose(a, plain, atol=1e-4, rtol=1e-4))
+                a = plain
+            out.insert(-1, _distance(a[:, 0] if a.shape[1] == 1 else a[:, t], self.basis).cpu())
+            self.scored += len(part)
+        return torch.cat(out)
+
+
+def sentence_costs(model: VeilModel, spans: list[tuple[nn.Module, Span]], ids: Tensor) -> Tensor:
+    """Mean over positions and the given down-projections of each sentence's distance, (N,)."""
+    mods = [m for m, _ in spans]
+    bases = [sp.basis.float().to(model_device(model)) for _, sp in spans]
+    out = []
+    for s in range(0, len(ids), CHUNK):
+        part = ids[s : s + CHUNK].to(model_device(model))
+        with torch.no_grad(), recording_inputs(mods, stop=mods[-1]) as seen:
+            model({"input_ids": part, "attention_mask": torch.ones_like(part)})
+        out.append(sum(_distance(seen[id(m)], b).mean(-1) for m, b in zip(mods, bases)).cpu() / len(mods))
+    return torch.cat(out)
+
+
+# ----------------------------------------------------------------------------- encoders
+def coordinate_descent(
+    model: VeilModel,
+    spans: list[tuple[nn.Module, Span]],
+    length: int,
+    fixed: dict[int, int],
+    filler: int,
+    sweeps: int,
+    shortlist: int,
+    scorer: RowScorer,
+    narrow: int = 0,
+) -> tuple[list[int], float]:
+    """The sentence of `length` tokens (those in `fixed` known) whose activations sit closest to
+    the spans, by coordinate descent (module docstring); returns it and its mean distance. The
+    first two sweeps score the whole vocabulary at each position; with `narrow`, the later ones
+    only the `narrow` tokens the second ranked best there."""
+    vocab = model.token_embedding().weight.shape[0]
+    ids = torch.full((length,), filler, dtype=torch.long)
+    for t, v in fixed.items():
+        ids[t] = v
+    free = [t for t in range(length) if t not in fixed]
+    cost = float(sentence_costs(model, spans, ids[None])[0])
+    ranked: dict[int, Tensor] = {}
+    for sweep in range(sweeps):
+        changed = False
+        for t in free:
+            if scorer.stopped:
+                break
+            pool = ranked[t] if narrow and sweep >= 2 else torch.arange(vocab)
+            cand = ids.expand(len(pool), length).clone()
+            cand[:, t] = pool
+            own = scorer(cand, t)
+            if narrow and sweep == 1:
+                ranked[t] = pool[own.topk(min(narrow, len(pool)), largest=False).indices]
+            top = own.topk(min(shortlist, len(pool)), largest=False).indices
+            full = sentence_costs(model, spans, cand[top])
+            best = int(pool[top[int(full.argmin())]])
+            if best != int(ids[t]) and float(full.min()) < cost:
+                ids[t], cost, changed = best, float(full.min()), True
+        if not changed and sweep >= 1:
+            break
+    return ids.tolist(), cost
+
+
+def peel_grads(model: VeilModel, names: list[str], ids: list[int], labels: int, batch: int) -> list[dict[str, Tensor]]:
+    """Each label's gradient of sentence `ids` alone, / batch (the client's mean), for `names`."""
+    params = dict(model.named_parameters())
+    dev = model_device(model)
+    x = torch.tensor([ids], device=dev)
+    out = []
+    for y in range(labels):
+        b = {"input_ids": x, "attention_mask": torch.ones_like(x), "labels": torch.tensor([y], device=dev)}
+        with torch.enable_grad():
+            g = torch.autograd.grad(model.loss(model(b), b), [params[n] for n in names], allow_unused=True)
+        out.append({n: (gi.double() / batch if gi is not None else torch.zeros(1)) for n, gi in zip(names, g)})
+    return out
+
+
+def last_nonzero_row(g: Tensor, scale: float, rel: float = 1e-4) -> int:
+    """1 + the last row of `g` (rows, width) whose norm is above rel x scale (0 if none)."""
+    rows = torch.nonzero(g.reshape(g.shape[0], -1).norm(dim=1) > rel * scale).flatten()
+    return int(rows[-1]) + 1 if len(rows) else 0
+
+
+# ----------------------------------------------------------------------------- decoders
+def prefix_search(
+    scorer: RowScorer,
+    first: Tensor,
+    cands: Tensor,
+    max_len: int,
+    tol: float,
+    beam: int,
+) -> list[tuple[list[int], float]]:
+    """Sentences (without their last token) grown left to right (module docstring), with their mean
+    distance: the prefixes that no candidate extends, or that reach ``max_len - 1`` tokens."""
+    d0 = scorer(first[:, None], 0)
+    keep = torch.nonzero(d0 < tol).flatten()
+    keep = keep[d0[keep].argsort()][:beam]
+    live = [([int(first[i])], float(d0[i])) for i in keep]
+    done: list[tuple[list[int], float]] = []
+    while live and not scorer.stopped:
+        grown: list[tuple[list[int], float]] = []
+        for prefix, total in live:
+            if len(prefix) >= max_len - 1:
+                done.append((prefix, total / len(prefix)))
+                continue
+            ids = torch.cat([torch.tensor(prefix).expand(len(cands), -1), cands[:, None]], dim=1)
+            d = scorer(ids, len(prefix))
+            ok = torch.nonzero(d < tol).flatten()
+            if not len(ok):
+                done.append((prefix, total / len(prefix)))
+            grown += [([*prefix, int(cands[i])], total + float(d[i])) for i in ok]
+        live = sorted(grown, key=lambda pt: pt[1] / len(pt[0]))[:beam]
+    return sorted(done, key=lambda pt: pt[1])
+
+
+def head_rows(model: VeilModel, head_grad: Tensor | None, k: int) -> Tensor:
+    """The k largest rows of the (clean) LM-head gradient (its targets), or the whole vocabulary."""
+    vocab = model.token_embedding().weight.shape[0]
+    if head_grad is None:
+        return torch.arange(vocab)
+    norms = head_grad.reshape(head_grad.shape[0], -1).norm(dim=1)
+    return norms.topk(min(k, len(norms))).indices.sort().values.cpu()
+
+
+def last_tokens(
+    model: VeilModel, head: nn.Module, head_grad: Tensor, prefixes: list[list[int]], placeholder: int
+) -> list[int]:
+    """Each sentence's last token from the head gradient's residual (module docstring)."""
+    dev = model_device(model)
+    T = max(len(p) for p in prefixes) + 1
+    ids = torch.full((len(prefixes), T), placeholder, dtype=torch.long)
+    mask = torch.zeros_like(ids)
+    for b, p in enumerate(prefixes):
+        ids[b, : len(p) + 1] = torch.tensor([*p, placeholder])
+        mask[b, : len(p) + 1] = 1
+    batch = {"input_ids": ids.to(dev), "attention_mask": mask.to(dev)}
+    seen: dict[str, Tensor] = {}
+    hook = head.register_forward_pre_hook(lambda _m, a: seen.__setitem__("h", a[0].detach()))
+    try:
+        with torch.enable_grad():
+            (g,) = torch.autograd.grad(model.loss(model(batch), batch), [head.weight])
+    finally:
+        hook.remove()
+    resid = (head_grad.double() - linear_weight(head, g).double()).cpu()
+    out = []
+    for b, p in enumerate(prefixes):
+        score = -(resid @ seen["h"][b, len(p) - 1].double().cpu())
+        score[placeholder] = -torch.inf
+        out.append(int(score.argmax()))
+    return out
+
+
+def weight_grad(obs: Any, module: nn.Module) -> Tensor:
+    """The (out, in) weight gradient of a linear or Conv1D module."""
+    return linear_weight(module, obs.grad(module))
+
+
+Scorer = Callable[[Tensor, int], Tensor]
