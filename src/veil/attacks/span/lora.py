@@ -46,15 +46,35 @@ from veil.models.lora import adapter_pair, is_lora
 class AdapterSpan(Span):
     """The spans of one layer's adapters, each in its own r-dimensional space (``blocks``: (span
     of dL/dB's rows, A)); ``basis`` is their block-diagonal sum (its rank: the stats). A layer
-    input x is tested as ``min_m d_m(A_m x)``."""
+    input x is tested as ``min_m w_m d_m(A_m x)`` over the blocks that leave room, weighted by
+    the room they leave (`free_dims`, `ONE_FREE_WEIGHT`)."""
 
     blocks: list[tuple[Span, Tensor]] = field(default_factory=list)
     #: sentences (N, T, width): a position whose input equals the previous one's fails (see `no_repeats`)
     distinct: bool = False
 
     def distance(self, x: Tensor) -> Tensor:
-        d = torch.stack([span.distance(x @ a.to(x.dtype).T) for span, a in self.blocks]).amin(0)
+        free = [free_dims(span, a) for span, a in self.blocks]
+        used = [(span, a, f) for (span, a), f in zip(self.blocks, free) if f > 0]
+        if not used:  # every span is all of its space: every candidate passes (the rank limit)
+            d = x.new_zeros(x.shape[:-1])
+        else:
+            d = torch.stack(
+                [span.distance(x @ a.to(x.dtype).T) * (ONE_FREE_WEIGHT if f == 1 else 1.0) for span, a, f in used]
+            ).amin(0)
         return no_repeats(x, d) if self.distinct and x.ndim == 3 else d
+
+
+#: a block whose span leaves one free dimension puts a random candidate within relative distance t
+#: of it with probability ~t (two free dimensions: ~t^2): at the default tolerance 1e-3 one wrong
+#: candidate in a thousand passes, so its distances count this many times over (a tolerance of 1e-6
+#: there; true inputs sit at the float32 floor, ~1e-7)
+ONE_FREE_WEIGHT = 1e3
+
+
+def free_dims(span: Span, a: Tensor) -> int:
+    """Dimensions the adapter's span leaves free in the space A maps into (rank min(r, in))."""
+    return min(a.shape) - span.rank
 
 
 def no_repeats(x: Tensor, d: Tensor) -> Tensor:
@@ -157,7 +177,7 @@ def lora_reconstruct(options: Any, obs: Observation, know: Knowledge) -> Reconst
         "rank1": span1.rank,
         "rank2": span2.rank,
         "adapter_ranks": [int(span.rank) for span, _ in span1.blocks],
-        "full_rank": all(span.rank >= span.width for span, _ in span1.blocks),
+        "full_rank": all(free_dims(span, a) <= 0 for span, a in span1.blocks),
         "width": span1.width,
         "candidates_per_position": [len(c) for c in cands if len(c)],
         **info,
