@@ -264,3 +264,10 @@ def test_single_step_audit_reports_membership_when_asked(tmp_path) -> None:
     raw["tasks"][0]["evaluate"] = {"membership": "yes"}
     with pytest.raises(VeilError, match="evaluate.membership must be true or false"):
         parse_scenario(raw)
+
+
+def test_canaries_outside_a_dp_audit_task_fail_in_one_line() -> None:
+    raw = _scenario(["none"])
+    raw["tasks"][0]["protocol"] = "single-step"
+    with pytest.raises(VeilError, match="canaries applies to protocol: dp-audit tasks only"):
+        parse_scenario(raw)

@@ -137,6 +137,10 @@ def parse_task(raw: Any, index: int) -> Task:
     for key, allowed in (("weights", WEIGHTS), ("reference", REFERENCES)):
         if raw.get(key, allowed[0]) not in allowed:
             raise VeilError(f"{where}.{key} must be one of {', '.join(allowed)}, got {raw[key]!r}")
+    if raw.get("canaries") is not None and (protocol != "dp-audit" or not isinstance(raw["canaries"], dict)):
+        raise VeilError(
+            f"{where}.canaries applies to protocol: dp-audit tasks only, as a mapping (this task: {protocol})"
+        )
     if raw.get("weights") == "init" and protocol != "single-step":
         raise VeilError(f"{where}.weights: init applies to single-step tasks only (a {protocol} task trains)")
     try:
