@@ -91,3 +91,20 @@ def test_stock_app_under_flwr_run_in_simulation(tmp_path: Path) -> None:
     )
     assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
     check_folder(tmp_path / "audit")
+
+
+@pytest.mark.slow
+def test_stock_app_with_a_local_superlink_and_two_supernodes(tmp_path: Path) -> None:
+    """Deployment: a real SuperLink and 2 SuperNodes on 127.0.0.1, `flwr run APP veil-trial`."""
+    from veil.federated.cluster import LocalCluster
+
+    app = tmp_path / "app"
+    shutil.copytree(APP, app, ignore=shutil.ignore_patterns("__pycache__"))
+    with LocalCluster(tmp_path / "c") as c:
+        c.superlink()
+        for i in range(2):
+            c.supernode(i, f"partition-id={i} num-partitions=2")
+        run = c.start_run(app, {"audit-dir": str(tmp_path / "audit")})
+        code = run.wait(600)
+    assert code == 0, (tmp_path / "c" / "flwr-run.log").read_text()[-3000:]
+    check_folder(tmp_path / "audit")

@@ -172,3 +172,18 @@ def test_without_secagg_the_spec_text_has_no_secagg_key(tmp_path: Path) -> None:
     cfg = fed_config(tmp_path, "clients: 3, rounds: 1")
     assert "secagg" not in load_spec(cfg, FED_TINY).text()
     assert "quantization_range: 4194304" in load_spec(cfg, [*FED_TINY, "federated.secagg=true"]).text()
+
+
+def test_sparse_rows_removes_weight_decay_and_clears_the_noise_floor() -> None:
+    from veil.attacks.presence import present_tokens
+    from veil.attacks.sparse_rows import decay_free_rows, used_rows
+
+    gen = torch.Generator().manual_seed(0)
+    w = torch.randn(200, 16, generator=gen)
+    g = 0.01 * w  # AdamW's decay alone moves every row along its weights
+    used = [3, 17, 42, 150]
+    g[used] += torch.randn(4, 16, generator=gen)
+    g += 1e-5 * torch.randn(200, 16, generator=gen)  # SecAgg+'s quantization error on every entry
+    assert len(present_tokens(g.norm(dim=1))) == 200  # the naive row-norm test takes every row
+    found = used_rows(decay_free_rows(g, w).norm(dim=1), z=8.0, rel_tol=1e-6)
+    assert sorted(found.tolist()) == used

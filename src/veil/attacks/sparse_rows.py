@@ -17,7 +17,17 @@ Two things blur the zeros, and this attacker knows both mechanisms:
 
       ||r_v|| > max( median_u ||r_u|| + z * 1.4826 * MAD_u ||r_u||,  rel_tol * max_u ||r_u|| )   (eq. T)
 
-  (median and median absolute deviation: robust to the used rows; z = ``z``).
+  (median and median absolute deviation: robust to the used rows; z = ``z``). Where the
+  attacker is granted the aggregation's per-entry error std bound s (SecAgg+'s stochastic
+  rounding: sqrt(N) (c / q) / sum_i r_i, `veil.federated.fedavg.secagg.error_std`, as
+  ``Knowledge.defense["secagg"]["entry_std"]``), an unused row's residual norm concentrates
+  below sqrt(D) s (D the embedding width, independent zero-mean errors). That bound is loose where
+  the summed values sit on the quantization grid (an unused row of a gradient is exactly 0, which
+  rounds exactly) and the median floor is then the lower one; the median floor fails once most of
+  the vocabulary is used in the round, and the bound is then the lower one. A row is used when it
+  clears either floor (eq. T or):
+
+      ||r_v|| > max( margin * sqrt(D) * s,  rel_tol * max_u ||r_u|| )                         (eq. T')
 
 The result is the bag of tokens of every sampled client's batch, less the special tokens unless
 ``keep_special``. A gradient (fedsgd) has no weight-decay part; eq. (R) is then skipped.
@@ -61,6 +71,7 @@ class SparseRowsOptions(Options):
     rel_tol: float = option(1e-6, "and exceeds rel_tol x the largest residual norm")
     decay: bool = option(True, "remove each row's weight-decay component (its projection on the row's weights)")
     keep_special: bool = option(False, "keep the special tokens ([CLS], [SEP], padding) in the bag")
+    margin: float = option(2.0, "eq. (T'): a row is used above margin x sqrt(width) x the known per-entry error std")
 
 
 @ATTACKS.register(
@@ -92,5 +103,11 @@ class SparseRowsAttack(Attack[SparseRowsOptions]):
             g = decay_free_rows(g, emb.weight)
         norms = g.norm(dim=1)
         found = set(used_rows(norms, self.options.z, self.options.rel_tol).tolist())
+        entry = (know.defense.get("secagg") or {}).get("entry_std")
+        if entry is not None and norms.numel() and float(norms.max()) > 0:  # eq. (T'): the mechanism's floor
+            floor = max(
+                self.options.margin * float(entry) * g.shape[1] ** 0.5, self.options.rel_tol * float(norms.max())
+            )
+            found |= set(torch.nonzero(norms > floor).flatten().tolist())
         keep = self.options.keep_special
         return token_bag(found, obs, know, keep, z=self.options.z, keep_special=keep)

@@ -9,9 +9,10 @@ A stock Message-API ServerApp (Flower's ``quickstart-pytorch`` shape) adopts it 
 `audited` wraps any `flwr.serverapp.strategy.Strategy`: every call is the wrapped strategy's, and
 before `aggregate_train` the honest-but-curious server's attacks run on the updates it received
 (every `every`-th round, the first `clients` replies) with the user's own `nn.Module`. Nothing
-changes on the client. What the server sees decides the view: a reply with weights is one client's
-update; under Flower's SecAgg+ workflow the strategy receives only the aggregate, which is then the
-view attacked (``server_saw`` in every event says which). Each update w_k is turned into the
+changes on the client. A Message-API strategy receives every client's reply in the clear, so each
+view is one client's update (``server_saw`` in every event); Flower 1.42 offers SecAgg+ only for
+its legacy strategies, and what a server sees under it (the aggregate) is audited by veil's own
+engine (``federated.secagg``, `veil.federated.fedavg.secagg`). Each update w_k is turned into the
 pseudo-gradient (w_global - w_k) / lr (lr: the train config's ``lr``, else 1; gradient-matching
 and label attacks are invariant to that scale).
 
@@ -133,7 +134,7 @@ class AuditedStrategy(Strategy):
         glob = self._global.pop(server_round, None)
         if glob is not None and (server_round % self.every == 0 or server_round == 1):
             ok = [m for m in replies if not m.has_error() and m.content.array_records]
-            events = [ev for m in ok[: self.clients] for ev in self.audit(server_round, glob, m, len(ok))]
+            events = [ev for m in ok[: self.clients] for ev in self.audit(server_round, glob, m)]
             append_events(self.out / "metrics.jsonl", events)
             write_report(self.out)
         return self.inner.aggregate_train(server_round, replies)
@@ -165,11 +166,10 @@ class AuditedStrategy(Strategy):
         }
         return Observation(self.model, grads, kind="delta", batch_size=self.know.batch_size)
 
-    def audit(self, rnd: int, glob: tuple[dict[str, Tensor], float], reply: Message, replies: int) -> list[dict]:
+    def audit(self, rnd: int, glob: tuple[dict[str, Tensor], float], reply: Message) -> list[dict]:
         node = int(reply.metadata.src_node_id)
         obs = self.observation(glob, reply)
-        aggregate = replies == 1 and "secaggplus" in str(type(self.inner)).lower()
-        saw = f"the aggregate of {replies} clients" if aggregate else "one client's update"
+        saw = "one client's update"  # a Message-API strategy receives every reply in the clear
         events = []
         for name, attack in self.attacks:
             ev: dict[str, Any] = {

@@ -28,7 +28,7 @@ from flwr.serverapp import Grid
 
 from veil.attacks import Observation
 from veil.federated.fedavg.auditor import Auditor
-from veil.federated.fedavg.secagg import secure_round, train_metrics
+from veil.federated.fedavg.secagg import error_std, secure_round, train_metrics
 from veil.federated.fedavg.strategy import AuditedStrategy
 from veil.federated.fedavg.task import load_arrays
 
@@ -80,8 +80,13 @@ def audit_aggregate(
     aggregate: dict[str, torch.Tensor],
     clients: list[dict[str, Any]],
     lr: float,
+    quantization: float | None = None,
 ) -> list[dict[str, Any]]:
-    """One event per attack on round `rnd`'s aggregate of `clients` (their clear-text metrics)."""
+    """One event per attack on round `rnd`'s aggregate of `clients` (their clear-text metrics).
+    `quantization`: the std bound of SecAgg+'s per-entry error on the aggregated values
+    (`secagg.error_std`, from public settings and the clear-text weights), granted to
+    mechanism-aware attackers as ``Knowledge.defense["secagg"]["entry_std"]`` in the units of the
+    attacked update."""
     if not auditor.due(rnd) or not clients:
         return []
     pids = sorted(int(m["partition-id"]) for m in clients)
@@ -89,7 +94,11 @@ def audit_aggregate(
     batch = union_batch(auditor, rnd, pids, lr, steps)
     obs = aggregate_observation(auditor, global_arrays, aggregate, lr, sum(steps) / len(steps), batch)
     protocol = "fedsgd" if auditor.mode == "fedsgd" else "fedavg"
-    know, auditor.know = auditor.know, dataclasses.replace(auditor.know, batch_size=batch)
+    granted = dict(auditor.know.defense)
+    if quantization is not None:
+        scale = 1.0 if auditor.mode == "fedsgd" else lr * max(1.0, sum(steps) / len(steps))
+        granted["secagg"] = {"entry_std": quantization / scale}
+    know, auditor.know = auditor.know, dataclasses.replace(auditor.know, batch_size=batch, defense=granted)
     score_round = getattr(auditor.score, "score_round", None)
     events = []
     try:
@@ -141,9 +150,10 @@ def secure_train(
             strategy.events.append(
                 {"event": "client_failure", "round": rnd, "client": pid, "reason": "no masked update (SecAgg+ round)"}
             )
+    bound = error_std(spec.fed.secagg, [w for w, _ in out.clients]) if out.clients else None
     if strategy.auditor is not None and out.aggregate is not None:
         strategy.events.extend(
-            audit_aggregate(strategy.auditor, rnd, arrays, out.aggregate, metrics, float(config["lr"]))
+            audit_aggregate(strategy.auditor, rnd, arrays, out.aggregate, metrics, float(config["lr"]), bound)
         )
     if hasattr(strategy.inner, "released"):
         strategy.inner.released = out.released is not None  # type: ignore[attr-defined]

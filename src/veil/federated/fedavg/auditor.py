@@ -49,6 +49,11 @@ from veil.models.base import VeilModel
 from veil.models.lora import exchanged_state
 
 Score = Callable[[int, int, str, Reconstruction], dict[str, Any]]
+#: what the server saw, per view the auditor attacks (`update` of an event)
+SERVER_SAW = {
+    "mean": "one client's updates, averaged over the rounds it took part in",
+    "global-difference": "the difference of two consecutive global models (every sampled client)",
+}
 
 
 @dataclass
@@ -257,7 +262,10 @@ class Auditor:
     def run(
         self, attack: Attack, obs: Observation, ev: dict[str, Any], score: Callable[[Reconstruction], dict[str, Any]]
     ) -> dict[str, Any]:
-        """One attack on one view: the event, with its scores, or why it was skipped or failed."""
+        """One attack on one view: the event, with its scores, or why it was skipped or failed; its
+        threat model too (`server_saw`: which view; `knows`: what the attacker is granted)."""
+        ev.setdefault("server_saw", SERVER_SAW.get(str(ev.get("update")), "one client's update"))
+        ev.setdefault("knows", str(getattr(attack, "knows", "")))
         reason = attack.applies_to(obs.model)
         if reason:
             return {**ev, "skipped": reason}

@@ -131,6 +131,15 @@ def error_bound(opts: dict[str, Any], weights: Iterable[float]) -> float:
     return len(w) * step / sum(w)
 
 
+def error_std(opts: dict[str, Any], weights: Iterable[float]) -> float:
+    """Standard deviation bound of SecAgg+'s per-entry error on the mean: each client's stochastic
+    rounding error has variance <= d^2 / 4 (d = 2c / q) and zero mean, independently, so the mean's
+    error has std <= sqrt(N) d / (2 sum_i r_i)."""
+    w = [float(n) / float(opts["max_weight"]) for n in weights]
+    step = 2.0 * float(opts["clipping_range"]) / float(opts["quantization_range"])
+    return len(w) ** 0.5 * step / 2.0 / sum(w)
+
+
 # ---- server ------------------------------------------------------------------------------------
 class _Node(ClientProxy):
     """A sampled node as the legacy workflow names it (only `node_id` is read)."""
