@@ -9,6 +9,7 @@ import contextlib
 import importlib
 import os
 import sys
+import time
 from collections.abc import Iterator
 from typing import Any
 
@@ -16,7 +17,9 @@ from veil import __version__
 from veil.errors import VeilError
 from veil.runlock import hold
 
-COMMANDS = ("train", "eval", "attack", "federate", "split", "audit", "analyze", "list", "pretrain")
+COMMANDS = ("train", "eval", "attack", "federate", "split", "audit", "analyze", "list", "pretrain", "export")
+#: seconds after which a stage off a terminal prints a line when it ends (`plain_progress`)
+LONG = 10.0
 #: commands whose --out is a run folder they write: one writer at a time (veil.runlock)
 WRITERS = ("train", "attack", "federate", "split", "audit")
 
@@ -43,19 +46,22 @@ def _out_lock(args: argparse.Namespace) -> contextlib.AbstractContextManager:
 @contextlib.contextmanager
 def plain_progress(on: bool) -> Iterator[None]:
     """While `on` (stderr is not a terminal), every tqdm bar is off and each stage that would
-    have shown one prints one line instead, `veil: train (60 step)`, once per stage name."""
+    have shown one prints one line instead, `veil: train (60 step)`, once per stage name, and a
+    stage that ran `LONG` seconds or more one line when it ends (`veil: span done in 95 s`)."""
     if not on:
         yield
         return
     from tqdm import std  # light: no torch
 
-    real, seen = std.tqdm.__init__, set()
+    real, real_close, seen = std.tqdm.__init__, std.tqdm.close, set()
 
     def init(self: Any, *args: Any, **kwargs: Any) -> None:
         shown = not kwargs.get("disable", False)
         kwargs["disable"] = True
         real(self, *args, **kwargs)
         desc = kwargs.get("desc") or (args[1] if len(args) > 1 and isinstance(args[1], str) else None)
+        if shown and desc:
+            self._veil_stage = (desc, time.monotonic())
         if shown and desc and desc not in seen:
             seen.add(desc)
             total = kwargs.get("total")
@@ -64,11 +70,17 @@ def plain_progress(on: bool) -> Iterator[None]:
             unit = kwargs.get("unit", "it")
             print(f"veil: {desc}" + (f" ({total} {unit})" if total else ""), file=sys.stderr, flush=True)
 
-    std.tqdm.__init__ = init
+    def close(self: Any) -> None:
+        desc, t0 = self.__dict__.pop("_veil_stage", (None, 0.0))
+        if desc is not None and time.monotonic() - t0 >= LONG:
+            print(f"veil: {desc} done in {time.monotonic() - t0:.0f} s", file=sys.stderr, flush=True)
+        real_close(self)
+
+    std.tqdm.__init__, std.tqdm.close = init, close
     try:
         yield
     finally:
-        std.tqdm.__init__ = real
+        std.tqdm.__init__, std.tqdm.close = real, real_close
 
 
 def main(argv: list[str] | None = None) -> int:
