@@ -51,9 +51,16 @@ def build_model(cfg: RunConfig, data: DataSplits) -> VeilModel:
     if model.modality == "text":
         vocab = model.token_embedding().weight.shape[0]
         tok = data.meta.get("tokenizer")
+        check_vocabulary(name, model, tok)
         if tok is not None and tok.vocab_size > vocab:
+            name_of = getattr(tok, "name", type(tok).__name__)
+            hint = (
+                "use data.tokenizer=wordpiece (30,522 ids)"
+                if name_of != "wordpiece" and vocab >= 30522
+                else "drop model.vocab_size (the data sets it) or tokenize with a vocabulary the model has"
+            )
             raise VeilError(
-                f"model {name!r} has a vocabulary of {vocab} but the data's tokenizer has {tok.vocab_size}; use data.tokenizer=wordpiece"
+                f"model {name!r} has a vocabulary of {vocab} but the data's tokenizer ({name_of}) has {tok.vocab_size}; {hint}"
             )
         if data.train["input_ids"].shape[-1] > model.max_positions():
             raise VeilError(
@@ -62,9 +69,38 @@ def build_model(cfg: RunConfig, data: DataSplits) -> VeilModel:
     return model
 
 
+def check_vocabulary(name: str, model: VeilModel, tok: Any) -> None:
+    """A model that carries its own tokenizer's vocabulary (``model: hf``) takes only data tokenized
+    with the same one: ids of another vocabulary would index the wrong embedding rows silently."""
+    own = getattr(model, "tokenizer_vocab", None)
+    if own is None or tok is None or not hasattr(tok, "vocab") or tok.vocab() == own:
+        return
+    where = getattr(model, "source_dir", name)
+    raise VeilError(
+        f"model {name!r} ('{where}', its tokenizer: {len(own)} ids) and the data's tokenizer "
+        f"({getattr(tok, 'name', type(tok).__name__)}, {tok.vocab_size} ids) have different vocabularies; "
+        f"drop data.tokenizer (the model folder's is used) or set data.tokenizer={where}"
+    )
+
+
+def model_tokenizer(cfg: RunConfig) -> str | None:
+    """The tokenizer folder the data takes from the model: ``model: {name: hf, path: DIR}`` with no
+    data.tokenizer set, when DIR holds a tokenizer (image checkpoints have none)."""
+    path = cfg.model.get("path") if cfg.model.get("name") == "hf" else None
+    if path is None or "tokenizer" in cfg.data or "tokenizer" not in DATASETS.keys(cfg.data["name"]):
+        return None
+    folder = Path(path)
+    files = ("tokenizer.json", "tokenizer_config.json", "vocab.txt", "vocab.json")
+    return str(folder) if any((folder / f).is_file() for f in files) else None
+
+
 def build_data(cfg: RunConfig) -> DataSplits:
-    """The config's data set; an empty train or test split is one line."""
+    """The config's data set; an empty train or test split is one line. Text data for a model
+    folder (``model: hf``) is tokenized with the folder's tokenizer unless data.tokenizer is set."""
     args = {k: v for k, v in cfg.data.items() if k != "name"}
+    folder_tok = model_tokenizer(cfg)
+    if folder_tok is not None:
+        args["tokenizer"] = folder_tok
     data = DATASETS.create(cfg.data["name"], **args)
     if len(data.train["labels"]) == 0 or len(data.test["labels"]) == 0:
         raise VeilError(f"data set {cfg.data['name']!r} has an empty train or test split")

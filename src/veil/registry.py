@@ -127,7 +127,14 @@ def _takes_any(factory: Callable[..., Any]) -> bool:
 
 #: the registries and the modules that fill them
 MODELS: Registry[VeilModel] = Registry(
-    "model", modules=("veil.models", "veil.models.hf", "veil.models.multiple_choice", "veil.models.vit_seg")
+    "model",
+    modules=(
+        "veil.models",
+        "veil.models.hf",
+        "veil.models.hf_path",
+        "veil.models.multiple_choice",
+        "veil.models.vit_seg",
+    ),
 )
 DATASETS: Registry[DataSplits] = Registry(
     "dataset",

@@ -60,8 +60,8 @@ def channel_modules(model: VeilModel) -> dict[str, tuple[str, int, list[nn.Modul
     for b, att in enumerate(model.attention_layers()):
         out[f"attn_qkv.{b}"] = ("1: attention q/k/v", b, list({id(m): m for m in (att.q, att.k, att.v)}.values()))
         out[f"attn_o.{b}"] = ("1: attention o", b, [att.o])
-    for b, (up, down) in enumerate(zip(model.mlp_up(), model.mlp_down())):
-        out[f"mlp_up.{b}"] = ("3: MLP up", b, [up])
+    for b, (ups, down) in enumerate(zip(model.mlp_up_groups(), model.mlp_down())):
+        out[f"mlp_up.{b}"] = ("3: MLP up", b, list(ups))
         out[f"mlp_down.{b}"] = ("3': MLP down", b, [down])
     return out
 

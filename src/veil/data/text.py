@@ -58,7 +58,7 @@ def resolve_tokenizer(tokenizer: str | Tokenizer, corpus: Sequence[str], max_voc
 class Encoding(Limits):
     """The options of a text loader: how its texts become token ids.
 
-    tokenizer: 'wordpiece' (the pretrained MiniLM vocabulary, shipped) or 'word' (a word vocabulary built on the training texts).
+    tokenizer: 'wordpiece' (the pretrained MiniLM vocabulary, shipped), 'word' (a word vocabulary built on the training texts) or a Hugging Face checkpoint folder (its tokenizer; with model hf, the model folder's unless set).
     max_len: tokens per text, [CLS] and [SEP] included (longer texts are cut, shorter ones padded).
     max_vocab: most words a 'word' vocabulary keeps.
     """

@@ -1,8 +1,10 @@
-"""Two tokenizers that fit the same text models: MiniLM's WordPiece and a word-level vocabulary.
+"""The tokenizers of veil's text data: MiniLM's WordPiece, a word-level vocabulary, and the
+tokenizer of a user's Hugging Face checkpoint folder.
 
-Both use BERT's special-token slots ([PAD]=0, [UNK]=100, [CLS]=101, [SEP]=102, [MASK]=103), so a
-model built for one takes the other's ids, and both encode every text as
-``[CLS] tokens [SEP] [PAD] ...`` at a fixed length.
+The first two use BERT's special-token slots ([PAD]=0, [UNK]=100, [CLS]=101, [SEP]=102,
+[MASK]=103), so a model built for one takes the other's ids. All three encode every text as
+``start tokens end pad ...`` at a fixed length (start / end: [CLS] / [SEP], <s> / </s>, or the
+BOS / EOS of a decoder's tokenizer).
 """
 
 from __future__ import annotations
@@ -14,7 +16,7 @@ from collections import Counter
 from collections.abc import Iterable, Sequence
 from functools import lru_cache
 from pathlib import Path
-from typing import Protocol
+from typing import Any, Protocol
 
 import torch
 from torch import Tensor
@@ -102,8 +104,84 @@ class WordPieceTokenizer:
         specials = set(self._tok.all_special_tokens)
         return [t for t in tokens if not (skip_special and t in specials)]
 
+    def vocab(self) -> dict[str, int]:
+        """token -> id, to compare with a model's own tokenizer."""
+        return dict(self._tok.get_vocab())
+
+    def hf_tokenizer(self) -> Any:
+        """The transformers tokenizer (what `veil export --hf` saves beside the model)."""
+        return self._tok
+
     def __repr__(self) -> str:
         return f"WordPieceTokenizer(vocab_size={self.vocab_size})"
+
+
+class FolderTokenizer:
+    """The tokenizer of a Hugging Face checkpoint folder (AutoTokenizer, local files only).
+
+    Texts are laid out as veil's other tokenizers do: start, the text's tokens (no special tokens
+    of the tokenizer's own template), end, then padding. Start is [CLS] / <s> / BOS, end [SEP] /
+    </s> / EOS; a tokenizer without a padding token pads with its end token (attention_mask 0)."""
+
+    def __init__(self, folder: str | Path) -> None:
+        from transformers import AutoTokenizer
+
+        path = Path(folder)
+        if not path.is_dir():
+            raise VeilError(
+                f"data.tokenizer '{folder}' is neither a known tokenizer ({', '.join(TOKENIZERS)}) nor a folder"
+            )
+        try:
+            self._tok = AutoTokenizer.from_pretrained(str(path), local_files_only=True)
+        except (OSError, ValueError, TypeError) as e:
+            first = (str(e).strip().splitlines() or [type(e).__name__])[0]
+            raise VeilError(
+                f"data.tokenizer '{folder}': no usable Hugging Face tokenizer there ({first[:160]})"
+            ) from None
+        tok = self._tok
+        start = tok.cls_token_id if tok.cls_token_id is not None else tok.bos_token_id
+        end = tok.sep_token_id if tok.sep_token_id is not None else tok.eos_token_id
+        if start is None or end is None:
+            raise VeilError(
+                f"data.tokenizer '{folder}' has no {'start' if start is None else 'end'} token "
+                "(cls_token / bos_token, sep_token / eos_token); set one in its tokenizer_config.json"
+            )
+        self.cls_id: int = int(start)
+        self.sep_id: int = int(end)
+        self.pad_id: int = int(tok.pad_token_id) if tok.pad_token_id is not None else self.sep_id
+        self.unk_id: int | None = tok.unk_token_id
+        self.mask_id: int | None = tok.mask_token_id
+        self.vocab_size: int = len(tok)
+        self.name = str(path)
+
+    def encode(self, texts: Sequence[str], max_len: int) -> tuple[Tensor, Tensor]:
+        """(input_ids, attention_mask), both int64 (N, max_len); long texts are truncated."""
+        check_max_len(max_len)
+        pieces = self._tok(list(texts), add_special_tokens=False, truncation=True, max_length=max_len - 2)["input_ids"]
+        ids = torch.full((len(pieces), max_len), self.pad_id, dtype=torch.int64)
+        mask = torch.zeros((len(pieces), max_len), dtype=torch.int64)
+        for i, p in enumerate(pieces):
+            row = [self.cls_id, *p, self.sep_id]
+            ids[i, : len(row)] = torch.tensor(row, dtype=torch.int64)
+            mask[i, : len(row)] = 1
+        return ids, mask
+
+    def decode(self, ids: Sequence[int] | Tensor, skip_special: bool = False) -> list[str]:
+        """The tokens of one id sequence (the tokenizer's pieces)."""
+        tokens = self._tok.convert_ids_to_tokens(as_id_list(ids))
+        specials = set(self._tok.all_special_tokens)
+        return [t for t in tokens if not (skip_special and t in specials)]
+
+    def vocab(self) -> dict[str, int]:
+        """token -> id, to compare with a model's own tokenizer."""
+        return dict(self._tok.get_vocab())
+
+    def hf_tokenizer(self) -> Any:
+        """The transformers tokenizer (what `veil export --hf` saves beside the model)."""
+        return self._tok
+
+    def __repr__(self) -> str:
+        return f"FolderTokenizer({self.name!r}, vocab_size={self.vocab_size})"
 
 
 def split_words(text: str) -> list[str]:
@@ -160,6 +238,10 @@ class WordTokenizer:
         out = [self.itos[i] if 0 <= i < self.vocab_size else "[UNK]" for i in as_id_list(ids)]
         return [t for t in out if not (skip_special and t.startswith("[") and t.endswith("]"))]
 
+    def vocab(self) -> dict[str, int]:
+        """token -> id, to compare with a model's own tokenizer."""
+        return dict(self.stoi)
+
     def to_json(self, path: str | Path) -> None:
         """Save as JSON (the words after the reserved slots)."""
         blob = {"kind": "word", "version": 1, "words": self.itos[FIRST_WORD_ID:]}
@@ -189,11 +271,16 @@ TOKENIZERS = ("wordpiece", "word")
 def make_tokenizer(
     name: str, corpus: Iterable[str] | None = None, max_vocab: int = 10000, min_freq: int = 1
 ) -> Tokenizer:
-    """'wordpiece' (pretrained MiniLM vocabulary) or 'word' (built from `corpus`)."""
+    """'wordpiece' (pretrained MiniLM vocabulary), 'word' (built from `corpus`) or a Hugging Face
+    checkpoint folder (its tokenizer)."""
     if name == "wordpiece":
         return WordPieceTokenizer()
     if name == "word":
         if corpus is None:
             raise VeilError("the 'word' tokenizer is built from a corpus; pass corpus=")
         return WordTokenizer.build(corpus, max_vocab=max_vocab, min_freq=min_freq)
-    raise VeilError(f"unknown tokenizer {name!r}; choose one of: {', '.join(TOKENIZERS)}")
+    if Path(name).is_dir():
+        return FolderTokenizer(name)
+    raise VeilError(
+        f"unknown tokenizer {name!r}; choose one of: {', '.join(TOKENIZERS)}, or a Hugging Face checkpoint folder"
+    )

@@ -61,6 +61,11 @@ from veil.errors import VeilError
 from veil.models.base import VeilModel
 
 
+def expansion_modules(model: VeilModel) -> list[nn.Module]:
+    """Every MLP expansion module, all blocks (SwiGLU's gate and up both: `mlp_up_groups`)."""
+    return [m for group in model.mlp_up_groups() for m in group]
+
+
 def check_scale(name: str, value: float) -> float:
     """A noise scale: a finite number >= 0."""
     try:
@@ -189,7 +194,7 @@ class Aegis(KeyedNoiseDefense):
         head = untied_lm_head(model)
         if self.head_noise > 0 and head is not None:
             out.append(head)
-        for scale, mods in ((self.mlp_noise, model.mlp_up()), (self.mlp_down_noise, model.mlp_down())):
+        for scale, mods in ((self.mlp_noise, expansion_modules(model)), (self.mlp_down_noise, model.mlp_down())):
             if scale > 0:
                 out += [p for m in mods for p in module_parameters(m)]
         return [p for p in dict.fromkeys(out) if p.requires_grad]
@@ -240,7 +245,7 @@ class Aegis(KeyedNoiseDefense):
         if self.head_noise > 0 and head is not None:
             out.append(("head", head, row_norm_max, embedding_factor(head, self.head_noise)))
         for channel, scale, mods in (
-            ("mlp_up", self.mlp_noise, model.mlp_up()),
+            ("mlp_up", self.mlp_noise, expansion_modules(model)),
             ("mlp_down", self.mlp_down_noise, model.mlp_down()),
         ):
             if scale > 0:

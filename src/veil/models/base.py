@@ -136,8 +136,15 @@ class VeilModel(nn.Module):
         raise NotImplementedError
 
     def mlp_up(self) -> list[nn.Module]:
-        """The MLP expansion layer (fc1 / intermediate / c_fc) of every block."""
+        """The MLP expansion layer (fc1 / intermediate / c_fc) of every block: one module per
+        block, whose input is the MLP's input (SwiGLU with separate gate and up: the gate)."""
         raise NotImplementedError
+
+    def mlp_up_groups(self) -> list[list[nn.Module]]:
+        """Every MLP expansion module of every block, a list per block: `mlp_up`'s one, or
+        several where a block has them (HF LLaMA's ``gate_proj`` and ``up_proj``). A defense
+        that acts on the expansion (AEGIS channel 3) covers every module listed here."""
+        return [[m] for m in self.mlp_up()]
 
     def mlp_down(self) -> list[nn.Module]:
         raise NotImplementedError

@@ -27,9 +27,12 @@ from veil.models.embedding import patchify
 
 
 class HFBert(VeilModel):
-    """BertForSequenceClassification behind veil's handles."""
+    """BertForSequenceClassification behind veil's handles (RoBERTa extends it: `base` names the
+    encoder's attribute on the HF model)."""
 
     modality = "text"
+    #: attribute of the HF model that holds embeddings + encoder
+    base = "bert"
 
     def __init__(self, model: nn.Module, special_ids: list[int], pooling: str = "cls") -> None:
         super().__init__()
@@ -43,12 +46,16 @@ class HFBert(VeilModel):
     legacy_prefixes: ClassVar[dict[str, str]] = {"_emb.": "hf.bert.embeddings.", "_layers.": "hf.bert.encoder.layer."}
 
     @property
+    def _body(self) -> nn.Module:
+        return getattr(self.hf, self.base)
+
+    @property
     def _emb(self) -> nn.Module:
-        return self.hf.bert.embeddings
+        return self._body.embeddings
 
     @property
     def _layers(self) -> nn.ModuleList:
-        return self.hf.bert.encoder.layer
+        return self._body.encoder.layer
 
     def embed_tokens(self, batch: Batch) -> Tensor:
         return self._emb.word_embeddings(batch["input_ids"])
@@ -66,12 +73,14 @@ class HFBert(VeilModel):
 
     def forward_from_embeddings(self, h: Tensor, batch: Batch) -> Tensor:
         bias = padding_bias(batch["attention_mask"], causal=self.causal, dtype=h.dtype)
-        seq = self.hf.bert.encoder(h, attention_mask=bias).last_hidden_state
+        seq = self._body.encoder(h, attention_mask=bias).last_hidden_state
         if self.pooling == "mean":  # how sentence-transformers checkpoints (e.g. all-MiniLM-L6-v2) were trained
             m = batch["attention_mask"].unsqueeze(-1).to(seq.dtype)
-            pooled = (seq * m).sum(1) / m.sum(1).clamp_min(1.0)
-        else:
-            pooled = self.hf.bert.pooler(seq) if self.hf.bert.pooler is not None else seq[:, 0]
+            return self.head((seq * m).sum(1) / m.sum(1).clamp_min(1.0))
+        return self.head(self._body.pooler(seq) if self._body.pooler is not None else seq[:, 0])
+
+    def head(self, pooled: Tensor) -> Tensor:
+        """The classification head on the pooled (B, D) features."""
         return self.hf.classifier(self.hf.dropout(pooled))
 
     def token_embedding(self) -> nn.Module:
@@ -114,6 +123,10 @@ class HFViT(VeilModel):
     """ViTForImageClassification (built from a config) behind veil's handles."""
 
     modality = "image"
+    #: attribute of the HF model that holds embeddings + blocks (DeiT extends this class)
+    base = "vit"
+    #: rows of the position table before the patches' ([CLS])
+    pos_offset = 1
 
     def __init__(self, model: nn.Module) -> None:
         super().__init__()
@@ -125,8 +138,12 @@ class HFViT(VeilModel):
     legacy_prefixes: ClassVar[dict[str, str]] = {"_emb.": "hf.vit.embeddings."}
 
     @property
+    def _body(self) -> nn.Module:
+        return getattr(self.hf, self.base)
+
+    @property
     def _emb(self) -> nn.Module:
-        return self.hf.vit.embeddings
+        return self._body.embeddings
 
     def patches(self, pixels: Tensor) -> Tensor:
         return patchify(pixels, self.patch_size)
@@ -135,19 +152,24 @@ class HFViT(VeilModel):
         return self._emb.patch_embeddings.projection(batch["pixels"]).flatten(2).transpose(1, 2)
 
     def position_embeddings(self, tok: Tensor) -> Tensor:
-        return self._emb.position_embeddings[:, 1:]
+        return self._emb.position_embeddings[:, self.pos_offset :]
+
+    def leading_tokens(self) -> Tensor:
+        """The learned tokens before the patches, (1, pos_offset, D): [CLS]."""
+        return self._emb.cls_token
 
     def movable(self, batch: Batch) -> Tensor:
         return torch.ones(batch["pixels"].shape[0], self.grid**2, dtype=torch.bool, device=batch["pixels"].device)
 
     def assemble(self, tok: Tensor, pos: Tensor, batch: Batch) -> Tensor:
-        cls = (self._emb.cls_token + self._emb.position_embeddings[:, :1]).expand(tok.shape[0], -1, -1)
+        lead = self.leading_tokens() + self._emb.position_embeddings[:, : self.pos_offset]
+        cls = lead.expand(tok.shape[0], -1, -1)
         return self._emb.dropout(torch.cat([cls, tok + pos], dim=1))
 
     def forward_from_embeddings(self, h: Tensor, batch: Batch) -> Tensor:
-        for layer in self.hf.vit.layers:
+        for layer in self._body.layers:
             h = layer(h, None)
-        return self.hf.classifier(self.hf.vit.layernorm(h)[:, 0])
+        return self.hf.classifier(self._body.layernorm(h)[:, 0])
 
     def token_embedding(self) -> nn.Module:
         return self._emb.patch_embeddings.projection
@@ -160,20 +182,20 @@ class HFViT(VeilModel):
             AttentionHandles(
                 layer.attention.q_proj, layer.attention.k_proj, layer.attention.v_proj, layer.attention.o_proj
             )
-            for layer in self.hf.vit.layers
+            for layer in self._body.layers
         ]
 
     def mlp_up(self) -> list[nn.Module]:
-        return [layer.mlp.fc1 for layer in self.hf.vit.layers]
+        return [layer.mlp.fc1 for layer in self._body.layers]
 
     def mlp_down(self) -> list[nn.Module]:
-        return [layer.mlp.fc2 for layer in self.hf.vit.layers]
+        return [layer.mlp.fc2 for layer in self._body.layers]
 
     def classifier(self) -> nn.Module:
         return self.hf.classifier
 
     def layer_input_norms(self) -> list[nn.Module]:
-        return [layer.layernorm_before for layer in self.hf.vit.layers]
+        return [layer.layernorm_before for layer in self._body.layers]
 
     @property
     def grid_shape(self) -> tuple[int, int]:
