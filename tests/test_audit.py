@@ -75,6 +75,11 @@ def test_report_matches_summary(audit: tuple[Path, dict]) -> None:
     assert text["leakage"]["none"]["span"]["token_recovery"] > 0.9  # the span attack reads the undefended update
     assert "span" in text["blocked"]["aegis"]  # AEGIS froze the layer it reads: recorded, not a crash
     assert "Blocked: `span`" in md
+    census = text["census"]["aegis"]["tensors"]  # what the server sees, tensor by tensor
+    assert census["blocks.0.attn.q.weight"]["state"] == "frozen" and census["tok.weight"]["state"] == "noised"
+    assert census["blocks.0.mlp.fc2.weight"]["state"] == "noised" and census["head.weight"]["state"] == "clean"
+    assert text["census"]["none"]["tensors"]["blocks.0.attn.q.weight"]["read_by"] == ["span"]
+    assert "What the server sees" in md and "`blocks.*.mlp.fc2.weight` (2)" in md
     assert (
         "presence" in digits["skipped"]
     )  # a scenario-wide attack that does not fit images is skipped, with its reason

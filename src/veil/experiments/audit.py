@@ -32,6 +32,7 @@ from veil.attacks.harness import private_batches
 from veil.build import build_data, build_defenses, build_model, build_run, load_run
 from veil.errors import VeilError
 from veil.experiments.cells import cell_path, make_attack, run_cell, step_overhead
+from veil.experiments.census import attach_census, census_all
 from veil.experiments.evaluations import run_evaluations
 from veil.experiments.features import frozen_run
 from veil.experiments.scenario import Scenario, Task, dump_scenario, label
@@ -152,6 +153,8 @@ def run_audit(s: Scenario, out: str | Path, progress: bool = True, jobs: int = 1
         _attack_all(cells, out, progress, pool)
     overhead = {t.name: _overhead(t, out, s.seeds[0]) for t in single.tasks if t.weights == "trained"}
     summary = build_summary(single, out, cells, utility, overhead, versions())
+    census_all(single, out, run_dir)  # what the server sees, tensor by tensor (veil.experiments.census)
+    attach_census(summary, single, out)
     done = summary["tasks"]
     protocol = {
         t.name: protocol_module(t).run_task(t, s, out, progress) for t in s.tasks if t.protocol != "single-step"

@@ -17,6 +17,7 @@ import yaml
 from veil.io import atomic_write_text
 from veil.metrics.leakage import cell_leakage, describe, fmt, leak_text
 from veil.registry import PROTOCOLS
+from veil.report.census import census_blocks
 from veil.report.dp_audit import audit_blocks, claim_note
 from veil.report.figures import CAP_DB, privacy_utility, reconstruction_grid, wrap
 from veil.report.headline import IMAGE_BANDS, TEXT_BANDS, glance_blocks
@@ -123,6 +124,7 @@ def task_blocks(name: str, t: dict[str, Any], out: Path, examples: list[dict[str
             )
     for a, why in t["skipped"].items():
         blocks.append(("p", f"Skipped `{a}`: {why}"))
+    blocks += census_blocks(t)
     blocks += figure_blocks(name, t, out, examples)
     for record in examples or []:
         d, a, ex = record["defense"], record["attack"], record["example"]
