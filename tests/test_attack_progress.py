@@ -49,3 +49,11 @@ def test_span_shows_the_sentences_it_scored(capsys: pytest.CaptureFixture[str]) 
     err = capsys.readouterr().err
     assert rec.stats["search"] == "peel"
     assert "span" in err and "/3000" in err, err[-300:]
+
+
+def test_span_default_budget_keeps_one_update_to_minutes() -> None:
+    """MiniLM at batch 4 scores some 350 sentences a second where each score runs the model
+    (issue 40: 500,000 took tens of minutes on one update); the default caps the search at 100,000,
+    above what every default-budget audit cell in docs/results.md spent (at most 25,000)."""
+    assert create_attack("span").budget() == {"sentences_scored": 100_000}
+    assert create_attack("span-mjp").budget() == {"sentences_scored": 100_000}

@@ -24,14 +24,12 @@ from veil.attacks.span.core import (
     layer_span,
     pin_positions,
     position_candidates,
-    span_reads,
     vocabulary,
 )
 from veil.attacks.span.lora import lora_layers, lora_reconstruct
 from veil.attacks.span.peel import Residual, peel_search
 from veil.attacks.span.search import SearchInput, decoder_search, encoder_search
 from veil.errors import VeilError
-from veil.models.base import VeilModel
 
 
 @dataclass(frozen=True)
@@ -67,7 +65,11 @@ class SpanOptions(Options):
     )
     restarts: int = option(4, "restarts of the encoder assignment search")
     sweeps: int = option(12, "coordinate sweeps per restart of the encoder assignment search")
-    budget: int = option(500_000, "candidate sentences scored, all searches together (counted work, never seconds)")
+    budget: int = option(
+        100_000,
+        "candidate sentences scored, all searches together (counted work, never seconds); the default keeps "
+        "one update to minutes on 2 CPU cores where each sentence scored runs whole-model forwards",
+    )
     beam: int | None = option(None, "prefixes kept per position by the decoder search; unset: 4 x batch size")
     seed: int | None = option(None, "seed of the searches; unset: the knowledge's seed")
 
@@ -86,11 +88,6 @@ class SpanAttack(Attack[SpanOptions]):
         checks it at every scoring call and cuts the call at what is left: the work never passes
         it, and a binding budget is spent exactly."""
         return {"sentences_scored": self.options.budget}
-
-    def reads(self, model: VeilModel) -> list[str]:
-        """The first two attention layers' Q/K/V and the last one's Q, the token embedding (its
-        bag) and the position table, and the down-projections the peeling search scores with."""
-        return span_reads(model)
 
     def _reconstruct(self, obs: Observation, know: Knowledge) -> Reconstruction:
         if lora_layers(obs.model):  # a LoRA update: the span of the adapters' projected inputs
