@@ -24,12 +24,14 @@ from veil.attacks.span.core import (
     layer_span,
     pin_positions,
     position_candidates,
+    span_reads,
     vocabulary,
 )
 from veil.attacks.span.lora import lora_layers, lora_reconstruct
 from veil.attacks.span.peel import Residual, peel_search
 from veil.attacks.span.search import SearchInput, decoder_search, encoder_search
 from veil.errors import VeilError
+from veil.models.base import VeilModel
 
 
 @dataclass(frozen=True)
@@ -88,6 +90,11 @@ class SpanAttack(Attack[SpanOptions]):
         checks it at every scoring call and cuts the call at what is left: the work never passes
         it, and a binding budget is spent exactly."""
         return {"sentences_scored": self.options.budget}
+
+    def reads(self, model: VeilModel) -> list[str]:
+        """The first two attention layers' Q/K/V and the last one's Q, the token embedding (its
+        bag) and the position table, and the down-projections the peeling search scores with."""
+        return span_reads(model)
 
     def _reconstruct(self, obs: Observation, know: Knowledge) -> Reconstruction:
         if lora_layers(obs.model):  # a LoRA update: the span of the adapters' projected inputs
