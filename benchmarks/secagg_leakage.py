@@ -1,9 +1,10 @@
 """Leakage vs clients per round under SecAgg+: what a curious server still rebuilds from the sum.
 
-Writes the scenario configs/paper/secagg_leakage.yaml (one `protocol: fedavg` task per data set
-and N clients per round, one round each; N >= 2 under ``federated.secagg: {}`` with Flower's
-defaults, N = 1 without it: Flower refuses SecAgg+ for one client, and that row is the undefended
-per-client view), runs it with `veil audit`, and reads each run's audit events:
+Writes the scenario configs/paper/secagg_leakage.yaml (one round per task; per data set and N
+clients per round two `protocol: fedavg` tasks: under ``federated.secagg: {}`` with Flower's
+defaults, where the auditor attacks the aggregate, and without it, where the auditor attacks each
+client's own update: the undefended per-client figure beside it; N = 1 only without, as Flower
+refuses SecAgg+ for one client), runs it with `veil audit`, and reads each run's audit events:
 
   text    transformer4 (dim 32, 1 layer) on SST-2 (word tokenizer, 16 tokens), FedAvg, batch 4,
           2 local steps: sparse-rows and presence (token bag F1 against every sampled client's
@@ -36,10 +37,11 @@ BEGIN, END = "<!-- secagg-leakage:start -->", "<!-- secagg-leakage:end -->"
 KEYS = ("presence_f1", "label_accuracy", "psnr", "ssim")
 
 
-def task(kind: str, n: int) -> dict:
+def task(kind: str, n: int, secure: bool) -> dict:
     fed: dict = {"clients": n, "rounds": 1, "partition": "iid", "audit_clients": n}
-    if n >= 2:
+    if secure:
         fed["secagg"] = {}
+    name = f"{kind}-n{n}" + ("" if secure else "-plain")
     if kind == "text":
         run = {
             "model": {"name": "transformer4", "dim": 32, "depth": 1, "heads": 2},
@@ -53,7 +55,7 @@ def task(kind: str, n: int) -> dict:
             "train": {"batch_size": 4, "lr": 0.003, "seed": 0, "threads": 1},
         }
         return {
-            "name": f"text-n{n}",
+            "name": name,
             "protocol": "fedavg",
             "run": run,
             "attacks": ["sparse-rows", "presence", "labels"],
@@ -65,7 +67,7 @@ def task(kind: str, n: int) -> dict:
         "train": {"batch_size": 1, "lr": 0.003, "seed": 0, "clip": 0.0, "threads": 1},
     }
     return {
-        "name": f"images-n{n}",
+        "name": name,
         "protocol": "fedavg",
         "run": run,
         "attacks": ["april", {"name": "ig", "iterations": 300, "restarts": 1}, "labels"],
@@ -73,10 +75,21 @@ def task(kind: str, n: int) -> dict:
     }
 
 
+METRIC = {
+    "sparse-rows": "presence_f1",
+    "presence": "presence_f1",
+    "labels": "label_accuracy",
+    "ig": "psnr",
+    "april": "psnr",
+}
+
+
 def rows_of(out: Path, tasks: list[dict]) -> list[dict]:
+    """One row per audit event of every run."""
     rows = []
     for t in tasks:
-        kind, n = t["name"].split("-n")
+        kind, rest = t["name"].split("-n")
+        n = int(rest.removesuffix("-plain"))
         path = out / "runs" / t["name"] / "none" / "seed0" / "metrics.jsonl"
         for line in path.read_text().splitlines():
             e = json.loads(line)
@@ -85,9 +98,11 @@ def rows_of(out: Path, tasks: list[dict]) -> list[dict]:
             rows.append(
                 {
                     "data": kind,
-                    "clients": int(n),
+                    "clients": n,
+                    "secagg": "secagg" in t["federated"],
+                    "client": e["client"],
                     "attack": e["attack"],
-                    "server_saw": e.get("server_saw", "one client's update (no SecAgg+)"),
+                    "server_saw": e.get("server_saw"),
                     "batch": e.get("batch", t["run"]["train"]["batch_size"] * (2 if kind == "text" else 1)),
                     "skipped": e.get("skipped"),
                     **{k: e[k] for k in KEYS if k in e},
@@ -96,19 +111,36 @@ def rows_of(out: Path, tasks: list[dict]) -> list[dict]:
     return rows
 
 
+def _value(rows: list[dict], key: str) -> str:
+    vals = [r[key] for r in rows if key in r]
+    if not vals:
+        return "n/a" if rows and all(r["skipped"] for r in rows) else ""
+    return f"{sum(vals) / len(vals):.3f}"
+
+
 def table(rows: list[dict]) -> str:
+    """Per data set, N and attack: the figure from the aggregate (SecAgg+) beside the undefended
+    per-client figure of the same round (the mean over the N clients' own updates)."""
     lines = [
-        "| data | clients / round | server saw | attack | samples in the view | presence F1 | label acc. | PSNR (dB) | SSIM |",
-        "|---|---|---|---|---|---|---|---|---|",
+        "| data | clients / round | attack | metric | SecAgg+: the aggregate of N (samples) | no SecAgg+: one client's update, mean over the N |",
+        "|---|---|---|---|---|---|",
     ]
-    for r in rows:
-        cells = [f"{r[k]:.3f}" if k in r else ("n/a" if r["skipped"] else "") for k in KEYS]
-        note = f" (not applicable: {r['skipped'].split(' needs ')[-1]})" if r["skipped"] else ""
-        lines.append(
-            f"| {r['data']} | {r['clients']} | {r['server_saw']} | {r['attack']}{note} | {r['batch']} | "
-            + " | ".join(cells)
-            + " |"
+    keys = sorted({(r["data"], r["clients"], r["attack"]) for r in rows}, key=lambda k: (k[0] != "text", k[1]))
+    order = list(METRIC)
+    keys.sort(key=lambda k: (k[0] != "text", k[1], order.index(k[2]) if k[2] in order else 9))
+    for data, n, attack in keys:
+        metric = METRIC.get(attack, "presence_f1")
+        mine = [r for r in rows if (r["data"], r["clients"], r["attack"]) == (data, n, attack)]
+        sec = [r for r in mine if r["secagg"]]
+        plain = [r for r in mine if not r["secagg"]]
+        why = next((r["skipped"] for r in sec if r["skipped"]), None)
+        cell = "n/a (Flower's SecAgg+ needs 2 clients)" if not sec else _value(sec, metric) + f" ({sec[0]['batch']})"
+        if why:
+            cell = f"not applicable ({sec[0]['batch']} samples; {attack} needs a batch of 1)"
+        extra = (
+            f"; SSIM {_value(sec, 'ssim')} / {_value(plain, 'ssim')}" if metric == "psnr" and sec and not why else ""
         )
+        lines.append(f"| {data} | {n} | {attack} | {metric}{extra} | {cell} | {_value(plain, metric)} |")
     return "\n".join(lines)
 
 
@@ -117,7 +149,13 @@ def main() -> None:
     ap.add_argument("--clients", type=int, nargs="+", default=[1, 2, 5, 10, 50])
     ap.add_argument("--out", default="runs/paper/secagg_leakage")
     args = ap.parse_args()
-    tasks = [task(kind, n) for kind in ("text", "images") for n in args.clients]
+    tasks = [
+        task(kind, n, secure)
+        for kind in ("text", "images")
+        for n in args.clients
+        for secure in (False, True)
+        if n >= 2 or not secure
+    ]
     head = (
         "# Leakage vs clients per round under SecAgg+ (issue 42): written and run by\n"
         "#   python benchmarks/secagg_leakage.py   (or: veil audit configs/paper/secagg_leakage.yaml --out DIR)\n"
@@ -134,11 +172,12 @@ def main() -> None:
     text = (
         "One FedAvg round per row (seed 0), from `veil audit configs/paper/secagg_leakage.yaml` as "
         f"`python benchmarks/secagg_leakage.py --clients {' '.join(map(str, args.clients))}` writes and runs it: "
-        "N >= 2 clients under `federated.secagg: {}` (Flower's SecAgg+ with its defaults; the auditor gets the "
-        "unmasked aggregate only and attacks it as one batch of every sampled client's samples), N = 1 without "
-        "it (the undefended per-client view). Scores are against every sampled client's samples of the round. "
+        "each N twice, under `federated.secagg: {}` (Flower's SecAgg+ with its defaults; the auditor gets the "
+        "unmasked aggregate only, attacks it as one batch of every sampled client's samples and is scored against "
+        "all of them) and without it (the auditor attacks each client's own update, scored against that client's "
+        "samples; the undefended per-client figure). "
         "SecAgg+'s stochastic rounding draws from numpy's unseeded RNG (Flower's client mod), so the image rows "
-        "under SecAgg+ move by a few dB between regenerations; the text rows and N = 1 do not.\n\n" + table(rows) + "\n"
+        "under SecAgg+ move by a few dB between regenerations; the other figures do not.\n\n" + table(rows) + "\n"
     )
     doc = DOC.read_text()
     if BEGIN not in doc:
