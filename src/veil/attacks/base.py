@@ -255,7 +255,9 @@ class Attack(Generic[OptionsT]):
         return None
 
     def reconstruct(self, obs: Observation, know: Knowledge) -> Reconstruction:
-        protocol = {"delta": "fedavg", "features": "split"}.get(obs.kind)
+        # the protocol is checked where an audit plans its cells (`applies(..., protocol)`); here only
+        # what the observation itself shows: split-learning features, the batch, the model
+        protocol = "split" if obs.kind == "features" else None
         reason = self.applies(obs.model, obs.batch_size, protocol)
         if reason:
             raise VeilError(reason)
