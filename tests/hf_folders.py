@@ -62,6 +62,8 @@ def write_family(
     """A `kind` checkpoint folder with random weights (seeded) and its tokenizer, as save_pretrained writes it."""
     import transformers as tf
 
+    tf.logging.set_verbosity_error()
+
     folder.mkdir(parents=True, exist_ok=True)
     torch.manual_seed(seed)
     tok = None
@@ -70,7 +72,9 @@ def write_family(
 
         tokenizer(kind).save_pretrained(str(folder))
         tok = AutoTokenizer.from_pretrained(str(folder), local_files_only=True)
-    vocab = len(tok) if tok is not None else None
+    # Qwen2's tokenizer class (picked from config.json once it is written) adds <|endoftext|>;
+    # its real checkpoints keep spare embedding rows, as here
+    vocab = len(tok) + (16 if kind == "qwen2" else 0) if tok is not None else None
     common = dict(hidden_size=dim, num_hidden_layers=depth, num_attention_heads=heads, intermediate_size=4 * dim)
     if kind == "bert":
         cfg = tf.BertConfig(vocab_size=vocab, max_position_embeddings=64, **common, **extra)
@@ -152,6 +156,8 @@ def write_from_minilm(kind: str, folder: Path, depth: int = 2) -> Path:
     slot t, ``pad_token_id = 1``) and its head's dense layer is MiniLM's pooler, so the three
     compute the same first-token features; DistilBERT folds the segment row into its positions."""
     import transformers as tf
+
+    tf.logging.set_verbosity_error()
 
     folder.mkdir(parents=True, exist_ok=True)
     src = tf.BertModel.from_pretrained(str(minilm_dir()), local_files_only=True, num_hidden_layers=depth)
