@@ -111,3 +111,9 @@ def test_eval_of_a_missing_folder_names_the_run_folder(tmp_path: Path, capsys: p
     code, lines = run_cli(capsys, ["eval", str(tmp_path / "nonexistent")])
     assert code == 2 and len(lines) == 1, lines
     assert "run folder" in lines[0] and "does not exist" in lines[0] and "config file" not in lines[0], lines
+
+
+def test_attack_on_a_missing_source_says_what_it_takes(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    code, lines = run_cli(capsys, ["attack", str(tmp_path / "nope"), *ATTACK, "--out", str(tmp_path / "a")])
+    assert code == 2 and len(lines) == 1, lines
+    assert "does not exist" in lines[0] and "run folder" in lines[0] and "YAML config" in lines[0], lines

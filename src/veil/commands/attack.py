@@ -127,6 +127,8 @@ def load_target(
     from veil.build import build_run, open_run
 
     path = Path(source)
+    if not path.exists():
+        raise VeilError(f"'{source}' does not exist; give a run folder written by `veil train` or a YAML config")
     if path.is_dir():
         cfg, model, data, defenses, weights = open_run(path, overrides, checkpoint)
         return model, data, defenses, cfg, {"source": "run folder", **weights.record()}
