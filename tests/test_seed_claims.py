@@ -32,7 +32,7 @@ def row(md: str, paper: str, claim_part: str) -> list[str]:
 
 def test_nothing_collected_is_not_measured_and_open() -> None:
     got = rows(render({}))
-    assert len(got) == len(sc.CLAIMS) == 6
+    assert len(got) == len(sc.CLAIMS) == 8
     for cells in got:
         assert cells[2] == cells[3] == "not measured" and cells[4] == "**open**", cells
 
@@ -167,3 +167,25 @@ def test_pfesta_with_the_split_audits_own_labels_and_no_naive_figure() -> None:
         "permuted",
     )
     assert got[4] == "**refuted**" and got[2] == "not measured"
+
+
+def test_each_aegis_recipe_has_its_row_led_by_its_strongest_pool_free_attacker() -> None:
+    knows = {"span-down": ADAPTIVE, "head-embedding": NAIVE, "tag": NAIVE}
+    leak = {
+        "aegis": {"span-down": {"token_recovery": 0.01}, "head-embedding": {"rouge1": 1.0, "token_recovery": 1.0}},
+        "aegis(mlp_down_noise=0.0)": {"span-down": {"rouge1": 1.0, "token_recovery": 1.0}},
+    }
+    dec = {"aegis(head_noise=0.0,mlp_down_noise=0.0)": {"span-down": {"rouge1": 0.99, "token_recovery": 0.98}}}
+    summaries = {
+        "aegis-down": {"tasks": {"t4": task("transformer4", leak, knows), "g": task("gpt-tiny", dec, knows)}},
+        "older": {"tasks": {"t4": task("transformer4", {"aegis": {"tag": {"token_recovery": 0.9}}}, knows)}},
+    }
+    md = render(summaries)
+    published = row(md, "AEGIS, as published", "three channels")
+    assert published[4] == "**refuted**" and "aegis-down / t4 / aegis(mlp_down_noise=0.0): `span-down`" in published[3]
+    assert "aegis-down / g / aegis(head_noise=0.0,mlp_down_noise=0.0): `span-down`" in published[3]
+    default = row(md, "AEGIS, veil's default", "eq. M")
+    # head-embedding needs a pool holding the sentence; an audit from before the default changed is not read
+    assert default[4] == "**confirmed**" and "`span-down`" in default[3] and "head-embedding" not in default[3]
+    assert "older" not in default[3]
+    assert row(md, "AEGIS", "token recovery near zero")[4] == "**refuted**"  # the claim over every recipe and attack

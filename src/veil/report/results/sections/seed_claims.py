@@ -39,7 +39,7 @@ SOURCES = (
     "span-robust",
 )
 #: read too when collected (the split-learning feature attacks: hours on this machine)
-OPTIONAL = ("pfesta_tables4_5", "quickstart")
+OPTIONAL = ("pfesta_tables4_5", "quickstart", "aegis-down")
 NM = "not measured"
 #: at most this many (audit, task) figures per cell, the strongest first
 SHOWN = 4
@@ -57,6 +57,9 @@ class Claim:
     naive: tuple[str, ...] = ()  # the naive column's attacks (name prefixes; '': any naive attack)
     only: tuple[str, ...] = ()  # both columns: only these attacks (name prefixes; '': every attack)
     plain: str = "none"  # the undefended entry of the same task (features: split learning's unpermuted protocol)
+    recipe: str = ""  # AEGIS only: "published" | "default" (`_recipe`); '': any settings
+    pool_free: bool = False  # leave out the attacks that need a candidate pool holding the private input
+    sources: tuple[str, ...] = ()  # only these audits ('': all collected)
 
 
 CLAIMS = (
@@ -88,6 +91,25 @@ CLAIMS = (
         "mechanism",
         "aegis",
         "text",
+    ),
+    Claim(
+        "AEGIS, as published",
+        "the same claim for the abstract's three channels alone (no LM-head or down-projection noise), against "
+        "the strongest attacker without a candidate pool",
+        "aegis",
+        "text",
+        recipe="published",
+        pool_free=True,
+    ),
+    Claim(
+        "AEGIS, veil's default",
+        "the same claim with veil's default (+ eq. M noise on every down-projection, eq. E on an untied LM head), "
+        "against the strongest attacker without a candidate pool",
+        "aegis",
+        "text",
+        recipe="default",
+        pool_free=True,
+        sources=("aegis-down", "quickstart"),
     ),
     Claim(
         "p-FeSTA",
@@ -130,6 +152,23 @@ def _figure(source: str, task: str, defense: str, attack: str, c: dict[str, Any]
     return f"{where}: `{attack}` {float(c['value']):.1f} dB ({c['region']})"
 
 
+#: attacks that match the update to a pool of candidate inputs holding the private one
+POOLED = ("head-embedding",)
+#: models whose LM head AEGIS's published recipe leaves clean (causal LMs)
+DECODERS = ("gpt-tiny", "llama-tiny", "hf-gpt2", "hf-llama", "hf-decoder")
+
+
+def _recipe(claim: Claim, defense: str, model: str) -> bool:
+    """Whether an AEGIS defense label is the claim's recipe: as published (no down-projection noise,
+    and on a causal LM no head noise either), or veil's default (the bare name; audits made since
+    the default noises encoders' down-projections too: `Claim.sources`)."""
+    if claim.recipe == "published":
+        return "mlp_down_noise=0.0" in defense and ("head_noise=0.0" in defense or not model.startswith(DECODERS))
+    if claim.recipe == "default":
+        return defense == claim.defense
+    return True
+
+
 def _matches(claim: Claim, t: dict[str, Any]) -> bool:
     if claim.models and not str(t.get("model", "")).startswith(claim.models):
         return False
@@ -147,14 +186,18 @@ def evidence(claim: Claim, summaries: dict[str, dict[str, Any]]) -> dict[str, li
     out: dict[str, list[tuple[float, str]]] = {"naive": [], "worst": [], "plain": []}
     want = "images" if claim.kind in ("images", "features") else "text"
     for source, s in sorted(summaries.items()):
+        if claim.sources and source not in claim.sources:
+            continue
         for name, t in (s.get("tasks") or {}).items():
             leakage = (t or {}).get("leakage") or {}
             if not _matches(claim, t) or _modality(leakage) != want:
                 continue
             knows = t.get("attacker_knows", {})
             for d, cells in leakage.items():
-                if d.split("(")[0] != claim.defense:
+                if d.split("(")[0] != claim.defense or not _recipe(claim, d, str(t.get("model", ""))):
                     continue
+                if claim.pool_free:
+                    cells = {a: c for a, c in cells.items() if not a.startswith(POOLED)}
                 naive = _best(
                     cells,
                     claim.kind,
