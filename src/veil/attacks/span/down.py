@@ -87,6 +87,9 @@ class SpanDownAttack(Attack[SpanDownOptions]):
 
     knows = "which exported tensors are noised (Knowledge.defense), the weights, the vocabulary and batch size"
     modality = "text"
+    #: where it applies beside the modality (`Attack.applies`): a client's dropout masks move the
+    #: activations off the span its exact test reads
+    dropout_breaks = ("tests tokens by exact span membership, which a client's dropout masks break", "span-robust")
 
     def budget(self) -> dict[str, int]:
         return {"sentences_scored": self.options.budget}
