@@ -216,12 +216,17 @@ def test_cli_span_on_encoder_folders_batch4(tmp_path, trained_encoders, kind):
     assert rep["token_recovery"] >= 0.95, rep
 
 
-@pytest.mark.slow
-def test_cli_span_runs_on_llama_folder(tmp_path, tmp_path_factory):
-    """LLaMA has no position table: the span attack runs (tokens, not (token, slot) pairs)."""
-    folder = write_family("llama", tmp_path_factory.mktemp("l") / "llama", dim=128, depth=2, heads=4)
-    rep = _attack(tmp_path, folder, "span", 4, SST2, samples=1)
-    assert "token_recovery" in rep
+def test_cli_span_on_llama_folder_refuses_in_one_line_and_span_unfrozen_runs(tmp_path, folders, capsys):
+    """LLaMA has no position table (RoPE): the span attack, whose candidates are (token, slot)
+    pairs, refuses in one line; span-unfrozen (token candidates on the MLP layers) runs."""
+    cfg = tmp_path / "l.yaml"
+    cfg.write_text(f"model: {{name: hf, path: {folders['llama']}, dropout: 0.0}}\ndata: {SST2}\n")
+    argv = ["attack", str(cfg), "--batch-size", "2", "--samples", "1", "--quiet"]
+    capsys.readouterr()
+    assert main([*argv, "--attack", "span", "--out", str(tmp_path / "a")]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "no position table" in err[0]
+    assert main([*argv, "--attack", "span-unfrozen", "--out", str(tmp_path / "b")]) == 0
 
 
 # ----------------------------------------------------------------------------- veil export --hf
@@ -278,3 +283,28 @@ def test_export_of_a_veil_preset_is_one_line(tmp_path, capsys):
     assert main(["export", str(tmp_path / "run"), "--hf", str(tmp_path / "x")]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "not a Hugging Face model" in err[0]
+
+
+def test_small_vocabulary_message_does_not_advise_the_tokenizer_the_data_has(tmp_path, capsys):
+    """A 1,000-row GPT-2 fed WordPiece data: the one line names the data's tokenizer and does not
+    advise data.tokenizer=wordpiece, which it already is."""
+    cfg = tmp_path / "c.yaml"
+    cfg.write_text(
+        "model: {name: hf-gpt2, vocab_size: 1000, dim: 32, depth: 1, heads: 2}\n"
+        "data: {name: sst2, tokenizer: wordpiece, max_len: 12, train_size: 8, test_size: 4}\n"
+    )
+    assert (
+        main(["attack", str(cfg), "--attack", "labels", "--samples", "1", "--out", str(tmp_path / "o"), "--quiet"]) == 2
+    )
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "(wordpiece) has 30522" in err[0] and "use data.tokenizer=wordpiece" not in err[0], err
+
+
+def test_missing_path_is_one_line(tmp_path, capsys):
+    cfg = tmp_path / "c.yaml"
+    cfg.write_text("model: {name: hf}\ndata: {name: sst2, max_len: 12, train_size: 8, test_size: 4}\n")
+    assert (
+        main(["attack", str(cfg), "--attack", "labels", "--samples", "1", "--out", str(tmp_path / "o"), "--quiet"]) == 2
+    )
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "path" in err[0], err

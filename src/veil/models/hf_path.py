@@ -249,6 +249,8 @@ def save_hf(model: VeilModel, folder: str | Path, tokenizer: Any = None) -> Path
 
 def _register() -> None:
     def build(**overrides: Any) -> VeilModel:
+        if not overrides.get("path"):
+            raise VeilError("model hf needs model.path: a Hugging Face checkpoint folder (save_pretrained)")
         return load_hf(**overrides)
 
     from veil.schema import options_of
