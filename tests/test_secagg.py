@@ -187,3 +187,32 @@ def test_sparse_rows_removes_weight_decay_and_clears_the_noise_floor() -> None:
     assert len(present_tokens(g.norm(dim=1))) == 200  # the naive row-norm test takes every row
     found = used_rows(decay_free_rows(g, w).norm(dim=1), z=8.0, rel_tol=1e-6)
     assert sorted(found.tolist()) == used
+
+
+def test_veil_audit_with_secagg_reports_the_aggregate_as_the_threat_model(tmp_path: Path) -> None:
+    from veil.commands.audit import audit as run_audit
+    from veil.experiments.scenario import parse_scenario
+
+    torch.set_num_threads(1)
+    raw = {
+        "name": "sa",
+        "seeds": [0],
+        "tasks": [
+            {
+                "name": "avg",
+                "protocol": "fedavg",
+                "run": {
+                    "model": {"name": "vit-digits", "dim": 16, "depth": 1, "heads": 2},
+                    "data": {"name": "digits", "train_size": 120, "test_size": 50},
+                    "train": {"batch_size": 4, "lr": 0.003, "seed": 0},
+                },
+                "attacks": ["labels"],
+                "federated": {"clients": 3, "rounds": 1, "local_steps": 1, "audit_clients": 3, "secagg": {}},
+            }
+        ],
+    }
+    s = run_audit(parse_scenario(raw), tmp_path / "out", progress=False)
+    assert s["tasks"]["avg"]["server_saw"] == ["the aggregate of 3 clients (SecAgg+)"]
+    assert s["tasks"]["avg"]["federated"]["secagg"]["quantization_range"] == 4194304
+    report = (tmp_path / "out" / "report.md").read_text()
+    assert "the server holds no individual update" in report and "the aggregate of 3 clients (SecAgg+)" in report

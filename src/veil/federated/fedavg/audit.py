@@ -237,6 +237,10 @@ def run_task(task: Task, s: Scenario, out: Path, progress: bool = False) -> dict
             t["blocked"][dn] = failed
         t["worst_case"][dn] = worst_case(t["leakage"][dn], knows, failed)
     t["samples"] = int(t["federated"]["audit_clients"])
+    # the threat model of the task's findings: what the server saw (one client's update, an aggregate, ...)
+    t["server_saw"] = sorted(
+        {str(e["server_saw"]) for run in events for e in run if e.get("event") == "audit" and "server_saw" in e}
+    )
     t["figure"] = plot_rounds(t["rounds"], out / "figures" / f"{_slug(task.name)}_rounds.png", task.name)
     return t
 
@@ -317,6 +321,19 @@ def report_blocks(t: dict[str, Any], out: Path) -> list[tuple]:
             "(crafted weights) is not modelled.",
         ),
     ]
+    if t.get("server_saw"):
+        secure = (
+            " under Flower's SecAgg+ (`federated.secagg`): the server holds no individual update"
+            if f.get("secagg")
+            else ""
+        )
+        blocks.append(
+            (
+                "p",
+                f"Threat model of every figure below{secure}: the server saw {'; '.join(t['server_saw'])}. The worst "
+                "case per round is the strongest attack on that view, with what its attacker knows.",
+            )
+        )
     if t.get("figure"):
         blocks.append(
             (
