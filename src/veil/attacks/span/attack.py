@@ -67,11 +67,7 @@ class SpanOptions(Options):
     )
     restarts: int = option(4, "restarts of the encoder assignment search")
     sweeps: int = option(12, "coordinate sweeps per restart of the encoder assignment search")
-    budget: int = option(
-        100_000,
-        "candidate sentences scored, all searches together (counted work, never seconds); the default keeps "
-        "one update to minutes on 2 CPU cores where each sentence scored runs whole-model forwards",
-    )
+    budget: int = option(100_000, "candidate sentences scored, all searches together (counted work, never seconds)")
     beam: int | None = option(None, "prefixes kept per position by the decoder search; unset: 4 x batch size")
     seed: int | None = option(None, "seed of the searches; unset: the knowledge's seed")
 
