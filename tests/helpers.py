@@ -10,6 +10,7 @@ from typing import TYPE_CHECKING
 
 import torch
 
+from veil.assets import minilm_dir
 from veil.models import VeilModel
 
 if TYPE_CHECKING:
@@ -59,6 +60,8 @@ SMALL = {  # small widths so the whole registry runs in seconds
     "vit-seg": {"num_classes": 11, "depth": 2},
     "transformer4-mc": {"vocab_size": 30522, "num_classes": 4},
     "minilm-mc": {},
+    # a user's checkpoint folder: the shipped MiniLM's (every family: tests/test_hf_path.py)
+    "hf": {"path": str(minilm_dir())},
 }
 
 
