@@ -67,3 +67,15 @@ def test_reads_every_down_projection_the_position_table_and_the_lm_head() -> Non
     model = _model("gpt-tiny")
     reads = create_attack("span-down").reads(model)
     assert {"blocks.0.mlp.fc2.weight", "blocks.1.mlp.fc2.weight", "pos.weight", "lm_head.weight"} <= set(reads)
+
+
+def test_a_repeated_first_token_passes_the_span_test_but_has_rank_one() -> None:
+    """RoPE: a run of one token gives every position the same activation (in the span whenever
+    the first is), so the decoder search ranks found prefixes by their activations' rank first."""
+    from veil.attacks.span.down import down_modules
+    from veil.attacks.span.down_search import activation_rank
+
+    model = _model("llama-tiny")
+    down = down_modules(model)[0]
+    assert activation_rank(model, down, [101] * 6) == 1
+    assert activation_rank(model, down, _batch(1, 6)["input_ids"][0].tolist()) == 6

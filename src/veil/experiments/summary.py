@@ -17,6 +17,8 @@ summary["tasks"][task]:
   budget[defense][attack]   a budgeted attack's account (`veil.attacks.base.Attack.budget`):
                             budget_used (mean over samples and seeds; 1.0 = the whole budget),
                             budget_used_max (the most one sample spent), budget_stopped (any)
+  census[defense]           what the server sees: every parameter clean / noised (nsr) / frozen /
+                            absent, with the attacks that read it (`veil.experiments.census`)
 summary["over_budget"]      the cells whose budget_used_max exceeds OVER_BUDGET (`over_budget`)
 
 `python -m veil.experiments.summary AUDIT_DIR` prints every budgeted cell's account from its

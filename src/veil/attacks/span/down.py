@@ -38,6 +38,7 @@ from veil.attacks.span.checks import row_span
 from veil.attacks.span.core import Span, param_name
 from veil.attacks.span.down_search import (
     RowScorer,
+    activation_rank,
     coordinate_descent,
     head_rows,
     last_nonzero_row,
@@ -149,6 +150,9 @@ class SpanDownAttack(Attack[SpanDownOptions]):
         vocab = torch.arange(model.token_embedding().weight.shape[0])
         scorer = RowScorer(model, spans[0][0], spans[0][1], o.budget)
         found = prefix_search(scorer, vocab, cands, T, o.tol, o.beam or 4 * B)
+        # the most independent rows first (a repeated token's run passes with rank 1), then the closest
+        ranks = [activation_rank(model, spans[0][0], p) for p, _ in found]
+        found = [f for _, f in sorted(zip(ranks, found), key=lambda rf: (-rf[0], rf[1][1]))]
         prefixes = [p for p, _ in found[:B]]
         sep = getattr(know.tokenizer, "sep_id", None)
         if prefixes and hg is not None and head is not None:
@@ -156,6 +160,9 @@ class SpanDownAttack(Attack[SpanDownOptions]):
         else:
             lasts = [int(sep) if sep is not None else int(cands[0])] * len(prefixes)
         sentences = [[*p, v] for p, v in zip(prefixes, lasts)]
+        if not sentences:  # no first token lies in the span (a noised down-projection): the frame alone
+            cls = getattr(know.tokenizer, "cls_id", None)
+            sentences = [[int(cls) if cls is not None else int(vocab[0]), int(sep) if sep is not None else 0]] * B
         stats: dict[str, Any] = {
             "work": {"sentences_scored": scorer.scored},
             "budget_stopped": scorer.stopped,

@@ -185,6 +185,16 @@ def prefix_search(
     return sorted(done, key=lambda pt: pt[1])
 
 
+def activation_rank(model: VeilModel, down: nn.Module, prefix: list[int], rel: float = 1e-3) -> int:
+    """The rank of a prefix's activations at `down`: a true sentence's rows are independent, while
+    a run of one repeated token (RoPE: every row the same) passes the span test with rank 1."""
+    ids = torch.tensor([prefix], device=model_device(model))
+    with torch.no_grad(), recording_inputs([down], stop=down) as seen:
+        model({"input_ids": ids, "attention_mask": torch.ones_like(ids)})
+    sv = torch.linalg.svdvals(seen[id(down)][0].double())
+    return int((sv > rel * sv[0]).sum()) if len(sv) and sv[0] > 0 else 0
+
+
 def head_rows(model: VeilModel, head_grad: Tensor | None, k: int) -> Tensor:
     """The k largest rows of the (clean) LM-head gradient (its targets), or the whole vocabulary."""
     vocab = model.token_embedding().weight.shape[0]
