@@ -157,7 +157,9 @@ def main() -> None:
         if n >= 2 or not secure
     ]
     head = (
-        "# Leakage vs clients per round under SecAgg+ (issue 42): written and run by\n"
+        "# Mirrors DAGER's and the sparse-row attacks' claim that an aggregate still leaks: leakage vs\n"
+        "# clients per round under Flower's SecAgg+. Scaled down: one FedAvg round per task, small models.\n"
+        "# Written and run by\n"
         "#   python benchmarks/secagg_leakage.py   (or: veil audit configs/paper/secagg_leakage.yaml --out DIR)\n"
     )
     SCENARIO.write_text(

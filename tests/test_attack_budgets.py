@@ -43,6 +43,7 @@ CLOSED = {
     "head-embedding",
     "span-unfrozen",
     "span-robust",
+    "sparse-rows",
 }
 RUN_CLOSED = {"april": "image", "labels": "image", "head-embedding": "image", "presence": "text"}
 #: may stop before the budget on their own test (L-BFGS tolerances, LM at the rounding floor, an exact sentence)

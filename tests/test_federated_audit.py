@@ -160,7 +160,7 @@ def test_unknown_protocol_is_a_one_line_error() -> None:
     raw = copy.deepcopy(FEDAVG)
     raw["tasks"][0]["protocol"] = "gossip"
     with pytest.raises(
-        VeilError, match="unknown protocol 'gossip' in tasks\\[0\\]; allowed: single-step, fedavg, split"
+        VeilError, match="unknown protocol 'gossip' in tasks\\[0\\]; allowed: single-step, dp-audit, fedavg, split"
     ) as e:
         parse_scenario(raw)
     assert "\n" not in str(e.value)

@@ -42,7 +42,7 @@ def test_every_registry_fills_from_its_modules() -> None:
     assert {"digits", "sst2"} <= set(DATASETS.names())
     assert {"none", "mjp", "aegis", "dpsgd", "prune", "gaussian", "permutation"} <= set(DEFENSES.names())
     assert {"april", "ig", "span", "labels"} <= set(ATTACKS.names())
-    assert PROTOCOLS.names() == ["fedavg", "split"]
+    assert PROTOCOLS.names() == ["dp-audit", "fedavg", "split"]
 
 
 def test_public_lookups() -> None:
