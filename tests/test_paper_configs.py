@@ -64,7 +64,8 @@ def test_a_task_at_init_attacks_the_seeded_weights_and_trains_nothing(tmp_path: 
     shuffled = {**task, "name": "shuffled", "reference": "shuffled", "defenses": [{"name": "mjp", "gamma": 0.27}]}
     s = run_audit(parse_scenario({"name": "x", "attacks": ["april"], "tasks": [task, shuffled]}), tmp_path, False)
     t = s["tasks"]["init"]
-    assert t["weights"] == "init" and t["utility"] == {"none": {}} and not (tmp_path / "runs").exists()
+    untrained = {"none": {"weights": {"checkpoint": "init", "steps": [0]}}}  # no accuracy: only the weights named
+    assert t["weights"] == "init" and t["utility"] == untrained and not (tmp_path / "runs").exists()
     assert t["leakage"]["none"]["april"]["psnr"] > 80
     assert s["tasks"]["shuffled"]["reference"] == "shuffled"
     assert s["tasks"]["shuffled"]["leakage"]["mjp(gamma=0.27)"]["april"]["psnr"] < 30

@@ -8,6 +8,7 @@ a run the same way without any of them importing another to do it (docs/architec
 
 from __future__ import annotations
 
+import math
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -124,7 +125,19 @@ def build_run(cfg: RunConfig, data: DataSplits | None = None) -> tuple[VeilModel
     defenses = build_defenses(cfg)
     for d in defenses:
         d.attach(model)
+    prepare_schedule(cfg, data, defenses)
     return model, data, defenses
+
+
+def prepare_schedule(cfg: RunConfig, data: DataSplits, defenses: list[Defense]) -> None:
+    """A DP defense learns the run's schedule (sample rate, steps, and sigma where the config gives
+    a target epsilon) as soon as the run is built, so that a rebuilt run's client step (an attack
+    cell, the census, `veil attack`) draws the noise the training drew."""
+    n = len(data.train["labels"])
+    steps = cfg.train.max_steps or cfg.train.epochs * math.ceil(n / cfg.train.batch_size)
+    for d in defenses:
+        if getattr(d, "poisson", False):
+            d.prepare(n, cfg.train.batch_size, steps)
 
 
 def load_run(

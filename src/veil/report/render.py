@@ -74,7 +74,11 @@ def task_blocks(name: str, t: dict[str, Any], out: Path, examples: list[dict[str
     )
     rows = []
     for d, u in t["utility"].items():
-        acc = f"{u['test_accuracy_mean']:.4f} ± {u['test_accuracy_std']:.4f}" if u else "— (attacked at init)"
+        acc = (
+            f"{u['test_accuracy_mean']:.4f} ± {u['test_accuracy_std']:.4f}"
+            if "test_accuracy_mean" in u
+            else "— (attacked at init)"
+        )
         ppl = f"{u['test_perplexity_mean']:.2f}" if "test_perplexity_mean" in u else "—"
         rows.append(
             [d, acc, ppl, f"{t['overhead'].get(d, float('nan')):.3f}", f"{t['step_seconds'].get(d, float('nan')):.4f}"]
