@@ -106,7 +106,9 @@ def test_no_server_side_object_holds_an_individual_update(tmp_path: Path, monkey
 
         vec = np.concatenate([bytes_to_ndarray(b).ravel() for b in blobs[1:]]).astype(np.float64)
         upd = np.concatenate([a.ravel() for a in sent[node][1].values()])
-        assert abs(np.corrcoef(vec, upd)[0, 1]) < 0.05  # the masked vector says nothing of the update
+        # the masked vector says nothing of the update: its correlation is that of independent vectors,
+        # whose spread is 1 / sqrt(n) (5 of those: a false alarm once in ~2 million; an unmasked vector gives ~1)
+        assert abs(np.corrcoef(vec, upd)[0, 1]) < 5 / np.sqrt(len(upd))
     # the auditor saw one view, the aggregate, equal to the weighted mean of the updates
     assert [c for c, _ in views] == ["aggregate"]
     weights = np.array([w for w, _ in sent.values()], dtype=np.float64)
