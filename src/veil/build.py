@@ -130,13 +130,15 @@ def build_run(cfg: RunConfig, data: DataSplits | None = None) -> tuple[VeilModel
 
 
 def prepare_schedule(cfg: RunConfig, data: DataSplits, defenses: list[Defense]) -> None:
-    """A DP defense learns the run's schedule (sample rate, steps, and sigma where the config gives
-    a target epsilon) as soon as the run is built, so that a rebuilt run's client step (an attack
-    cell, the census, `veil attack`) draws the noise the training drew."""
+    """A DP defense given a target epsilon learns its sigma from the run's schedule (sample rate,
+    steps) as soon as the run is built, so that a rebuilt run's client step (an attack cell, the
+    census, `veil attack`) draws the noise the training drew. A defense given its sigma is left
+    as built: a single client step divides by the batch it is handed (the training loop prepares
+    the rest)."""
     n = len(data.train["labels"])
     steps = cfg.train.max_steps or cfg.train.epochs * math.ceil(n / cfg.train.batch_size)
     for d in defenses:
-        if getattr(d, "poisson", False):
+        if getattr(d, "poisson", False) and getattr(d, "noise_multiplier", 0.0) is None:
             d.prepare(n, cfg.train.batch_size, steps)
 
 
