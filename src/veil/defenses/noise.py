@@ -180,12 +180,23 @@ def _noise_graph(bits: Tensor, tables: list[Tensor], stats: tuple[Statistic, ...
 
 
 _GRAPH: dict[str, Any] = {}
+#: table sets one process may compile the noise graph for before dynamo would fall back to eager
+RECOMPILE_LIMIT = 256
 
 
 def _compiled_graph() -> Callable[..., Tensor] | None:
-    """`_noise_graph` compiled once per process (shapes dynamic), or None where compiling is off."""
+    """`_noise_graph` compiled once per process (shapes dynamic), or None where compiling is off.
+
+    Each set of tables (their count and statistics) is one more specialisation of the graph; past
+    dynamo's recompile limit (8) it would run the graph eagerly, whose reductions (the clean
+    statistics) round differently with the thread count. An audit meets many such sets in one
+    process (every defense x model), so the limit is raised to keep every draw compiled."""
     if "fn" not in _GRAPH:
         off = os.environ.get("VEIL_COMPILE", "1").strip().lower() in ("0", "false", "no", "off")
+        if not off:
+            import torch._dynamo.config as dynamo_config
+
+            dynamo_config.recompile_limit = max(dynamo_config.recompile_limit, RECOMPILE_LIMIT)
         _GRAPH["fn"] = None if off else torch.compile(_noise_graph, dynamic=True)
     return _GRAPH["fn"]
 
