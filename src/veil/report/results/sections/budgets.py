@@ -1,4 +1,4 @@
-"""Section budgets: every budgeted attack cell of every collected run (issue 23: no cell may
+"""Section budgets: every budgeted attack cell of every collected run (no cell may
 spend more than 1.2x its stated budget); the over-budget list is each summary's own
 (`over_budget`, computed by the engine), so the threshold lives in one place."""
 

@@ -1,4 +1,4 @@
-"""Section span-scale: the span attack at batch 8-64 and issue 21's CLI command (Petrov et al.
+"""Section span-scale: the span attack at batch 8-64 and the user's CLI command (Petrov et al.
 2024, DAGER: the layer-1 span has rank <= the batch's real tokens B*T, eq. 2-3, and separates
 them only while that stays below the width). Renders docs/results/bench/span-scale.json, written by
 `python benchmarks/span_scale.py` (a timing benchmark, not an audit): `scale` (per model and
@@ -97,7 +97,7 @@ def cli(c: dict[str, Any]) -> str:
     header += ["wall s (whole command)", "load average after", "recovery goal (>= 0.95, exact sentences)"]
     return "\n".join(
         [
-            "### Span attack speed: issue 21's command through the CLI (MiniLM, mean pooling, batch 4, 2 batches)",
+            "### Span attack speed: a user's command through the CLI (MiniLM, mean pooling, batch 4, 2 batches)",
             "",
             f"`{CLI}` (with `--quiet`), {len(c['runs'])} run(s) side by side, by `{c['command']}`; load average "
             f"{c['load_before']} at the start. CPU s is the whole process (model load and both batches), "
