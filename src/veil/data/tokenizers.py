@@ -67,7 +67,27 @@ def _load_bert_tokenizer(folder: str):  # noqa: ANN202 - transformers type
     return BertTokenizerFast.from_pretrained(folder, local_files_only=True)
 
 
-class WordPieceTokenizer:
+class HFPieces:
+    """What a tokenizer backed by a transformers tokenizer (``self._tok``) reads off it."""
+
+    _tok: Any
+
+    def decode(self, ids: Sequence[int] | Tensor, skip_special: bool = False) -> list[str]:
+        """The tokenizer's pieces (e.g. WordPiece's '##ing') of one id sequence."""
+        tokens = self._tok.convert_ids_to_tokens(as_id_list(ids))
+        specials = set(self._tok.all_special_tokens)
+        return [t for t in tokens if not (skip_special and t in specials)]
+
+    def vocab(self) -> dict[str, int]:
+        """token -> id, to compare with a model's own tokenizer."""
+        return dict(self._tok.get_vocab())
+
+    def hf_tokenizer(self) -> Any:
+        """The transformers tokenizer (what `veil export --hf` saves beside the model)."""
+        return self._tok
+
+
+class WordPieceTokenizer(HFPieces):
     """MiniLM's uncased WordPiece vocabulary (30,522 ids), read offline from the installed package."""
 
     def __init__(self) -> None:
@@ -98,25 +118,11 @@ class WordPieceTokenizer:
         )
         return enc["input_ids"].long(), enc["attention_mask"].long()
 
-    def decode(self, ids: Sequence[int] | Tensor, skip_special: bool = False) -> list[str]:
-        """The tokens (WordPiece pieces, e.g. '##ing') of one id sequence."""
-        tokens = self._tok.convert_ids_to_tokens(as_id_list(ids))
-        specials = set(self._tok.all_special_tokens)
-        return [t for t in tokens if not (skip_special and t in specials)]
-
-    def vocab(self) -> dict[str, int]:
-        """token -> id, to compare with a model's own tokenizer."""
-        return dict(self._tok.get_vocab())
-
-    def hf_tokenizer(self) -> Any:
-        """The transformers tokenizer (what `veil export --hf` saves beside the model)."""
-        return self._tok
-
     def __repr__(self) -> str:
         return f"WordPieceTokenizer(vocab_size={self.vocab_size})"
 
 
-class FolderTokenizer:
+class FolderTokenizer(HFPieces):
     """The tokenizer of a Hugging Face checkpoint folder (AutoTokenizer, local files only).
 
     Texts are laid out as veil's other tokenizers do: start, the text's tokens (no special tokens
@@ -165,20 +171,6 @@ class FolderTokenizer:
             ids[i, : len(row)] = torch.tensor(row, dtype=torch.int64)
             mask[i, : len(row)] = 1
         return ids, mask
-
-    def decode(self, ids: Sequence[int] | Tensor, skip_special: bool = False) -> list[str]:
-        """The tokens of one id sequence (the tokenizer's pieces)."""
-        tokens = self._tok.convert_ids_to_tokens(as_id_list(ids))
-        specials = set(self._tok.all_special_tokens)
-        return [t for t in tokens if not (skip_special and t in specials)]
-
-    def vocab(self) -> dict[str, int]:
-        """token -> id, to compare with a model's own tokenizer."""
-        return dict(self._tok.get_vocab())
-
-    def hf_tokenizer(self) -> Any:
-        """The transformers tokenizer (what `veil export --hf` saves beside the model)."""
-        return self._tok
 
     def __repr__(self) -> str:
         return f"FolderTokenizer({self.name!r}, vocab_size={self.vocab_size})"
