@@ -101,24 +101,30 @@ class PresenceOptions(Options):
     keep_special: bool = option(False, "keep the special tokens ([CLS], [SEP], padding) in the bag")
 
 
+class ReadsEmbeddingRows:
+    """Where an attack on the token-embedding rows applies (an untied, trained table) and what it reads."""
+
+    name: str
+
+    def applies_to(self, model: VeilModel) -> str | None:
+        reason = super().applies_to(model)  # type: ignore[misc]
+        if reason is None and not model.token_embedding().weight.requires_grad:
+            return frozen_embedding_reason(self.name)
+        return reason
+
+    def reads(self, model: VeilModel) -> list[str]:
+        """The token-embedding gradient's (or update's) rows."""
+        return param_names(model, [model.token_embedding()])
+
+
 @ATTACKS.register("presence", help="token bag from the row norms of the token-embedding gradient (text)")
-class PresenceAttack(Attack[PresenceOptions]):
+class PresenceAttack(ReadsEmbeddingRows, Attack[PresenceOptions]):
     """Token bag from the embedding gradient's row norms (options: `PresenceOptions`)."""
 
     knows = "the token-embedding gradient and the public vocabulary; not the defense (naive)"
     modality = "text"
     closed_form = "one pass over the embedding rows"
     needs_untied_embedding = True
-
-    def applies_to(self, model: VeilModel) -> str | None:
-        reason = super().applies_to(model)
-        if reason is None and not model.token_embedding().weight.requires_grad:
-            return frozen_embedding_reason(self.name)
-        return reason
-
-    def reads(self, model: VeilModel) -> list[str]:
-        """The token-embedding gradient's rows."""
-        return param_names(model, [model.token_embedding()])
 
     def _reconstruct(self, obs: Observation, know: Knowledge) -> Reconstruction:
         rel_tol, abs_tol = self.options.rel_tol, self.options.abs_tol

@@ -41,10 +41,9 @@ import torch
 from torch import Tensor
 
 from veil.attacks import ATTACKS
-from veil.attacks.base import Attack, Knowledge, Observation, Reconstruction, param_names
+from veil.attacks.base import Attack, Knowledge, Observation, Reconstruction
 from veil.attacks.options import Options, option
-from veil.attacks.presence import embedding_row_norms, frozen_embedding_reason, token_bag
-from veil.models.base import VeilModel
+from veil.attacks.presence import ReadsEmbeddingRows, embedding_row_norms, token_bag
 
 
 def decay_free_rows(grad: Tensor, weight: Tensor) -> Tensor:
@@ -77,23 +76,13 @@ class SparseRowsOptions(Options):
 @ATTACKS.register(
     "sparse-rows", help="tokens some client used, from the non-zero token-embedding rows of an (aggregated) update"
 )
-class SparseRowsAttack(Attack[SparseRowsOptions]):
+class SparseRowsAttack(ReadsEmbeddingRows, Attack[SparseRowsOptions]):
     """Token bag of every client in an aggregate (options: `SparseRowsOptions`)."""
 
     knows = "the token-embedding rows of the update (one client's or the aggregate), weight decay and quantization noise as mechanisms"
     modality = "text"
     closed_form = "one pass over the embedding rows"
     needs_untied_embedding = True
-
-    def applies_to(self, model: VeilModel) -> str | None:
-        reason = super().applies_to(model)
-        if reason is None and not model.token_embedding().weight.requires_grad:
-            return frozen_embedding_reason(self.name)
-        return reason
-
-    def reads(self, model: VeilModel) -> list[str]:
-        """The token-embedding update's rows."""
-        return param_names(model, [model.token_embedding()])
 
     def _reconstruct(self, obs: Observation, know: Knowledge) -> Reconstruction:
         embedding_row_norms(obs)  # the one-line refusals: tied, frozen, not a table
