@@ -11,7 +11,7 @@ and the ratio to `none`.
 
 `--cpu-table` is the docs' CPU table: transformer4, gpt-tiny and MiniLM at batch 16 x 48 on one
 thread (a fully loaded machine) and on every core, then the transformer4 bench again REPEAT_RUNS
-times REPEAT_GAP_S apart (this VM's speed drifts between runs). `python -m veil.report.results`
+times REPEAT_GAP_S apart (this VM's speed drifts between runs). `python -m results`
 renders both JSON files (sections aegis-overhead, aegis-overhead-gpu).
 """
 
@@ -177,7 +177,7 @@ def main() -> None:
     a = p.parse_args()
     if a.cpu_table:
         write_checked_text(BENCH_DIR / "aegis-overhead.json", json.dumps(cpu_table(), indent=1) + "\n")
-        print(f"wrote {BENCH_DIR / 'aegis-overhead.json'}; render with python -m veil.report.results")
+        print(f"wrote {BENCH_DIR / 'aegis-overhead.json'}; render with python -m results")
         return
     if a.suite:
         res: Any = suite(a.device, [(16, 48), (64, 128)], a.repeats)

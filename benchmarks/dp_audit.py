@@ -10,7 +10,7 @@ Runs (or resumes: every (task, defense, seed) is a cached file) each scenario
 `veil.experiments.dp_audit`), collects its summary to docs/results/SCENARIO.json (hashed), draws
 each task's membership ROC (log-log) to docs/figures/dp-audit_TASK_roc.png, and with `--write`
 splices the `dp-audit` section of docs/results.md, rendered by
-`veil.report.results.sections.dp_audit` from those JSON files (as `python -m veil.report.results`
+`results.sections.dp_audit` from those JSON files (as `python -m results`
 does). The Flower part (`veil.federated.fedavg.dp_audit.canary_clients`: client-level DP with
 canary clients, the strategy wrapper `veil federate` builds) goes to
 docs/results/bench/dp-audit-flower.json. One torch thread.
@@ -22,12 +22,14 @@ import argparse
 import json
 import logging
 import os
+import sys
 import time
 from pathlib import Path
 
 import torch
 
 ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))  # the results book (`results/`) is a repository folder, not an installed package
 
 
 #: the Flower runs: (federated.dp, claimed epsilon or None for no noise)
@@ -61,12 +63,15 @@ def main() -> None:
     os.environ.setdefault("OMP_NUM_THREADS", "1")
     torch.set_num_threads(1)
 
+    from results import Section, cache_of, collect, figures_of, render_section, splice
+    from results.sections import dp_audit as section
     from veil.experiments.audit import run_audit
     from veil.experiments.scenario import load_scenario
     from veil.io import atomic_write_text, write_checked_text
     from veil.report.dp_audit import curves_of, roc_figure, slug
-    from veil.report.results import CACHE, DOC, FIGURES, Section, collect, render_section, splice
-    from veil.report.results.sections import dp_audit as section
+
+    DOC = ROOT / "docs" / "results.md"
+    CACHE, FIGURES = cache_of(DOC), figures_of(DOC)
 
     for name in [] if args.render else args.scenario or ["dp_audit", "dp_audit_minilm"]:
         t0 = time.perf_counter()
@@ -79,7 +84,7 @@ def main() -> None:
                 )
             if t.get("membership"):
                 roc_figure(curves_of(t), FIGURES / f"dp-audit_{slug(task)}_roc.png", f"{task}: membership ROC")
-        print(f"collected {collect(ROOT / 'runs/paper' / name, None, CACHE)}")
+        print(f"collected {collect(ROOT / 'runs/paper' / name, None, CACHE, FIGURES)}")
     if not args.render:
         path = CACHE / "bench" / "dp-audit-flower.json"
         path.parent.mkdir(parents=True, exist_ok=True)

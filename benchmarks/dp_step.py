@@ -17,7 +17,7 @@ hooks freeze the two tables themselves); veil-functorch trains the same set, lik
     python benchmarks/dp_step.py --batch 16 --len 32 --repeats 10 --json runs/dp/bench.json
     python benchmarks/dp_step.py --write     # docs/results/bench/dp-step.json (section dp of docs/results.md)
 
-`python -m veil.report.results` renders the JSON `--write` leaves (with its hash) in section dp.
+`python -m results` renders the JSON `--write` leaves (with its hash) in section dp.
 """
 
 from __future__ import annotations

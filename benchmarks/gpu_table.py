@@ -1,7 +1,7 @@
 """Collect one lent-GPU run of `benchmarks/gpu_run.sh` (issue 21) into docs/results/bench/gpu.json
 (the `gpu` section's source) and docs/results/bench/aegis-overhead-gpu.json (the
 `aegis-overhead-gpu` section's), hashed as `veil.io` writes cached results; then
-`python -m veil.report.results` renders both.
+`python -m results` renders both.
 
     python benchmarks/gpu_table.py DIR [DIR ...] [--date YYYY-MM-DD]
 

@@ -18,7 +18,7 @@ rank of the first layer's adapter spans, and how many batches had every adapter 
 sentence of 8 tokens has 7 that reach the loss: below r = 8 at batch 1).
 
 Results go to docs/results/bench/lora-span.json (hashed); `--write` splices the `lora-span`
-section of docs/results.md, rendered by `veil.report.results.sections.lora_span` from that JSON.
+section of docs/results.md, rendered by `results.sections.lora_span` from that JSON.
 """
 
 from __future__ import annotations
@@ -40,6 +40,7 @@ from veil.build import build_run
 from veil.config import load_config
 
 ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))  # the results book (`results/`) is a repository folder, not an installed package
 MODELS: dict[str, list[str]] = {
     "hf-gpt2": ["model=hf-gpt2", "model.dropout=0", "model.dim=256", "model.depth=2"],
     "llama-tiny": ["model=llama-tiny"],
@@ -103,10 +104,11 @@ def save(value: dict[str, Any], path: Path) -> dict[str, Any]:
 
 def write_docs(doc: dict[str, Any]) -> None:
     """Splice the lora-span section (rendered from the JSON) into docs/results.md."""
+    from results import splice
+    from results.sections.lora_span import render
     from veil.io import atomic_write_text
-    from veil.report.results import DOC, splice
-    from veil.report.results.sections.lora_span import render
 
+    DOC = ROOT / "docs" / "results.md"
     atomic_write_text(DOC, splice(DOC.read_text(), "lora-span", render(doc).strip()))
 
 
@@ -153,7 +155,7 @@ def main() -> None:
     save(doc, path)
     if args.write:
         write_docs(doc)
-    from veil.report.results.sections.lora_span import render
+    from results.sections.lora_span import render
 
     print(render(doc))
 

@@ -25,7 +25,7 @@ the batch (one client step per batch size; the medians over the batch's sentence
 
 Results go to docs/results/bench/span-scale.json (keys `scale` and `cli`, hashed), the figure to
 docs/figures/span_scale.png; `--write` splices the `span-scale` section of docs/results.md,
-rendered by `veil.report.results.sections.span_scale` from that JSON.
+rendered by `results.sections.span_scale` from that JSON.
 The decoder is HF GPT-2 at width 256, 2 layers, weights at init (docs/results.md's wider decoder):
 the width, not the depth, sets where the rank condition fails. MiniLM is the real pretrained checkpoint with a
 fresh head, [CLS] pooling (the builder's default; `--minilm-pooling mean` as configs/minilm_sst2.yaml).
@@ -55,6 +55,7 @@ from veil.config import load_config
 from veil.models.base import linear_weight
 
 ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))  # the results book (`results/`) is a repository folder, not an installed package
 MODELS: dict[str, list[str]] = {
     "minilm": ["model=minilm", "model.dropout=0"],
     "hf-gpt2": ["model=hf-gpt2", "model.dropout=0", "model.dim=256", "model.depth=2"],
@@ -274,10 +275,11 @@ def save(key: str, value: dict[str, Any], path: Path) -> dict[str, Any]:
 
 def write_docs(doc: dict[str, Any]) -> None:
     """Splice the span-scale section (rendered from the JSON) into docs/results.md."""
+    from results import splice
+    from results.sections.span_scale import render
     from veil.io import atomic_write_text
-    from veil.report.results import DOC, splice
-    from veil.report.results.sections.span_scale import render
 
+    DOC = ROOT / "docs" / "results.md"
     atomic_write_text(DOC, splice(DOC.read_text(), "span-scale", render(doc).strip()))
 
 
@@ -381,7 +383,7 @@ def main() -> None:
         figure(result, Path(args.figure))
     if args.write:
         write_docs(doc)
-    from veil.report.results.sections.span_scale import render
+    from results.sections.span_scale import render
 
     print(render(doc))
 

@@ -18,7 +18,7 @@ def _task(util: dict, leakage: dict, blocked: dict | None = None) -> dict:
 
 
 def test_the_recipe_table_gives_each_defense_its_gap_and_the_10_percent_verdict() -> None:
-    from veil.report.results.sections import aegis_recipe
+    from results.sections import aegis_recipe
 
     util = {
         "none": {"test_perplexity_mean": 500.0, "test_accuracy_mean": 0.1},
@@ -38,7 +38,7 @@ def test_the_recipe_table_gives_each_defense_its_gap_and_the_10_percent_verdict(
 
 
 def test_the_llama_table_lists_refusals_in_the_undefended_row_and_the_rope_note() -> None:
-    from veil.report.results.sections import aegis_llama
+    from results.sections import aegis_llama
 
     util = {
         "none": {"test_perplexity_mean": 544.6, "test_accuracy_mean": 0.0946},

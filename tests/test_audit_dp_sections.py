@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 
-from veil.report.results.sections import aegis_screen, dp, dp_glue
+from results.sections import aegis_screen, dp, dp_glue
 
 DP = {"name": "dpsgd", "clip": 1.0, "trainable": "classifier"}
 

@@ -84,7 +84,7 @@ def test_tag_runs_through_it_and_the_figure_is_drawn(text_run, tmp_path: Path) -
 
 
 def test_the_fig9_section_lists_each_model_and_links_the_figure() -> None:
-    from veil.report.results.sections import mjp_fig9
+    from results.sections import mjp_fig9
 
     panel = {
         "label": "mjp(gamma=0.5,window=8)",

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from veil.report.results.sections import gpu
+from results.sections import gpu
 
 
 def _cell(model: str, batch: int, rec: float, s: float, stopped: bool) -> dict:

@@ -131,7 +131,7 @@ def test_a_single_sequence_batch_is_refused_in_one_line() -> None:
 
 
 def test_the_table7_section_reports_each_gamma_against_undefended() -> None:
-    from veil.report.results.sections import mjp_table7
+    from results.sections import mjp_table7
 
     util = {
         "none": {"test_accuracy_values": [0.50]},

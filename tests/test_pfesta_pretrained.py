@@ -7,12 +7,12 @@ from pathlib import Path
 
 import torch
 
+from results.sections import pfesta_pretrained
 from veil.federated.split.models import build_body
 from veil.federated.split.multitask import build_parts
 from veil.federated.split.spec import split_spec_from_raw
 from veil.models import create_model
 from veil.models.pretrained import save
-from veil.report.results.sections import pfesta_pretrained
 
 
 def test_model_init_reaches_the_split_head_and_body(tmp_path: Path) -> None:

@@ -1,4 +1,4 @@
-"""docs/results.md is rendered from collected audit summaries (`veil.report.results`): one section
+"""docs/results.md is rendered from collected audit summaries (`results`): one section
 renders to a hand-written expectation, the repository's document is what its caches render, a
 collected summary is hashed and a damaged one refused, and rewriting keeps every other section."""
 
@@ -9,11 +9,14 @@ from pathlib import Path
 
 import pytest
 
+from results import all_sections, cache_of, collect, load, render_doc, splice
+from results.__main__ import main
+from results.sections import budgets, span_robust
 from veil.errors import VeilError
 from veil.io import write_checked_text
-from veil.report.results import CACHE, DOC, all_sections, check, collect, load, render_doc, splice
-from veil.report.results.__main__ import main
-from veil.report.results.sections import budgets, span_robust
+
+#: the repository's document (the tool takes it as an argument; the tests do not depend on the current folder)
+DOC = Path(__file__).resolve().parents[1] / "docs" / "results.md"
 
 
 def _summary() -> dict:
@@ -65,10 +68,17 @@ def test_the_budget_section_names_every_cell_and_the_ones_over_budget() -> None:
     assert "No budgeted cell in: empty." in text
 
 
-def test_docs_results_md_is_what_its_cached_summaries_render() -> None:
-    diff = check(DOC, CACHE)
-    assert diff == "", f"docs/results.md differs from its rendering (python -m veil.report.results):\n{diff[:3000]}"
-    assert main(["--check"]) == 0
+def test_docs_results_md_is_what_its_cached_summaries_render(capsys) -> None:
+    rc = main(["--check", "--docs", str(DOC)])  # `python -m results --check`, run from the repository root
+    diff = capsys.readouterr().out
+    assert rc == 0 and diff == "", f"docs/results.md differs from its rendering (python -m results):\n{diff[:3000]}"
+
+
+def test_the_book_reads_and_writes_only_beside_the_document_it_is_given(tmp_path: Path, capsys) -> None:
+    assert cache_of(DOC) == DOC.parent / "results" and cache_of(tmp_path / "r.md") == tmp_path / "results"
+    assert main(["--check", "--docs", str(tmp_path / "missing.md")]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("veil: no results document at") and "--docs PATH" in err and "\n" not in err
 
 
 def test_collect_hashes_the_summary_and_a_damaged_cache_is_refused(tmp_path: Path, capsys) -> None:
@@ -90,7 +100,7 @@ def test_collect_hashes_the_summary_and_a_damaged_cache_is_refused(tmp_path: Pat
     dest.write_text(dest.read_text().replace("0.9", "0.1"))
     with pytest.raises(VeilError, match="does not match its recorded hash"):
         load("span-robust", tmp_path / "cache")
-    assert main(["collect", str(tmp_path / "nothing")]) == 2
+    assert main(["collect", str(tmp_path / "nothing"), "--docs", str(DOC)]) == 2
     assert "holds no summary.json" in capsys.readouterr().err
 
 
@@ -107,7 +117,7 @@ def test_every_section_module_renders_a_marker_of_the_document() -> None:
 
 
 def test_the_utility_section_reports_each_defense_against_undefended() -> None:
-    from veil.report.results.sections import utility
+    from results.sections import utility
 
     u = {
         "none": {"test_accuracy_values": [0.86, 0.87, 0.85]},
@@ -136,8 +146,8 @@ def test_the_utility_section_reports_each_defense_against_undefended() -> None:
 
 
 def test_a_section_renders_without_a_missing_optional_source(tmp_path: Path) -> None:
-    from veil.report.results import Section, render_section
-    from veil.report.results.sections import utility
+    from results import Section, render_section
+    from results.sections import utility
 
     assert render_section(Section("utility", utility), tmp_path) is None  # its required source is missing
     lm = {"none": {"test_accuracy_values": [0.17], "test_perplexity_values": [598.04]}}
@@ -160,7 +170,7 @@ def test_collect_copies_a_tasks_own_figure_beside_the_document(tmp_path: Path) -
 
 
 def test_the_mjp_section_renders_each_table_from_its_scenario() -> None:
-    from veil.report.results.sections import mjp
+    from results.sections import mjp
 
     def u(*accs: float, **ev: dict) -> dict:
         return {"test_accuracy_values": list(accs), "test_accuracy_mean": sum(accs) / len(accs), **ev}
@@ -190,7 +200,7 @@ def test_the_mjp_section_renders_each_table_from_its_scenario() -> None:
 
 
 def test_within_points_is_hand_computed_and_exactly_n_points_is_within() -> None:
-    from veil.report.results.tables import within_points
+    from results.tables import within_points
 
     assert within_points([0.49], [0.50], 1.0) == ["-1.00", "yes"]  # 100 * (0.49 - 0.50) = -1.0000000000000009
     assert within_points([0.485], [0.50], 1.0) == ["-1.50", "**no**"]
@@ -199,7 +209,7 @@ def test_within_points_is_hand_computed_and_exactly_n_points_is_within() -> None
 
 
 def test_the_span_signal_table_leaves_out_the_cls_only_last_block() -> None:
-    from veil.report.results.sections.span_scale import signal
+    from results.sections.span_scale import signal
 
     row = {"batch": 16, "tokens": 420, "ranks": [383, 383, 16], "width": 1536}
     row["median_distance"] = {"0": [0.0441, 0.0766, 0.86], "1": [0.0881, 0.1409, 0.88]}

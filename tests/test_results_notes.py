@@ -1,4 +1,4 @@
-"""The results sections' prose files (`veil.report.results.notes`)."""
+"""The results sections' prose files (`results.notes`)."""
 
 from __future__ import annotations
 
@@ -7,9 +7,9 @@ import pkgutil
 
 import pytest
 
-import veil.report.results.sections as sections
+import results.sections as sections
+from results.notes import FOLDER, labelled, notes, parse
 from veil.errors import VeilError
-from veil.report.results.notes import FOLDER, labelled, notes, parse
 
 
 def test_parse_reads_named_blocks_as_written() -> None:
@@ -28,7 +28,7 @@ def test_labelled_reads_key_text_lines_and_refuses_any_other_line() -> None:
 
 def test_a_section_without_its_notes_file_names_the_file() -> None:
     with pytest.raises(VeilError, match="no notes file nosuch.md"):
-        notes("veil.report.results.sections.nosuch")
+        notes("results.sections.nosuch")
 
 
 def test_every_notes_file_belongs_to_a_section_that_reads_it() -> None:
@@ -36,5 +36,5 @@ def test_every_notes_file_belongs_to_a_section_that_reads_it() -> None:
     files = sorted(FOLDER.glob("*.md"))
     assert files and {f.stem for f in files} <= names
     for f in files:
-        module = importlib.import_module(f"veil.report.results.sections.{f.stem}")
+        module = importlib.import_module(f"results.sections.{f.stem}")
         assert parse(f.read_text()) == module.NOTES and module.NOTES

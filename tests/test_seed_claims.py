@@ -1,4 +1,4 @@
-"""The seed-claims section (`veil.report.results.sections.seed_claims`): it reads every collected
+"""The seed-claims section (`results.sections.seed_claims`): it reads every collected
 summary, says "not measured" where none ran the defense, lets the strongest attack decide (naive or
 adaptive, e.g. head-embedding) and applies its verdict rules (constructed summaries, hand-set numbers)."""
 
@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from veil.report.results.sections import seed_claims as sc
+from results.sections import seed_claims as sc
 
 
 def render(summaries: dict[str, Any]) -> str:
@@ -130,8 +130,8 @@ def test_the_section_waits_until_every_source_is_collected(tmp_path) -> None:
     """A partial collection leaves the section as it stands (None) instead of writing 'not measured'."""
     import json
 
+    from results import Section, render_section
     from veil.io import write_checked_text
-    from veil.report.results import Section, render_section
 
     section = Section(sc.NAME, sc)
     for name in sc.SOURCES[:-1]:

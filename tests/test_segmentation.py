@@ -163,7 +163,7 @@ def test_veil_train_trains_vit_seg_with_mjp(tmp_path: Path) -> None:
 
 def test_mjp_sections_compute_their_verdicts() -> None:
     """The Table III and Table I sections (issue 19) print the gap to the baseline and the 1-point verdict."""
-    from veil.report.results.sections import mjp_table1_models, mjp_table3
+    from results.sections import mjp_table1_models, mjp_table3
 
     seg = {
         "none": {"test_accuracy_values": [0.95], "test_miou_values": [0.80], "test_macc_values": [0.88]},

@@ -5,8 +5,8 @@ from one defended client update each (batch 1, labels known); the original and r
 tokens' embeddings are projected to 2-D by PCA and compared by cosine similarity
 (`veil.analysis.tokens`). Writes DIR/tokens.json (per run: cosines, token recovery, the points)
 and DIR/token_pca.png (one panel per run), and DIR/summary.json (hashed, as the audit writes
-its own) for `python -m veil.report.results collect DIR --name mjp-fig9-tokens`, which copies the
-figure to docs/figures. DIR defaults to the first run's analysis/tokens.
+its own, naming the figure), so DIR can be collected as an audit folder is. DIR defaults to the
+first run's analysis/tokens.
 """
 
 from __future__ import annotations
