@@ -229,7 +229,7 @@ def legacy_keys(model: torch.nn.Module, sd: dict[str, torch.Tensor]) -> dict[str
 
     A submodule lists ``legacy_prefixes`` {old prefix: new prefix} (relative to itself): the HF
     adapters once registered ``_emb`` / ``_layers`` / ``_t`` as second paths to their HF modules,
-    and safetensors kept those names (issue 17). A key whose new name is also present is dropped
+    and safetensors kept those names. A key whose new name is also present is dropped
     (the same tensor twice)."""
     rules = [
         (f"{where}.{old}" if where else old, f"{where}.{new}" if where else new)

@@ -1,4 +1,4 @@
-"""The three leakage channels of AEGIS (`seeds/aegis-gradient-isolation.txt`), measured on one
+"""The three leakage channels of AEGIS (`seeds/aegis-gradient-isolation.txt`), computed from one
 client step, per layer:
 
   Channel 1  attention projections: dL/dW = sum_t delta_t x_t^T, so rank <= n tokens and the

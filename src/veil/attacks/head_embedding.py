@@ -121,7 +121,7 @@ class HeadEmbedding(Attack[HeadEmbeddingOptions]):
 
     def _pool_features(self, obs: Observation, pool: dict[str, Tensor], device: torch.device) -> Tensor:
         """The pool's embeddings, computed once per model state: the updates of one cell share the
-        weights (an observed step changes no parameter), so re-embedding the pool for each was repeated work."""
+        weights (an observed step changes no parameter), so the pool is embedded once, not once per update."""
         key = (id(obs.model), tuple(id(v) for v in pool.values()), tuple(p._version for p in obs.model.parameters()))
         cached = getattr(self, "_pool_cache", None)
         if cached is None or cached[0] != key:

@@ -294,12 +294,12 @@ class InvertingGradients(_Inversion[IGOptions]):
     the first layers): "all" (every exported tensor, the paper's default) or "input" (the input
     layers, `input_layer_names`; falls back to all when the update exports none of them). On the
     ViTs here the joint cosine over all layers is dominated by large tensors (value/output/MLP
-    weights, the head) whose gradients hardly depend on the image at init, so a blocky image that
-    matches them to 1 - cos ~ 4e-4 scores ~7 dB; the input layers pin the image down.
+    weights, the head) whose gradients hardly depend on the image at init, so a blocky image can
+    match them closely and still be far from the input; the input layers pin the image down.
     `schedule`: "cosine" (lr annealed to lr/1000; the default, steadier at a few hundred iterations)
     or "step" (the paper's ×0.1 at 3/8, 5/8, 7/8). `tv` must stay small next to the cosine: with
     signed steps a pixel follows whichever term dominates its gradient's sign, and near a match the
-    cosine's gradient is tiny, so tv=1e-2 flattens the digit into blocks (~11 dB where 1e-4 gives ~37).
+    cosine's gradient is tiny, so a weight such as tv=1e-2 flattens the digit into blocks.
     """
 
     knows = "the update, the weights, batch size and input shape (labels if granted); not the defense (naive)"

@@ -25,8 +25,8 @@ trained (the trajectory w_0 .. w_s is then the client's own, to float rounding, 
 inputs: checked in tests/test_inverting_fedavg.py). `layers` picks which part of Δ enters the
 cosine: "input" (default; the patch embedding and position table, as `ig`) or "all" (every
 exported tensor, the paper). As for `ig`, the joint cosine over all layers is dominated by large
-tensors whose change hardly depends on x' and fails on these ViTs (measured ~6 dB where "input"
-reaches ~30 dB on two images, four AdamW steps).
+tensors whose change hardly depends on x', so on these ViTs it leaves the image unconstrained
+(figures: docs/results.md, section federated).
 
 Labels: granted (`Knowledge.labels`), or inferred from the update's classifier bias as an
 n-sample multiset (`veil.attacks.labels.labels_from_bias`, LLG-style) and dealt to the slots in

@@ -1,8 +1,8 @@
 """Declared attack options: each attack names its settings in a frozen dataclass (field, type,
 default, one-line help), and a setting is checked against it when the attack is built.
 
-Why: an attack used to store whatever keyword it was given and read it with a default, so a typo
-(`iteratons=5`) silently ran the default. Here an unknown key or a value of the wrong type is one
+Why: an attack that stores whatever keyword it is given and reads it with a default turns a typo
+(`iteratons=5`) into a silent run of the default. Here an unknown key or a value of the wrong type is one
 `VeilError` line naming the key and the allowed options (with the closest name when there is
 one). `veil attack`, scenario validation and `veil list --details NAME` read the same declaration.
 

@@ -8,8 +8,8 @@ MiniLM, HF ViT):
   non-overlapping n-gram window of ``window`` slots, Eq. 6) and the selected tokens are permuted
   among themselves (`veil.defenses.jigsaw`). [CLS], [SEP] and padding never move. With
   ``gamma > 0`` at least two slots are selected and at least two tokens move (``MIN_SELECTED``:
-  stochastic rounding alone left 52% of the 16-patch images at gamma 0.03 unshuffled, and one
-  selected slot cannot move), so a small gamma is a small shuffle, never none.
+  on a 16-patch image at gamma 0.03, stochastic rounding of 0.48 slots alone selects none about
+  every other image, and one selected slot cannot move), so a small gamma is a small shuffle, never none.
 * Eq. 2-3 — MJP position embedding: one shared learnable ``E_unk`` (1, D) replaces ``E_pos`` at
   every selected slot. It is the parameter ``model.mjp.unk`` (in the state dict and checkpoints).
 * Eq. 4-5 — DAL: a regressor ``g`` (``model.mjp.loc``: Linear(D, D) - ReLU - Linear(D, c))

@@ -141,7 +141,7 @@ def noise_tables_(
     scale = torch.tensor(list(factors), dtype=torch.float32, device=device)
     graph = _compiled_graph() if device.type == "cpu" else None
     if graph is not None:
-        from torch._dynamo.exc import BackendCompilerFailed  # dynamo loads only here (~1 s)
+        from torch._dynamo.exc import BackendCompilerFailed  # dynamo loads only here (its import is slow)
 
         try:
             return graph(torch.from_numpy(sfc64_words(n, key, secret)), tables, tuple(stats), scale).tolist()

@@ -5,7 +5,7 @@ Each adapter runs the HF embedding arithmetic itself (token + per-slot position 
 LayerNorm, dropout) so a defense can replace the position embedding of chosen tokens, then hands
 the result to the HF encoder/blocks unchanged. The handles into the HF model (``_emb``, ``_layers``,
 ``_t``) are properties, never registered submodules: a second module path to the same parameters
-breaks ``torch.func.functional_call(tie_weights=True)`` (pytorch#164759) and so DP-SGD (issue 17).
+breaks ``torch.func.functional_call(tie_weights=True)`` (pytorch#164759) and with it DP-SGD.
 Checkpoints saved while they were submodules load through `legacy_prefixes`. Attention is forced
 to "eager" so double backward works on CPU. Nothing is downloaded: MiniLM loads from site-packages,
 ViT / GPT-2 from a config.
@@ -42,7 +42,7 @@ class HFBert(VeilModel):
         self.special_ids = special_ids
         self.pooling = pooling
 
-    #: old checkpoints registered the handles below as second module paths (issue 17)
+    #: checkpoints saved while the handles below were registered submodules name these second paths
     legacy_prefixes: ClassVar[dict[str, str]] = {"_emb.": "hf.bert.embeddings.", "_layers.": "hf.bert.encoder.layer."}
 
     @property

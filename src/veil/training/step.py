@@ -5,9 +5,9 @@ rewrite ``p.grad`` in place *before* both, so no clean gradient reaches either.
 
 Order: backward -> global norm clipping of the CLEAN gradient -> every defense's gradient
 transform -> export and optimiser step. Clipping after a defense would rescale its noise
-together with the signal: AEGIS's embedding noise alone has a norm ~10^3 times the clean
-gradient's on MiniLM, so a clip to 1.0 after it shrank the clean parameters' gradients below
-Adam's epsilon and stalled them. A defense that replaces the backward pass (DP-SGD) clips per
+together with the signal: AEGIS's embedding noise alone can be orders of magnitude larger than
+the clean gradient, so a clip to 1.0 after it would shrink the clean parameters' gradients below
+Adam's epsilon and stall them. A defense that replaces the backward pass (DP-SGD) clips per
 sample itself; the global clip is not applied on top of its noise.
 """
 
