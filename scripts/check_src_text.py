@@ -17,7 +17,7 @@ docstrings) and ``#`` comments, never string literals the code prints, and flags
   dB (``scores 7 dB``, ``reaches 30 dB``), or a percentage reported as a share
   (``87 % of the positions``, ``in 94 %``, ``against 62 %``); a threshold is fine
   (``0.1 % FPR``, ``more than 20 %``, ``< 1%``, ``>= 30 dB``);
-- ``count``: a tally of an experiment: ``104 of 141 pinned``, ``8 of 8 sentences``,
+- ``count``: a tally of an experiment: ``104 of 141 pinned``, ``rank 171 of 384``,
   ``85,855 scored``;
 - ``history``: ``previously``, ``formerly``, ``originally``, ``used to be/store/...``,
   ``the former 0.9`` / ``the former default``, ``instead of the old``, a date (``2026-12-04``) or
@@ -56,8 +56,7 @@ RULES: dict[str, re.Pattern[str]] = {
         re.I,
     ),
     "count": re.compile(
-        r"\b\d[\d,]* of \d[\d,]*\s+(?:pinned|exact|sentences|tokens|positions|batches|images|seeds|runs)\b"
-        r"|\b\d{1,3}(?:,\d{3})+ scored\b",
+        r"\b\d[\d,]* of \d[\d,]*\b|\b\d{1,3}(?:,\d{3})+ scored\b",
         re.I,
     ),
     "history": re.compile(
