@@ -7,7 +7,9 @@ of models/, data/, defenses/, attacks/ and the registry, schema and config modul
 catalog whose fingerprint matches the installed sources is used as is; otherwise the registries
 are imported (seconds), and the fresh catalog is written to the user cache
 ($XDG_CACHE_HOME/veil, else ~/.cache/veil), so the next call is fast again. `python -m
-veil.commands.catalog` rewrites the copy shipped in the package.
+veil.commands.catalog [OUT]`, run from the repository root, rewrites the copy shipped in the package
+(OUT defaults to `src/veil/commands/catalog.json` under the current folder; the module never
+writes beside its own file, which in an installed package is the Python prefix).
 """
 
 from __future__ import annotations
@@ -102,6 +104,14 @@ def _attack_options(name: str) -> Any:
     return attack_options(name)
 
 
+#: where the maintainer's copy lives, relative to the repository root
+CHECKOUT_COPY = Path("src") / "veil" / "commands" / "catalog.json"
+
 if __name__ == "__main__":
-    write(build(), SHIPPED)
-    print(f"wrote {SHIPPED}")
+    import sys
+
+    out = Path(sys.argv[1]) if len(sys.argv) > 1 else CHECKOUT_COPY
+    if not out.parent.is_dir():
+        sys.exit(f"veil: no folder '{out.parent}' (run from the repository root, or name the catalog file to write)")
+    write(build(), out)
+    print(f"wrote {out}")
