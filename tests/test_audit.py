@@ -123,7 +123,7 @@ def test_killed_audit_resumes_with_identical_numbers(audit: tuple[Path, dict], t
     # kill it once the first run has finished training
     import time
 
-    deadline = time.time() + 300
+    deadline = time.time() + 300  # a safety net for a run that never finishes, not the check
     while time.time() < deadline and not list((tmp_path / "a").rglob("summary.json")):
         time.sleep(0.5)
     proc.kill()

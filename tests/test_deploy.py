@@ -48,7 +48,7 @@ def start_nodes(c: LocalCluster, silos: list[Path], only: list[int] | None = Non
 
 
 def wait_for(pred, timeout: float, what: str, run=None) -> None:  # type: ignore[no-untyped-def]
-    end = time.time() + timeout
+    end = time.time() + timeout  # a safety net for an event that never comes, not a speed check
     while time.time() < end:
         if pred():
             return

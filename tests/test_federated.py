@@ -249,7 +249,7 @@ def test_ray_client_killed_mid_round_and_server_killed_then_resumed(tmp_path: Pa
     assert full.wait(600) == 0, full.stdout.read()
     cut = _veil("federate", str(cfg), *common, "--out", str(tmp_path / "cut"), "--quiet")
     state = tmp_path / "cut" / "checkpoints" / "state.json"
-    end = time.time() + 600
+    end = time.time() + 600  # a safety net for a run that never checkpoints, not the check
     while time.time() < end and not (state.is_file() and json.loads(state.read_text())["round"] >= 2):
         time.sleep(0.2)
     os.kill(cut.pid, signal.SIGKILL)

@@ -137,7 +137,7 @@ def test_veil_train_killed_by_a_signal_mid_epoch_resumes_bit_identical(tmp_path:
     assert done.returncode == 0, done.stderr
     proc = subprocess.Popen([*cli, *args, "--out", str(tmp_path / "cut")], stderr=subprocess.PIPE, text=True)
     state = tmp_path / "cut" / "checkpoints" / "state.json"
-    deadline = time.monotonic() + 300
+    deadline = time.monotonic() + 300  # a safety net for a run that never checkpoints, not the check
     while not state.is_file() and proc.poll() is None and time.monotonic() < deadline:
         time.sleep(0.02)
     proc.send_signal(signal.SIGKILL)

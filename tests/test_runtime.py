@@ -27,9 +27,14 @@ def test_the_load_is_read_now() -> None:
     import subprocess
     import sys
 
+    def hog_ticks() -> int:  # the CPU the hog has used so far, in clock ticks (utime + stime)
+        return sum(int(x) for x in Path(f"/proc/{hog.pid}/stat").read_text().rsplit(")", 1)[1].split()[11:13])
+
     hog = subprocess.Popen([sys.executable, "-c", "while True: pass"])
     try:
-        time.sleep(0.3)
+        while hog_ticks() < 20:  # it is running (counted CPU ticks, not a sleep)
+            assert hog.poll() is None
+            time.sleep(0.01)
         assert current_load(0.5) >= 0.6  # the hog alone is one core (other work only adds)
     finally:
         hog.kill()
