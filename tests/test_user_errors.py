@@ -177,3 +177,50 @@ def test_attack_help_and_readme_agree_on_threads(capsys: pytest.CaptureFixture[s
     readme = " ".join((ROOT / "README.md").read_text().split())
     assert "one per core" not in help_text
     assert "the cores the machine can give" in help_text and "the cores the machine can give" in readme
+
+
+PROBE = "import sys; from veil.cli import main; rc = main(sys.argv[1:]); print('TORCH', 'torch' in sys.modules); sys.exit(rc)"
+
+
+@pytest.mark.parametrize(
+    "argv",
+    [
+        ["train", "/nonexistent.yaml", "--out", "{tmp}/a"],
+        ["train", VIT, "train.nosuch=1", "--out", "{tmp}/b"],
+        ["eval", "/nonexistent"],
+        ["attack", "/nonexistent", "--attack", "april", "--out", "{tmp}/c"],
+        ["federate", "/nonexistent.yaml", "--out", "{tmp}/d"],
+        ["split", "/nonexistent.yaml", "--out", "{tmp}/e"],
+        ["audit", "/nonexistent.yaml", "--out", "{tmp}/f"],
+        ["audit", VIT, "--out", "{tmp}/g"],  # a run config where a scenario belongs
+        ["export", "/nonexistent", "--hf", "{tmp}/h"],
+    ],
+)
+def test_a_bad_input_is_refused_before_torch_loads(tmp_path: Path, argv: list[str]) -> None:
+    """Rejecting a typo must not cost the seconds torch takes to import: counted as whether torch
+    was imported at all, not in seconds."""
+    args = [a.replace("{tmp}", str(tmp_path)) for a in argv]
+    res = subprocess.run([sys.executable, "-c", PROBE, *args], capture_output=True, text=True, timeout=120)
+    lines = res.stderr.strip().splitlines()
+    assert res.returncode == 2 and len(lines) == 1 and lines[0].startswith("veil: error: "), res.stderr
+    assert "TORCH False" in res.stdout, (args, res.stdout)
+    assert not any(tmp_path.iterdir())  # nothing half-written
+
+
+def test_an_interrupt_on_a_terminal_starts_its_own_line(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A progress bar leaves the cursor at the end of its line: the interrupt's message must not
+    be glued to it. Off a terminal there is no bar and no blank line."""
+    import veil.commands.list as listing
+
+    def interrupted(args: object) -> int:
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(listing, "run", interrupted)
+    for tty, first in ((True, ""), (False, "veil: interrupted")):
+        monkeypatch.setattr(sys.stderr, "isatty", lambda tty=tty: tty)
+        assert main(["list"]) == 130
+        err = capsys.readouterr().err
+        assert err.startswith("\n" if tty else "veil:"), repr(err)
+        assert err.strip().splitlines()[0].startswith(first or "veil: interrupted")

@@ -36,6 +36,23 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+#: a command's input path argument, and how its absence is said: checked before torch loads
+INPUTS = {
+    "config": "config file '{}' does not exist",
+    "run_dir": "run folder '{}' does not exist",
+    "source": "'{}' does not exist; give a run folder written by `veil train` or a YAML config",
+    "scenario": "scenario '{}' does not exist",
+}
+
+
+def _check_inputs(args: argparse.Namespace) -> None:
+    """Refuse a missing input file or folder at once, in the words its command would use later."""
+    for attr, message in INPUTS.items():
+        path = getattr(args, attr, None)
+        if isinstance(path, str) and path and not os.path.exists(path):
+            raise VeilError(message.format(path))
+
+
 def _out_lock(args: argparse.Namespace) -> contextlib.AbstractContextManager:
     """The run folder's write lock for commands that write one; nothing for the others."""
     if args.command not in WRITERS or not getattr(args, "out", None):
@@ -99,6 +116,7 @@ def main(argv: list[str] | None = None) -> int:
         return 0 if args.command is None else 2
     tty = sys.stderr.isatty()
     try:
+        _check_inputs(args)
         with _out_lock(args), plain_progress(not tty):
             return int(args.run(args) or 0)
     except VeilError as e:

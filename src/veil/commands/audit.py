@@ -44,13 +44,14 @@ def audit(scenario: Any, out: str | Path, progress: bool = True, jobs: int = 0) 
 
 
 def run(args: argparse.Namespace) -> int:
-    from veil.experiments.scenario import load_scenario  # the engine's parser: see audit()
-    from veil.metrics.leakage import describe  # veil.metrics loads torch: see audit()
-    from veil.report.headline import task_verdict
+    from veil.experiments.scenario import load_scenario  # the engine's parser, light: a bad scenario is refused at once
 
     if args.jobs < 0:
         raise VeilError(f"--jobs must be an integer >= 0 (0: the free cores), got {args.jobs}")
     scenario = load_scenario(args.scenario)
+    from veil.metrics.leakage import describe  # veil.metrics loads torch: see audit()
+    from veil.report.headline import task_verdict
+
     summary = audit(scenario, args.out, progress=not args.quiet, jobs=args.jobs)
 
     for name, t in summary["tasks"].items():

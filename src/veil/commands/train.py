@@ -22,10 +22,9 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    # torch and the packages load when the command runs, not when `veil --help` builds the parser
+    cfg = load_config(args.config, args.overrides)  # a bad config is refused before torch loads
     from veil.training.loop import train
 
-    cfg = load_config(args.config, args.overrides)
     summary = train(cfg, args.out, progress=not args.quiet)
     print(json.dumps(summary, indent=2))
     return 0

@@ -34,24 +34,6 @@ from veil.metrics.membership import summarize
 from veil.runtime import use_threads
 from veil.training.loop import evaluate, pick_device
 
-EVALUATIONS = ("test_shuffle", "pe", "membership")
-
-
-def check_evaluations(raw: Any, where: str) -> dict[str, Any]:
-    """A task's `evaluate:` mapping, validated (one line if bad)."""
-    if not isinstance(raw, dict) or set(raw) - set(EVALUATIONS):
-        bad = sorted(set(raw) - set(EVALUATIONS)) if isinstance(raw, dict) else raw
-        raise VeilError(f"{where}.evaluate: unknown {bad!r}; allowed: {', '.join(EVALUATIONS)}")
-    gammas = raw.get("test_shuffle", [])
-    if not isinstance(gammas, list) or not all(isinstance(g, (int, float)) and 0 <= g <= 1 for g in gammas):
-        raise VeilError(f"{where}.evaluate.test_shuffle must be a list of ratios in [0, 1], got {gammas!r}")
-    dims = raw.get("pe", 0)
-    if not isinstance(dims, int) or isinstance(dims, bool) or dims < 0:
-        raise VeilError(f"{where}.evaluate.pe must be a number of PCA dimensions >= 1, got {dims!r}")
-    if not isinstance(raw.get("membership", False), bool):
-        raise VeilError(f"{where}.evaluate.membership must be true or false, got {raw['membership']!r}")
-    return dict(raw)
-
 
 def run_evaluations(run_dir: Path, wanted: dict[str, Any], seed: int) -> dict[str, dict[str, float]]:
     """The task's evaluations of one finished run, cached in RUN_DIR/evaluations.json (hashed)."""
@@ -99,7 +81,7 @@ def evaluate_shuffled(
     use_threads(cfg.train.threads)  # as `veil train`: 0 is what the machine can give now
     mjp = next((d for d in defenses if isinstance(d, MJP)), None)
     if mjp is None:  # an undefended (or otherwise defended) run: plain shuffle, PEs kept
-        if model._embedding_transform is not None:
+        if model.embedding_transform is not None:
             raise VeilError(
                 f"run '{run_dir}' uses another embedding transform; test-time shuffling needs no other or MJP"
             )

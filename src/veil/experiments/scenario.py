@@ -28,7 +28,7 @@ import yaml
 from veil.attacks import check_attack
 from veil.config import RunConfig, from_dict, read_yaml, resolve_paths
 from veil.errors import VeilError
-from veil.experiments.evaluations import check_evaluations
+from veil.experiments.evaluation_keys import check_evaluations
 from veil.registry import PROTOCOLS
 
 TASK_KEYS = {
