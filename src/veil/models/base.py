@@ -85,6 +85,11 @@ class VeilModel(nn.Module):
         self._embedding_transform: EmbeddingTransform | None = None
 
     # ---- the replaceable embedding step -------------------------------------------------
+    @property
+    def embedding_transform(self) -> EmbeddingTransform | None:
+        """The transform applied inside `embed` (None: none installed)."""
+        return self._embedding_transform
+
     def set_embedding_transform(self, fn: EmbeddingTransform | None) -> None:
         """Install (or with None remove) the one transform applied inside `embed`."""
         if fn is not None and self._embedding_transform is not None:
