@@ -47,8 +47,9 @@ def test_peeling_stops_at_a_binding_budget_exactly(scene) -> None:
     for budget in (5_000, 1_237):
         _, st = _run(model, batch, know, budget=budget)
         assert st["search"] == "peel" and st["sentences_scored"] == budget, st["work"]
-        assert st["work"] == {"sentences_scored": budget} and st["budget_stopped"] is True
-        assert st["budget_used"] == 1.0
+        assert st["work"]["sentences_scored"] == budget and st["budget_stopped"] is True
+        assert 0 < st["work"]["block_rows"] < st["budget"]["block_rows"] and st["budget_used"] == 1.0
+        assert st["note"].startswith("stopped at budget (sentences_scored)")
 
 
 def test_a_budget_that_does_not_bind_changes_nothing(scene) -> None:
@@ -64,6 +65,27 @@ def test_a_budget_that_does_not_bind_changes_nothing(scene) -> None:
     assert same == free and st2["sentences_scored"] == need and st2["sentences_exact"] == 3
     _, st3 = _run(model, batch, know, budget=need - 1)
     assert st3["sentences_scored"] == need - 1 and st3["budget_stopped"] is True and st3["sentences_exact"] < 3
+
+
+def test_the_block_row_budget_stops_peeling_and_returns_its_best_guesses(scene) -> None:
+    """The second unit (`veil.attacks.span.work`): a block-row budget below what the batch needs
+    (per batch sentence) stops the search before the call that would pass it, says so, and still returns one sentence
+    per batch member (the exact ones found, then the best guesses); one that does not bind changes
+    nothing."""
+    sst2, model = scene
+    batch = _batch(sst2, 3, max_real=18)
+    know = Knowledge(batch_size=3, seq_len=24, tokenizer=sst2.meta["tokenizer"])
+    free, st = _run(model, batch, know)
+    rows = st["work"]["block_rows"]
+    assert st["sentences_exact"] == 3 and not st["budget_stopped"] and rows > 1000
+    same, st2 = _run(model, batch, know, work=-(-rows // 3))  # `work` counts per batch sentence
+    assert same == free and st2["work"] == st["work"] and not st2["budget_stopped"]
+    assert st2["budget"]["block_rows"] - rows < 3
+    cut, st3 = _run(model, batch, know, work=rows // 6)
+    assert st3["budget_stopped"] is True and st3["work_stopped"] is True
+    assert st3["work"]["block_rows"] <= rows // 2 and st3["sentences_exact"] < 3 and st3["budget_used"] <= 1.0
+    assert st3["note"].startswith("stopped at budget (block_rows)")
+    assert len(cut) == 3 and all(len(s) > 0 for s in cut)
 
 
 @pytest.mark.parametrize("budget", [50, 177])

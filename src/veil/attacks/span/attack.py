@@ -2,7 +2,9 @@
 (`veil.attacks.span.core`), then whole sentences: causal decoders by left-to-right extension and
 encoders by the assignment search (`veil.attacks.span.search`), an encoder classifier given its
 batch size by peeling one exact sentence at a time (`veil.attacks.span.peel`). The search is
-bounded by counted work (`budget`, candidate sentences scored), never seconds. A LoRA update
+bounded by counted work, never seconds: `budget` candidate sentences scored, and for the peeling
+search also `work` block-rows computed (`veil.attacks.span.work`), the unit that tracks its time;
+a search stopped by either returns its best and says so (``budget_stopped``, ``note``). A LoRA update
 (adapters on the first layers' Q/K/V, the base frozen) is tested in the adapters' projected
 spaces instead (`veil.attacks.span.lora`).
 """
@@ -30,6 +32,7 @@ from veil.attacks.span.core import (
 from veil.attacks.span.lora import lora_layers, lora_reconstruct
 from veil.attacks.span.peel import Residual, peel_search
 from veil.attacks.span.search import SearchInput, decoder_search, encoder_search
+from veil.attacks.span.work import WORK
 from veil.errors import VeilError
 from veil.models.base import VeilModel
 
@@ -68,6 +71,10 @@ class SpanOptions(Options):
     restarts: int = option(4, "restarts of the encoder assignment search")
     sweeps: int = option(12, "coordinate sweeps per restart of the encoder assignment search")
     budget: int = option(100_000, "candidate sentences scored, all searches together (counted work, never seconds)")
+    work: int = option(
+        WORK,
+        "peeling: block-rows computed per batch sentence (one token through one block; a backward pass counts 2)",
+    )
     beam: int | None = option(None, "prefixes kept per position by the decoder search; unset: 4 x batch size")
     seed: int | None = option(None, "seed of the searches; unset: the knowledge's seed")
 
@@ -78,14 +85,18 @@ class SpanAttack(Attack[SpanOptions]):
 
     knows = "the first layers' Q/K/V gradients, the weights, the vocabulary and batch size; not the defense (naive)"
     modality = "text"
+    observes = frozenset({"gradient", "delta"})
     needs_attention_layers = (2, "to resolve positions")
     dropout_breaks = ("tests tokens by exact span membership, which a client's dropout masks break", "span-robust")
+    _batch = 1  # the batch size of the update last attacked: the block-row budget scales with it
 
     def budget(self) -> dict[str, int]:
-        """Candidate sentences scored (decoders: prefixes), all searches together. Every search
-        checks it at every scoring call and cuts the call at what is left: the work never passes
-        it, and a binding budget is spent exactly."""
-        return {"sentences_scored": self.options.budget}
+        """Candidate sentences scored (decoders: prefixes), all searches together: every search
+        checks it at every scoring call and cuts the call at what is left, so the work never passes
+        it and a binding budget is spent exactly. And the block-rows the peeling search computes
+        (`veil.attacks.span.work`), `work` per sentence of the batch last attacked (one before
+        any): a call that would pass it is not made."""
+        return {"sentences_scored": self.options.budget, "block_rows": self.options.work * self._batch}
 
     def reads(self, model: VeilModel) -> list[str]:
         """The first two attention layers' Q/K/V and the last one's Q, the token embedding (its
@@ -96,6 +107,7 @@ class SpanAttack(Attack[SpanOptions]):
         if lora_layers(obs.model):  # a LoRA update: the span of the adapters' projected inputs
             return lora_reconstruct(self.options, obs, know)
         model, o = obs.model, self.options
+        self._batch = max(1, know.batch_size or 1)
         tol1, tol2, rank_tol = o.tol1, o.tol2, o.rank_tol
         span1, span2 = layer_span(obs, 0, rank_tol), layer_span(obs, 1, rank_tol)
         width = span1.width
@@ -141,9 +153,15 @@ class SpanAttack(Attack[SpanOptions]):
                         mlp_blocks=o.mlp_blocks,
                         mlp_codim=o.mlp_codim,
                         suffix=o.suffix_seeds,
+                        work=o.work * know.batch_size,
                     )
                     left = budget - (found[1]["sentences_scored"] if found is not None else 0)
-                    if found is not None and not found[1]["sentences_exact"] and left > 0:
+                    if (
+                        found is not None
+                        and not found[1]["sentences_exact"]
+                        and left > 0
+                        and not found[1]["work_stopped"]
+                    ):
                         # no sentence passed the exact [CLS] check (e.g. the client shuffled its tokens):
                         # the assignment search below still rebuilds what layer 2 supports, in the budget left
                         budget, found, peeled = left, None, found[1]["sentences_scored"]
@@ -177,7 +195,19 @@ class SpanAttack(Attack[SpanOptions]):
             **info,
         }
         scored = peeled + int(info.get("sentences_scored", info.get("prefixes_tested", 0)))
-        stats.update(work={"sentences_scored": scored}, budget_stopped=scored >= o.budget)
+        work = {"sentences_scored": scored}
+        if "block_rows" in info:  # the peeling search's second unit
+            work["block_rows"] = int(info["block_rows"])
+        stopped = [
+            u
+            for u, spent in (("sentences_scored", scored >= o.budget), ("block_rows", info.get("work_stopped")))
+            if spent
+        ]
+        stats.update(work=work, budget_stopped=bool(stopped))
+        if stopped:
+            stats["note"] = (
+                f"stopped at budget ({', '.join(stopped)}): the exact sentences found, best guesses for the rest"
+            )
         if not seqs:  # nothing passed: say so with empty sentences rather than an empty batch
             seqs = [[] for _ in range(know.batch_size or 1)]
         return Reconstruction(token_ids=seqs, token_set={int(v) for c in cands for v in c.tolist()}, stats=stats)

@@ -38,7 +38,7 @@ from veil.attacks.span.checks import CLSCheck, row_span
 from veil.attacks.span.core import ACT_FLOATS, Span, model_device, rows_per_call
 from veil.attacks.span.residual import Residual
 from veil.attacks.span.rowwise import block1_row
-from veil.attacks.span.score import PositionPrior, SentenceScore, _probe
+from veil.attacks.span.score import ROW_BLOCKS, PositionPrior, SentenceScore, _probe
 from veil.models.base import VeilModel
 
 
@@ -107,6 +107,7 @@ class MLPScore(SentenceScore):
     def _scores(self, ids: Tensor) -> tuple[Tensor, Tensor]:
         mods = [m for m, _ in self.spans]
         stop = self.check.module if self.with_cls else mods[-1]
+        self.meter.charge(len(ids), ids.shape[1], self.depth if self.with_cls else len(mods))
         with torch.no_grad():
             seen = _probe(
                 self.model, [*mods, self.check.module] if self.with_cls else mods, stop, ids, torch.ones_like(ids)
@@ -132,6 +133,7 @@ class MLPScore(SentenceScore):
         if len(self.spans) != 1 or self._rowwise is False:
             return self._scores(ids)[0][:, t]
         down = self.spans[0][0]
+        self.meter.charge(len(ids), ids.shape[1], ROW_BLOCKS)
         a = block1_row(self.model, ids, t, down, shared=self.rows_shared is not False)
         self._rowwise = a.shape[1] == 1
         if not self._rowwise:

@@ -40,6 +40,7 @@ from veil.attacks.span.residual import Residual
 from veil.attacks.span.score import PositionPrior, SentenceScore
 from veil.attacks.span.suffix import Growth, suffix_seed
 from veil.attacks.span.walker import CALL_COST, Walker
+from veil.attacks.span.work import Meter, WorkSpent
 
 
 @dataclass
@@ -319,9 +320,11 @@ def stage_report(stage: Stage, left: int, hit: list[int] | None, seconds: float)
 
 
 def best_guesses(stage: Stage) -> list[list[int]]:
-    """The walkers' best sentences, lowest objective per position first (unsolved sentences' guesses)."""
+    """The walkers' best sentences, lowest objective per position first, then where a walker has
+    none yet (the search stopped before it settled) the sentence it stands at (unsolved sentences' guesses)."""
     scored = [(w.best[0] / w.n, k, w.best[2][0].tolist()) for k, w in enumerate(stage.walkers) if w.best is not None]
-    return [s for _, _, s in sorted(scored, key=lambda x: (x[0], x[1]))]
+    unsettled = [w.x[0].tolist() for w in stage.walkers if w.best is None]
+    return [s for _, _, s in sorted(scored, key=lambda x: (x[0], x[1]))] + unsettled
 
 
 def peel_search(
@@ -342,6 +345,7 @@ def peel_search(
     mlp_blocks: int = 1,
     mlp_codim: float = 0.4,
     suffix: bool = True,
+    work: int | None = None,
 ) -> tuple[list[list[int]], dict[str, Any]] | None:
     """Find the batch one sentence at a time (see `Residual`, `CLSCheck`). Each stage: the exact
     check of the residual (`CLSCheck`), the walkers of its length hypotheses (`setup_stage`), a
@@ -350,8 +354,11 @@ def peel_search(
     per-position candidates of a layer-1 span. Returns None if the check does not apply.
 
     Work, never time, orders and bounds the search, so the result does not depend on the machine
-    or its load: `budget` caps the candidate sentences scored (all stages together); a
-    hypothesis' work is the tokens it scored plus `CALL_COST` per scoring call.
+    or its load: `budget` caps the candidate sentences scored (all stages together) and `work`
+    the block-rows their scoring computed (`veil.attacks.span.work`: what tracks the time a
+    search takes); a hypothesis' work is the tokens it scored plus `CALL_COST` per scoring call.
+    Where `work` would be passed the stage stops there and the search returns what it has: the
+    exact sentences found and the best guesses of the stage it was in.
 
     With `suffix`, stages grow every length's sentence from its end (`veil.attacks.span.suffix`):
     MLP stages first or after the prefix seeds, uncrowded layer-2 stages after prefix seeds that
@@ -371,6 +378,7 @@ def peel_search(
     growth = Growth(on=suffix)
     bar = work_bar(budget, "span")  # sentences scored, all stages; shown where `attack_progress` is on
     done = [0]  # sentences scored by the stages before the current one
+    meter = Meter(limit=work)
 
     def progress(s: Stage) -> None:
         bar.update(done[0] + s.scored - bar.n)
@@ -397,11 +405,17 @@ def peel_search(
             mlp_codim=mlp_codim,
         )
         stage.tick = partial(progress, stage)
+        stage.score.meter = meter
         if not stage.walkers:
             reports.append(stage_report(stage, res.left, None, time.perf_counter() - t0))
             note = None if found else "no token passes layer 1 (dropout or noise? raise tol1)"
             break
-        hit = search_stage(stage, specials, carried, budget - steps, tol_cls, tol2, seeds, pending, grown, growth)
+        try:
+            hit = search_stage(stage, specials, carried, budget - steps, tol_cls, tol2, seeds, pending, grown, growth)
+        except WorkSpent:  # the block-row budget: this stage's best guesses stand for the sentences left
+            hit = None
+            for w in stage.walkers:
+                w.hold()
         steps += stage.scored
         rounds += stage.rounds
         done[0] = steps
@@ -424,6 +438,8 @@ def peel_search(
         "sentences_exact": len(found),
         "walker_steps": rounds,
         "sentences_scored": steps,
+        "block_rows": meter.done,
+        "work_stopped": meter.stopped,
         "stages": reports,
         "labels_inferred": labels,
         "search_seconds": time.perf_counter() - start,

@@ -14,7 +14,12 @@ from veil.attacks.span.checks import CLSCheck
 from veil.attacks.span.core import ACT_FLOATS, Span, model_device, recording_inputs, rows_per_call
 from veil.attacks.span.residual import Residual
 from veil.attacks.span.rowwise import block1_row
+from veil.attacks.span.work import Meter
 from veil.models.base import VeilModel
+
+#: block-equivalents per token of one row scored through `veil.attacks.span.rowwise` (block 1's
+#: attention over the varied columns, its MLP on one row): about a fifth of block 1 over every token
+ROW_BLOCKS = 0.25
 
 
 def _probe(model: VeilModel, mods: list[Any], stop: Any, ids: Tensor, mask: Tensor) -> dict[int, Tensor]:
@@ -59,6 +64,8 @@ class SentenceScore:
         self.tok_grad = tok_grad.float() if tok_grad is not None and with_cls else None
         self.batch_size, self.cap = batch_size, cap
         self.row_ok: bool | None = None  # whether `at` gives `_scores`' column (None: not tried yet)
+        self.meter = Meter()  # the block-rows scored (`veil.attacks.span.work`); the search sets its own
+        self.depth = len(model.attention_layers())
 
     def rows_per_call(self, n: int) -> int:
         """Candidate sentences of `n` tokens one scoring call may hold: its activations (all blocks
@@ -73,6 +80,10 @@ class SentenceScore:
         return (pc + self.prior(ids) if self.prior is not None else pc), dc
 
     def _scores(self, ids: Tensor) -> tuple[Tensor, Tensor]:
+        # blocks run per token: every block forward and backward with the gradient match, every
+        # block forward with the [CLS] distance, else block 1 (layer 2's input)
+        blocks = 3 * self.depth if self.tok_grad is not None else self.depth if self.with_cls else 1
+        self.meter.charge(len(ids), ids.shape[1], blocks)
         if self.tok_grad is not None:
             return self._with_gradient(ids)
         mods = [self.q2, self.check.module] if self.with_cls else [self.q2]
@@ -93,6 +104,7 @@ class SentenceScore:
         match need every position: with either, the full column."""
         if self.tok_grad is not None or self.with_cls or self.row_ok is False:
             return self(ids)[0][:, t]
+        self.meter.charge(len(ids), ids.shape[1], ROW_BLOCKS)
         x = block1_row(self.model, ids, t, self.q2, shared=True)
         c = self.span2.distance(x[:, t if x.shape[1] > t else 0].double()).float().cpu()
         if self.prior is not None:
@@ -139,6 +151,8 @@ class SentenceScore:
         return (d2 + best).cpu(), dc.cpu()
 
     def cls(self, ids: Tensor) -> float:
+        """The largest distance of sentences `ids` to the last block's span (`CLSCheck`)."""
+        self.meter.charge(len(ids), ids.shape[1], self.depth)
         with torch.no_grad():
             z = _probe(self.model, [self.check.module], self.check.module, ids, torch.ones_like(ids))[
                 id(self.check.module)

@@ -231,6 +231,12 @@ class Walker:
         self.kicks += 1
         return out
 
+    def hold(self) -> None:
+        """The search stopped between or inside this walker's calls: keep its current sentence as
+        the best guess if it is better than the best local minimum (as `_stop`)."""
+        if self.cur is not None:
+            self._stop()
+
     def _stop(self) -> tuple[float, float, Tensor]:
         """The budget ran out inside a sweep: keep the current sentence as the best guess if it is
         better than the best local minimum (no kick, the sweep is not counted)."""
