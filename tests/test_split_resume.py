@@ -1,5 +1,5 @@
-"""Exact resume for split learning (`veil.federated.split.checkpoint`): a run interrupted at a random
-step and rerun on its folder ends on the weights (the server's body; every client's head, tail,
+"""Exact resume for split learning (`veil.federated.split.checkpoint`): a run interrupted at a step
+drawn from a fixed seed and rerun on its folder ends on the weights (the server's body; every client's head, tail,
 Adam state and permutation keys), metrics, epoch log and byte counts of an uninterrupted run; the
 keys stay in the clients' own folders, never in the server's checkpoint."""
 
@@ -99,13 +99,13 @@ def uninterrupted(tmp: Path, monkeypatch: pytest.MonkeyPatch, protocol: str, *ex
 def interrupted_then_resumed(
     tmp: Path, monkeypatch: pytest.MonkeyPatch, protocol: str, ref: Counter, *extra: str
 ) -> Path:
-    """Run `protocol` into tmp/<protocol>-b, raising KeyboardInterrupt in the server at a random
-    training exchange after the first checkpoint, then rerun it on the same folder."""
+    """Run `protocol` into tmp/<protocol>-b, raising KeyboardInterrupt in the server at a
+    training exchange after the first checkpoint, drawn from a fixed seed per case, then rerun it on the same folder."""
     from veil.federated.split.run import run_split
 
     spec = load_split_spec(cfg(tmp), overrides(protocol, *extra))
     run = tmp / f"{protocol}-b"
-    seed = int(time.time() * 1000) % 100_000
+    seed = f"stop-{protocol}-{','.join(extra)}"  # a fixed stop per case: a failure reruns as it failed
     stop = random.Random(seed).randrange(ref.first_checkpoint + 1, ref.n + 1)
     with monkeypatch.context() as m:
         Counter(m, stop)
@@ -188,8 +188,8 @@ def test_veil_split_killed_and_rerun_ends_on_the_uninterrupted_weights(tmp_path:
     a, b = tmp_path / "pfesta-a", tmp_path / "pfesta-b"
     assert veil(a).wait(600) == 0
     state = b / "checkpoints" / "state.json"
-    p, target = veil(b), random.Random().randrange(1, 8)
-    end = time.time() + 600
+    p, target = veil(b), random.Random("kill-pfesta").randrange(1, 8)
+    end = time.time() + 600  # a safety net for a child that hangs, not the check
     while not (state.is_file() and json.loads(state.read_text())["step"] >= target):
         assert p.poll() is None and time.time() < end, (p.returncode, p.stderr.read() if p.stderr else "")
         time.sleep(0.05)
