@@ -6,7 +6,8 @@ batches, seeds and attack call), and records what that command averages away: pe
 and CPU seconds (the process' own time: one process using both cores for 60 s = 120 CPU s), the
 token and exact-sentence recovery, the work in both budget units (`SpanAttack.budget`: sentences
 scored and block-rows) and whether the budget stopped the search. Each batch is appended to a
-JSON-lines file as it finishes (`--rows`), so a killed run resumes where it stopped.
+JSON-lines file as it finishes (`--rows`), so a killed run resumes where it stopped, and N processes
+side by side (`--part K/N`) share the file; a run without `--part` then summarises it.
 
     python benchmarks/span_tail.py --batch-size 4 --samples 64 [--seed 0] [key=value ...] [--write]
     python benchmarks/span_tail.py --batch-size 16 --samples 4 --name span-mean16 model.pooling=mean
@@ -50,7 +51,9 @@ def run_rows(args: argparse.Namespace, rows_path: Path) -> list[dict[str, Any]]:
 
     done = [json.loads(x) for x in rows_path.read_text().splitlines() if x.strip()] if rows_path.is_file() else []
     have = {r["index"] for r in done}
-    if have >= set(range(args.samples)):  # every batch measured: nothing to load
+    part, parts = (int(x) for x in args.part.split("/"))
+    mine = {i for i in range(args.samples) if i % parts == part}
+    if have >= mine:  # every batch measured: nothing to load
         return sorted((r for r in done if r["index"] < args.samples), key=lambda r: r["index"])
     cfg_over, settings = split_overrides(args.overrides)
     model, data, defenses, cfg, _ = load_target(str(ROOT / args.config), cfg_over)
@@ -60,7 +63,7 @@ def run_rows(args: argparse.Namespace, rows_path: Path) -> list[dict[str, Any]]:
     if reason:
         sys.exit(f"not applicable: {reason}")
     for i, batch in enumerate(private_batches(data.test, args.batch_size, args.samples, args.seed)):
-        if i in have:
+        if i in have or i not in mine:
             continue
         torch.manual_seed(args.seed + i)
         c0, w0 = time.process_time(), time.perf_counter()
@@ -96,7 +99,7 @@ def summarise(rows: list[dict[str, Any]], args: argparse.Namespace, budget: dict
     over = " ".join(args.overrides)
     return {
         "command": f"python benchmarks/span_tail.py --batch-size {args.batch_size} --samples {args.samples} "
-        f"--seed {args.seed} {over}".strip(),
+        f"--seed {args.seed} {' '.join(args.overrides[1:])}".strip(),
         "cli": f"veil attack {args.config} {over} --attack span --batch-size {args.batch_size} "
         f"--samples {args.samples} --seed {args.seed} --out OUT".replace("  ", " "),
         "batch": args.batch_size,
@@ -130,6 +133,9 @@ def main() -> None:
     ap.add_argument("--name", default="", help="the cell's key (default bB-nN, plus the overrides)")
     ap.add_argument("--json", default=str(ROOT / "docs/results/bench/span-tail.json"))
     ap.add_argument("--rows", default="", help="the per-batch JSON-lines file (default /tmp/span_tail_NAME.jsonl)")
+    ap.add_argument(
+        "--part", default="0/1", help="K/N: measure the batches i with i %% N == K (N processes side by side)"
+    )
     ap.add_argument("--write", action="store_true", help="splice the span-tail section into docs/results.md")
     ap.add_argument("overrides", nargs="*", help="config key=value and attack.KEY=VALUE, as veil attack takes them")
     args = ap.parse_args()
@@ -137,6 +143,8 @@ def main() -> None:
     name = args.name or "-".join([f"b{args.batch_size}", f"n{args.samples}", *args.overrides[1:]])
     rows_path = Path(args.rows or f"/tmp/span_tail_{name.replace('/', '_')}.jsonl")
     rows = run_rows(args, rows_path)
+    if args.part != "0/1":  # one part of several: its rows are in the file; a run without --part summarises
+        return
 
     from veil.attacks import create_attack
     from veil.commands.attack import split_overrides

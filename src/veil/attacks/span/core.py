@@ -231,9 +231,7 @@ class Specials:
 
 
 # ----------------------------------------------------------------------------- encoder positions
-def pin_positions(
-    obs: Observation, cands: list[Tensor], floor: float = 1e-4
-) -> tuple[list[Tensor], dict[int, int]] | None:
+def pin_positions(obs: Observation, cands: list[Tensor], floor: float) -> tuple[list[Tensor], dict[int, int]] | None:
     """Narrow an encoder's per-position candidates with the embedding LayerNorm's Jacobian.
 
     For ``h = LN(x)``, ``x = E[v] + P[t] + s``, ``c = x - mean(x)``, the backward pass gives

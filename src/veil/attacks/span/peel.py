@@ -37,7 +37,7 @@ from veil.attacks.span.core import last_position
 from veil.attacks.span.mlp import MLPScore, mlp_exact, mlp_fill, mlp_spans, mlp_usable
 from veil.attacks.span.prefix import prefix_seed
 from veil.attacks.span.residual import Residual
-from veil.attacks.span.score import PositionPrior, SentenceScore
+from veil.attacks.span.score import Objective, PositionPrior, SentenceScore
 from veil.attacks.span.suffix import Growth, suffix_seed
 from veil.attacks.span.walker import CALL_COST, Walker
 from veil.attacks.span.work import Meter, WorkSpent
@@ -62,10 +62,9 @@ class Stage:
     seeder: Any = None  # the left-to-right seeds (`veil.attacks.span.prefix`), made on first use
     grower: Any = None  # the right-to-left seeds (`veil.attacks.span.suffix`), where they ran
     check_left: int = 1  # sentences left in the residual
-    # what the walkers descend on: "layer2" (`SentenceScore`), "mlp" (`MLPScore`, its spans below their
-    # rank limit: exact), "mlp-graded" (at the limit: graded; there the prefix seeds, run first, spent
-    # MiniLM batch 16's whole budget on one stage, so seeds and walkers take turns, `search_stage`)
-    objective: str = "layer2"
+    # what the walkers descend on; on the graded MLP objective the prefix seeds and the walkers take
+    # turns (`search_stage`): the seeds run first spent a whole budget on one stage there
+    objective: Objective = Objective.LAYER2
     tol2: float | None = None  # the prefix seeds' gate before the exact check (None: the search's tol2)
     tick: Any = None  # called after each piece of work (a walker step, a seed pass): a progress bar
 
@@ -131,7 +130,7 @@ def setup_stage(
         used=[0.0] * len(walkers),
         cands=cands,
         check_left=res.left,
-        objective=("mlp" if mlp_exact(mlp) else "mlp-graded") if mlp else "layer2",
+        objective=(Objective.MLP if mlp_exact(mlp) else Objective.MLP_GRADED) if mlp else Objective.LAYER2,
         tol2=float("inf") if mlp else None,
     )
 
@@ -183,7 +182,7 @@ def search_stage(
             return hit
     # graded (the MLP span at its rank limit): one first token's prefix seeds, then as much work
     # for the walkers, in turn; else the seeds first, then the walkers
-    turns = seeds and not stage.crowded and stage.objective == "mlp-graded"
+    turns = seeds and not stage.crowded and stage.objective == Objective.MLP_GRADED
     if seeds and not stage.crowded and not turns:
         hit = _take(
             prefix_seed(stage, specials, budget, _gate(stage, tol2), tol_cls, stage.check_left + 4, grown), pending
@@ -231,7 +230,7 @@ def search_stage(
         stage.rounds += 1
         if dc < tol_cls:
             return ids[0].tolist()
-        if stage.objective == "mlp-graded" and w.best is not had and _lowest(w, walkers):
+        if stage.objective == Objective.MLP_GRADED and w.best is not had and _lowest(w, walkers):
             extend_seed(w, walkers, used)
         elif not stage.crowded and w.cur is None and w.kicks % 2 == 0:
             cross_seed(w, walkers, stage.tried)

@@ -27,6 +27,8 @@ from typing import Any
 import torch
 from torch import Tensor
 
+from veil.attacks.span.score import Objective
+
 
 def ranked_tokens(cands: list[Tensor], prior: Any, special: set[int]) -> list[list[int]]:
     """Per position, its content candidates by the position prior's cost (stable: ties keep the
@@ -57,7 +59,8 @@ class PrefixSeeder:
         # on the MLP objective (`veil.attacks.span.mlp`, batches past layer 2's reach) every candidate: the position
         # prior has lost its order there (MiniLM batch 12: all 12 sentences exact in 62,583 scored, against 4 in
         # 100,000 with the prior's 24 likeliest tokens)
-        self.width: int | None = None if getattr(stage, "objective", "layer2").startswith("mlp") else type(self).width
+        mlp = getattr(stage, "objective", Objective.LAYER2) in (Objective.MLP, Objective.MLP_GRADED)
+        self.width: int | None = None if mlp else type(self).width
         self.steps = 0  # sentences scored
         self.hits: list[list[int]] = []
         self.repaired: list[list[int]] = []  # sentences already repaired (a path equal to one is not repaired again)

@@ -5,6 +5,7 @@ the last block's span (`CLSCheck`), and the position prior read off the two embe
 
 from __future__ import annotations
 
+from enum import StrEnum
 from typing import Any
 
 import torch
@@ -16,6 +17,16 @@ from veil.attacks.span.residual import Residual
 from veil.attacks.span.rowwise import block1_row
 from veil.attacks.span.work import Meter
 from veil.models.base import VeilModel
+
+
+class Objective(StrEnum):
+    """What a stage's walkers descend on: the layer-2 span distance (`SentenceScore`), the MLP
+    down-projection spans below their rank limit (`MLPScore`: exact) or at it (graded)."""
+
+    LAYER2 = "layer2"
+    MLP = "mlp"
+    MLP_GRADED = "mlp-graded"
+
 
 #: block-equivalents per token of one row scored through `veil.attacks.span.rowwise` (block 1's
 #: attention over the varied columns, its MLP on one row): about a fifth of block 1 over every token

@@ -48,6 +48,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
+from veil.attacks.span.score import Objective
 from veil.attacks.span.walker import IMPROVE
 
 #: right-to-left sweeps per grown sentence at most, the first from the prior's filler (`SuffixSeeder.grow`)
@@ -74,7 +75,7 @@ class Growth:
     past: bool = False
     reads_previous: bool | None = None  # the model's block 1 reads the token before (`reads_previous`)
 
-    def first(self, objective: str, fill: float = 0.0) -> bool:
+    def first(self, objective: Objective, fill: float = 0.0) -> bool:
         """Grow before the prefix seeds: on the graded MLP objective, on every MLP stage of a search
         that began there, and on an exact one whose span is within `NEAR` of its rank limit
         (`fill`: rank / limit). Measured before the repair sweeps, on MiniLM batch 16 (420 tokens):
@@ -87,10 +88,10 @@ class Growth:
         the prefix seeds first at the former 0.9. A batch well below the limit (batch 12, 315 of
         383: 0.82) keeps the prefix seeds first: 55,728 scored, against 140,833 with the growth
         first."""
-        self.past = self.past or objective == "mlp-graded"
-        return self.on and objective.startswith("mlp") and (self.past or fill >= NEAR)
+        self.past = self.past or objective == Objective.MLP_GRADED
+        return self.on and objective in (Objective.MLP, Objective.MLP_GRADED) and (self.past or fill >= NEAR)
 
-    def then(self, objective: str) -> bool:
+    def then(self, objective: Objective) -> bool:
         """Grow after prefix seeds that found nothing (before the walkers), on any objective: the
         layer-2 input reads the token before it through block 1's attention as the MLP's does.
         Measured on a MiniLM batch of 16 (412 tokens) at 4 sentences left (layer 2, 124 of 384):
