@@ -28,8 +28,8 @@ exact per-sentence test from the last block's Q gradient, `checks`, on the
 the observation), which keeps working when B*T approaches the width ([CLS] pooling). Where the
 layer-2 span is crowded or full, peeling scores a sentence by its block-1 MLP inputs' distance to
 the row space of the MLP down-projection's gradient instead (`mlp`: 4x the width, so it keeps a
-gap up to B*T = 4 width; exact below its rank limit, graded at it). At that limit (MiniLM, 16
-SST-2 sentences) a position's MLP input still reads the token before it far more than the rest,
+gap up to B*T = 4 width; exact below its rank limit, graded at it). At that limit
+a position's MLP input still reads the token before it far more than the rest,
 so `suffix` grows each length's sentence from its [SEP] leftwards, each token the one that makes
 the next position cost least. The joint assignment search is the fallback where that test has no gap.
 

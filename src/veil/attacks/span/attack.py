@@ -215,10 +215,8 @@ class SpanAttack(Attack[SpanOptions]):
 
 def _mostly_pinned(cands: list[Tensor], pins: tuple[list[Tensor], dict[int, int]] | None) -> bool:
     """Whether the embedding LayerNorm pins at least half of the tokens layer 1 admits: the prefix
-    seeds' greedy growth then picks among a few tokens per position (measured on MiniLM, 8 SST-2
-    sentences, at the former 1e-4 floor: 104 of 141 pinned, 8 of 8 sentences exact with the seeds,
-    1 of 8 without them in 100k scored; transformer4 at init pins 18 of its bag, and there the
-    seeds spent the budget the walkers solve in)."""
+    seeds' greedy growth then picks among a few tokens per position; where few tokens are pinned
+    (an encoder at init) the seeds would spend the budget the walkers solve in."""
     if not pins:  # pin_positions gives None when no position has a candidate
         return False
     return len(pins[1]) >= 0.5 * len(torch.unique(torch.cat([c for c in cands if len(c)])))

@@ -28,8 +28,8 @@ from veil.attacks.span.core import Span
 def row_span(g: Tensor, k: int | None = None, tol: float = 1e-6, region: float = 1e-4, min_drop: float = 3.0) -> Span:
     """Orthonormal basis of the row space of `g`: its top `k` right singular vectors, else those
     above the largest drop (at least `min_drop` x) of the singular values below `region` x the
-    largest (the float32 noise floor of a gradient sits at ~1e-8, the weakest real direction
-    measured at ~1e-7, and a fixed cut at 1e-6 loses real directions), else those above `tol`."""
+    largest (the float32 noise floor of a gradient sits just below its weakest real directions,
+    so a fixed cut at 1e-6 loses real directions), else those above `tol`."""
     _, s, vh = torch.linalg.svd(g.double(), full_matrices=False)
     if not s.numel() or s[0] <= 0:
         keep = torch.zeros_like(s, dtype=torch.bool)

@@ -23,7 +23,7 @@ What it uses:
    padding). At batch 1 the selected slots are the zero rows before the last non-zero one ([SEP],
    never moved). (At batch B a row is zero only where all B sentences selected the slot; slots
    selected in some sentences only keep ``E_pos`` here and their tokens then match no position:
-   the attack is built for, and measured at, batch 1.)
+   the attack is built for batch 1.)
 2. The span test with ``E_unk``: the inputs of the first attention layer are
    ``h0(v, t) = N0(E_tok[v] + p_t)`` with ``p_t = E_unk`` at selected slots, so the plain span
    attack (`veil.attacks.span`: layer-1 test ``d(h0) < tol1``, layer-2 search, [CLS] check) run
@@ -37,8 +37,7 @@ What it uses:
    (`veil.attacks.ngram`, interpolated Kneser-Ney, ``order`` 3) of the public corpus fills the
    selected slots, around the recovered unselected tokens, by beam search (``beam``).
 
-Measured at batch 1 (docs/results.md, `configs/paper/adaptive_text.yaml`): on transformer4 and
-MiniLM every unshuffled token comes back in place and the shuffled words as an exact multiset.
+What it recovers at batch 1: docs/results.md (`configs/paper/adaptive_text.yaml`).
 
 Without MJP (no ``mjp`` in the knowledge, gamma 0, a model without ``E_unk``, or the ``shuffle`` /
 ``nope`` variants, which have no ``E_unk``) the attack is the plain span attack and says so in its
@@ -154,6 +153,7 @@ class SpanMJPAttack(Attack[SpanMJPOptions]):
     attack's go to it; see the module docstring for what the attacker knows)."""
 
     modality = "text"
+    observes = frozenset({"gradient", "delta"})
     dropout_breaks = SpanAttack.dropout_breaks
     knows = (
         "the update, the weights (E_unk included), batch size, length and tokenizer, MJP's settings (Knowledge.defense: "

@@ -9,20 +9,17 @@ hidden activation (after the non-linearity). Its row space lies in ``span{a_i}``
 
 * below `width` real tokens it is ``span{a_i}`` itself, inside a space four times wider than
   layer 2's input: an exact per-position test like layer 2's, with far more room around it
-  (MiniLM, 8 SST-2 sentences: a true sentence's rows at ~1e-6, one wrong token moves its mean
-  distance to ~0.08);
-* past `width` real tokens (MiniLM, 16 sentences, 420 tokens, where the layer-2 span is full,
-  384 of 384) it keeps a 383-dimensional part of ``span{a_i}``: no longer exact, but graded
-  (block 1, mean distance per position: 0.044 for the true sentence, 0.088 / 0.114 / 0.161 /
-  0.223 with 1 / 2 / 4 / 8 wrong tokens; `benchmarks/span_scale.py --signal`).
+  (a true sentence's rows at float rounding, one wrong token far off);
+* past `width` real tokens (where the layer-2 span is full) it keeps a (width - 1)-dimensional
+  part of ``span{a_i}``: no longer exact, but graded (the mean distance per position grows with
+  the number of wrong tokens; `benchmarks/span_scale.py --signal` measures it).
 
 ``a_i`` depends on the whole sentence (after attention), so the relative distance of each
 position's ``a_i`` to that row space (as `Span.distance`) is a per-position cost of a complete
 candidate sentence: `MLPScore` is a drop-in `SentenceScore` whose per-position cost is the sum of
-these distances over the first `blocks` blocks. Block 1's is the sharpest per position
-(measured on that batch of 16 with a quarter of the other positions wrong: the true token the
-best of ~55 candidates at 71 % of the positions, against 62 % for the sum over blocks 1-5) and
-the cheapest (the forward pass stops at block 1's MLP: ~5x fewer operations than five blocks).
+these distances over the first `blocks` blocks. Block 1's is the sharpest per position (the
+true token ranks first more often than with the sum over later blocks) and the cheapest (the
+forward pass stops at block 1's MLP).
 The exact sentence test stays the last block's ([CLS] / all-row) check (`CLSCheck`), computed
 only where the walk settles (``with_cls=False``), and the residual (`Residual`) subtracts every
 found sentence from the MLP gradients as from the others, so the test regains its exactness as
@@ -55,18 +52,17 @@ def mlp_spans(res: Residual, blocks: int) -> list[tuple[nn.Module, Span]]:
 
 
 def mlp_usable(spans: list[tuple[nn.Module, Span]], max_fill: float = 0.5) -> bool:
-    """Whether the MLP spans leave room: each keeps at most `max_fill` of its hidden width (MiniLM
-    at 420 tokens: 383 of 1536), so a wrong sentence's activations have room to leave it."""
+    """Whether the MLP spans leave room: each keeps at most `max_fill` of its hidden width (its
+    rank is at most the model's width, a quarter of a 4x MLP), so a wrong sentence's activations
+    have room to leave it."""
     return bool(spans) and all(0 < sp.rank <= max_fill * sp.width for _, sp in spans)
 
 
 def mlp_exact(spans: list[tuple[nn.Module, Span]]) -> bool:
     """Whether every MLP span is below its rank limit: then it is ``span{a_i}`` itself and the test
-    exact (MiniLM: 315 of 384 at batch 12; 367 of 384 once batch 16's sentences of 8, 26 and 19
-    tokens are peeled: a true sentence's rows at ~1e-4, one wrong token at >= 0.04), else a part
-    of it and the test graded (383 of 384 at batch 16). The limit is the projection's output width
-    less one: a post-LN block's output gradient is centred by its LayerNorm, so a full span has
-    rank width - 1 (383), and a pre-LN one at width - 1 is taken as full too (the safe side)."""
+    exact (a true sentence's rows at float rounding, one wrong token far off), else a part of it
+    and the test graded. The limit is the projection's output width less one: a post-LN block's output gradient is centred by its LayerNorm, so a full span has
+    rank width - 1, and a pre-LN one at width - 1 is taken as full too (the safe side)."""
     return bool(spans) and mlp_fill(spans) < 1
 
 
@@ -125,8 +121,8 @@ class MLPScore(SentenceScore):
         """Each sentence's cost at position t alone, (N,), through `veil.attacks.span.rowwise`:
         block 1's MLP computes row t only (the attention before it still reads every position),
         and where the sentences agree outside a few columns (a search's candidates for one
-        position) its Q/K/V rows are shared and its output projection reads row t alone; 5.2 ms
-        instead of 11.6 ms per call on MiniLM (51 sentences of 32 tokens), a fifth of `_scores`'.
+        position) its Q/K/V rows are shared and its output projection reads row t alone: a
+        fraction of `_scores`' work.
         The shared rows are checked against the plain row on first use (`rows_shared`); falls back
         to `_scores` with more than one block, or where the MLP input keeps every row (a gated
         MLP's other branch broadcasts over the narrowed one)."""

@@ -160,14 +160,13 @@ def search_stage(
     With `seeds`, the prefix seeds (`veil.attacks.span.prefix`) run first; on a graded MLP
     objective they take turns with the walkers instead (one first token's growth, then as many
     sentences scored by the walkers), and a walk's new lowest best restarts its neighbouring
-    lengths (`extend_seed`). Measured on MiniLM batch 16 (one thread, budget 500,000): 3 sentences
-    exact (8, 26 and 19 tokens), where the walkers alone got 1 (the 8) in 400,000 and the seeds
-    first 1 (the 26) in 150,000.
+    lengths (`extend_seed`): on a graded objective the seeds run first can spend a whole budget on
+    one stage, and the walkers alone settle on chimeras; in turn each covers the other's trap.
 
     With `growth` (`veil.attacks.span.suffix`), the right-to-left seeds run first on the graded MLP
     objective, on every MLP stage after one and on exact ones near the rank limit (`Growth.first`),
-    else after prefix seeds that found nothing (`Growth.then`): MiniLM batch 16, all 8 batches of
-    docs/results.md's span-scale rebuilt exactly, 20-92 s each at 2 threads."""
+    else after prefix seeds that found nothing (`Growth.then`); docs/span.md tabulates this
+    schedule and docs/results.md (span-scale, span-tail) what it recovers."""
     walkers, used = stage.walkers, stage.used
     pending = [] if pending is None else pending
     for sent in list(pending):  # exact sentences a previous stage found beside the one it peeled
@@ -254,9 +253,8 @@ def _lowest(w: Walker, walkers: list[Walker]) -> bool:
 def extend_seed(w: Walker, walkers: list[Walker], used: list[float]) -> None:
     """A graded walk's new best, the lowest per position of every length, is often a batch
     sentence but for its end: the prefix of a sentence one or two tokens longer, closed early, or
-    a sentence with one token too many (measured on MiniLM batch 16, 8 and 26 peeled: a length-31
-    walk settled at 0.022 per position on a 32-token sentence without its last token, which no
-    move of its own length reaches). Its content restarts the walks of lengths n - 1, n + 1 and
+    a sentence with one token too many (e.g. a walk of length n settled on a sentence of n + 1
+    tokens without its last one, which no move of its own length reaches). Its content restarts the walks of lengths n - 1, n + 1 and
     n + 2 (their other positions keep their own best tokens), and those run next."""
     assert w.best is not None
     content = w.best[2][0, 1:-1].tolist()
@@ -278,8 +276,7 @@ def cross_seed(w: Walker, walkers: list[Walker], tried: set[tuple[int, tuple[int
     one), lowest objective per position first, each source once per length. The trap this leaves:
     a walk of length n settled on the prefix of a longer sentence of the batch (a deep local
     minimum of the layer-2 distance) while the length n - 1 walk holds the true length-n sentence
-    but one token (measured on MiniLM, 4 SST-2 test sentences of 29/20/30/17 tokens: after the 17
-    was peeled, 30,000 sentences scored without finding the 20, whose walk held the 29's prefix)."""
+    but one token; without the cross seed such a walk stays on the longer sentence's prefix."""
     if w.best is None:
         return False
     sources = sorted(
@@ -448,8 +445,8 @@ def peel_search(
 
 def _merit(w: Walker, share: float, crowded: bool) -> float:
     """A hypothesis' claim on work: its share, and in a crowded span also the inverse of its best
-    objective per position so far (the true sentence's is ~0.08 on transformer4 at B=4, wrong
-    local minima's 2-5x that), so the walks closest to a solution run most."""
+    objective per position so far (the true sentence's is well below a wrong local minimum's),
+    so the walks closest to a solution run most."""
     if not crowded or w.best is None:
         return share
     return share / max(w.best[0] / w.n, 0.02)
@@ -458,8 +455,8 @@ def _merit(w: Walker, share: float, crowded: bool) -> float:
 def _shares(walkers: list[Walker], where: PositionPrior, sep: int | None) -> list[float]:
     """Work shares of the length hypotheses when every length passes layer 1 (a crowded span):
     0.1 + the position prior's coefficient of [SEP] at the hypothesis' last position, so the
-    lengths where the position gradient puts a [SEP] are searched first (measured on a batch of
-    lengths 19/22/32/32: coefficients 0.26 at 21 and 0.81 at 31, < 0.1 at the other 27 ends)."""
+    lengths where the position gradient puts a [SEP] are searched first (the true ends get clearly
+    larger coefficients than the other positions)."""
     if where.cost is None or sep is None:
         return [1.0] * len(walkers)
     T = where.cost.shape[0]

@@ -1,17 +1,15 @@
 """Peeling's left-to-right seeds for a bidirectional encoder (`veil.attacks.span.peel`).
 
-Once a batch holds more (token, position) pairs than the bag's tokens plus positions span (MiniLM,
-8 SST-2 sentences: 218 real tokens, 142 distinct, layer-1 rank 171 of 384), layer 1 admits
-almost every bag token at every position (138 of 142 at each of 31 positions): it no longer
-narrows anything, every length is a hypothesis and the walkers' coordinate descent from the
-position prior settles on chimeras of several sentences or on the prefix of a longer one
-(measured: 0 of 8 sentences in 100,000 scored).
+Once a batch holds more (token, position) pairs than the bag's tokens plus positions span,
+layer 1 admits almost every bag token at every position: it no longer narrows anything, every
+length is a hypothesis and the walkers' coordinate descent from the position prior settles on
+chimeras of several sentences or on the prefix of a longer one.
 
 An encoder cannot verify a prefix exactly (its layer-2 input at t depends on the whole sentence),
 but a true prefix's last position is still nearly in the layer-2 span: fed ``[CLS] s_1 .. s_k`` the
-true token at k has the lowest layer-2 distance at k of all the bag's tokens in 89 % of the
-positions (measured on that batch, rank <= 2 in 94 %; the misses are at positions 1-3, where the
-context is short, and at a few tokens that depend on later context). So `prefix_seed` grows a
+true token at k has the lowest layer-2 distance at k of all the bag's tokens at most positions
+(the misses are at the first positions, where the context is short, and at a few tokens that
+depend on later context). So `prefix_seed` grows a
 sentence greedily from each of the position prior's likeliest first tokens, one position at a
 time (the candidates: the prior's `width` likeliest tokens there), and at every step scores the
 same prefix closed by [SEP] as a whole sentence: a layer-2-exact one is checked with the [CLS]
@@ -57,8 +55,7 @@ class PrefixSeeder:
         self.ranked = ranked_tokens(stage.cands, stage.prior, special)
         self.content = [torch.tensor(r, dtype=torch.long) for r in self.ranked]
         # on the MLP objective (`veil.attacks.span.mlp`, batches past layer 2's reach) every candidate: the position
-        # prior has lost its order there (MiniLM batch 12: all 12 sentences exact in 62,583 scored, against 4 in
-        # 100,000 with the prior's 24 likeliest tokens)
+        # prior has lost its order there, and its likeliest tokens often miss the true one
         mlp = getattr(stage, "objective", Objective.LAYER2) in (Objective.MLP, Objective.MLP_GRADED)
         self.width: int | None = None if mlp else type(self).width
         self.steps = 0  # sentences scored

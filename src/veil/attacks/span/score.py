@@ -49,8 +49,7 @@ class SentenceScore:
     (remaining) batch has ``dL/dE[v] = (1/B) dl_b/dx_{b,t}``, the gradient of its own sentence's loss
     at its one position, which the attacker recomputes for a candidate sentence (one backward pass
     per label, the best label kept). With the rest of the sentence even half wrong, a right token
-    matches its row to ~5-10 % and a wrong one misses by >= 35 % (measured on transformer4 at
-    B*T > width): a per-position test that, unlike the spans, does not need B*T < width. Tokens
+    matches its row closely and a wrong one misses by far more: a per-position test that, unlike the spans, does not need B*T < width. Tokens
     that occur several times get a capped cost (`cap`) wherever they are put.
 
     ``with_cls=False`` stops the forward pass at layer 2 (the [CLS] distance is then +inf): the
@@ -180,14 +179,13 @@ class PositionPrior:
     is ``sum_b u_{b,t}`` (padding gets none). A token that occurs once is one ``u``, so position
     row t is (close to) the sum of the rows of the tokens that sit at t: least squares of each
     position row on the bag's token rows gives coefficients ~1 for them and ~0 for the rest
-    (a repeated token's occurrences are not in that basis one by one, which blurs the fit;
-    measured on transformer4 at B=4 and 90-106 tokens: 75-80 % of all true (token, position)
-    pairs get >= 0.5, with ~3-5 tokens per position above 0.5 against ~70 in the bag). Every walk starts at the best token of each position and its
+    (a repeated token's occurrences are not in that basis one by one, which blurs the fit: most
+    true pairs get >= 0.5, against a few of the bag's other tokens per position). Every walk
+    starts at the best token of each position and its
     kicks favour the best three (`Walker.start_at`). Only while the layer-2 span is crowded (its
     objective is already soft there) is ``weight * (1 - clamp(c_{t,v}, 0, 1))`` added to each
     position's cost: with a clear layer-2 gap the true sentence is the exact zero of that
-    objective, and the prior's cost on repeated tokens moved its minimum (measured: a batch solved
-    in 8 s went unsolved in 300 s).
+    objective, and the prior's cost on repeated tokens would move its minimum off it.
     """
 
     def __init__(self, res: Residual, length: int, weight: float = 0.2) -> None:

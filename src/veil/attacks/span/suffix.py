@@ -2,42 +2,27 @@
 (`veil.attacks.span.peel`, on the MLP objective of `veil.attacks.span.mlp`; DAGER's span test,
 Petrov et al. 2024 eq. 2-3, applied to the block-1 MLP down-projection).
 
-Where the batch holds about as many tokens as the width (MiniLM, 16 SST-2 sentences, 420 tokens),
-the MLP span is at its rank limit and the objective is graded; the walkers then settle on chimeras
-and on prefixes of longer sentences (3 of 16 sentences in 500,000 scored). What the objective
-still says clearly is local: a position's block-1 MLP input depends on its own token and on the
-token before it far more than on the rest (measured on that batch, mean change of position t's
-cost when one other token changes, by offset: t-1 0.21, t+1 0.035, t-2 0.05, |offset| >= 3
-0.015-0.023; the token itself 0.25; `benchmarks/span_landscape.py --peel "" --locality`): one of MiniLM's first-layer heads reads the previous token.
-So given a sentence's true suffix from t + 1 on, the token at t is the one that makes position
-t + 1's cost lowest: the true one ranks first at 87 % of the positions and in the top 3 at 96 %
-(the rest of the sentence filled with the position prior's best tokens), where its own position's
-cost, which growing left to right (`veil.attacks.span.prefix`) ranks by, puts it first at 15 %:
-the unknown left context blurs that one.
+Where the batch holds about as many tokens as the width, the MLP span is at its rank limit and the
+objective is graded; walkers then settle on chimeras and on prefixes of longer sentences. What the
+objective still says clearly is local: a position's block-1 MLP input depends on its own token
+and on the token before it far more than on the rest (one of a pretrained encoder's first-layer
+heads reads the previous token; `benchmarks/span_landscape.py --locality` measures it). So given a
+sentence's true suffix from t + 1 on, the token at t is the one that makes position t + 1's cost
+lowest, a sharper ranking than its own position's cost, which the unknown left context blurs
+(what growing left to right, `veil.attacks.span.prefix`, ranks by).
 
 `suffix_seed` grows, for every length hypothesis n, one sentence from its end: [SEP] at n - 1,
 then positions n - 2 down to 1, each the content candidate with the lowest cost at the position
 after it (`MLPScore.at`: only that row goes through the MLP), and checks every grown sentence
 with the exact [CLS] test; the lengths that fail restart their walkers from what was grown.
-The 13 % of wrong steps come from the filler, not the objective: with the rest of the sentence
-true instead, the true token ranks first at every position (310 of 310 on the batch below, after
-five of its sentences were peeled; with the filler 86 %). A wrong step sends the growth along
-another sentence (often one of another length at the same positions), which the cost shows
-(~0.05 per position on the borrowed stretch, 0.15-0.26 where it joins), but one pass never goes
-back. So the grown sentence is swept again from its end with itself as the context
-(`SuffixSeeder.grow`, at most `SWEEPS`, only positions within `REACH` of a change, until it passes
-the exact test or stops changing): on that batch's lengths 27 and 31, 12 and 27 tokens wrong after
-the growth, none after 2-3 sweeps. When a search grows first is `Growth`'s rule.
-
-Measured (`benchmarks/span_scale.py`, MiniLM batch 16, 8 batches, budget 500,000, 2 threads): with
-one pass per growth, 7 batches rebuilt exactly and one (425 tokens, six sentences cut at 32) 5 of
-16 when the budget ran out; with the sweeps (and `MLPScore.at`'s shared rows), all 8 exactly in
-20-92 s each (that one in 441,513 scored, 92 s), mean 46 s. The sweeps run only where the model's
-block 1 reads the token before each position (`reads_previous`). Tried and not kept: starting each
-length's sweeps in the next stage from its last grown sentence instead of the filler (the first
-batch: 486,872 scored instead of 388,807), and rescoring only the first sweep's 5 best candidates
-per position in later sweeps (the 425-token batch: 5 of 16). What a pass still misses: it grows one
-sentence per length, so of several sentences of the same length at most one is found per pass.
+A wrong step comes from the filler left of the suffix, not from the objective, and sends the
+growth along another sentence; one pass never goes back. So the grown sentence is swept again
+from its end with itself as the context (`SuffixSeeder.grow`, at most `SWEEPS`, only positions
+within `REACH` of a change, until it passes the exact test or stops changing). The sweeps run
+only where the model's block 1 reads the token before each position (`reads_previous`). When a
+search grows first is `Growth`'s rule. What a pass misses: it grows one sentence per length, so
+of several sentences of the same length at most one is found per pass. Figures: docs/results.md
+(span-scale) and docs/span.md.
 """
 
 from __future__ import annotations
@@ -69,7 +54,7 @@ class Growth:
     """A peeling search's use of the right-to-left seeds: whether they run at all, whether the
     search has met the graded MLP objective (`past`: the batch began at the MLP span's rank limit),
     and whether the model's block 1 reads the token before each position (`reads_previous`,
-    measured on the search's first growth: the repair sweeps run only then)."""
+    tested on the search's first growth: the repair sweeps run only then)."""
 
     on: bool = True
     past: bool = False
@@ -78,26 +63,17 @@ class Growth:
     def first(self, objective: Objective, fill: float = 0.0) -> bool:
         """Grow before the prefix seeds: on the graded MLP objective, on every MLP stage of a search
         that began there, and on an exact one whose span is within `NEAR` of its rank limit
-        (`fill`: rank / limit). Measured before the repair sweeps, on MiniLM batch 16 (420 tokens):
-        16 of 16 sentences exact;
-        with the prefix seeds first on the exact stages, 6 (the first seeds to succeed decide which
-        sentences are left, and from 10 left neither finds one); batches of 16 with 364 and 373
-        tokens (exact from the start, at 0.95 and 0.97 of the limit): 16 of 16 each in ~190,000 and
-        ~200,000 scored, where the prefix seeds first took 299,562 for 16 and got 9 in 500,000; one
-        of 341 tokens (0.89): 16 in 85,855 scored (38 s at 2 threads) against 387,580 (195 s) with
-        the prefix seeds first at the former 0.9. A batch well below the limit (batch 12, 315 of
-        383: 0.82) keeps the prefix seeds first: 55,728 scored, against 140,833 with the growth
-        first."""
+        (`fill`: rank / limit). Near the limit the first prefix seeds to succeed decide which
+        sentences are left, and the growth finds sentences the seeds then cannot; well below it
+        the prefix seeds are cheaper and run first."""
         self.past = self.past or objective == Objective.MLP_GRADED
         return self.on and objective in (Objective.MLP, Objective.MLP_GRADED) and (self.past or fill >= NEAR)
 
     def then(self, objective: Objective) -> bool:
         """Grow after prefix seeds that found nothing (before the walkers), on any objective: the
         layer-2 input reads the token before it through block 1's attention as the MLP's does.
-        Measured on a MiniLM batch of 16 (412 tokens) at 4 sentences left (layer 2, 124 of 384):
-        the walkers took 113,145 scored (54 s) for the next sentence, the growth 39,922 for two;
-        the whole batch 99 s instead of 140. Growing first on the layer-2 stages too: 140 s (the
-        prefix seeds are cheaper there while they find one)."""
+        After prefix seeds that found nothing, the growth costs less than the walkers for the next
+        sentence; before them, on layer-2 stages, the seeds are cheaper while they find one."""
         return self.on
 
 
@@ -180,7 +156,7 @@ def suffix_seed(
     returns the sentences that passed (all lengths are grown: a pass finds several at once).
     With `growth`, the repair sweeps run only where the model's block 1 reads the token before
     each position (`reads_previous`, measured once per search): where it does not (a randomly
-    initialised encoder), they cycle without finding a sentence and cost 2-3x the growth."""
+    initialised encoder), they cycle without finding a sentence and cost more than the growth itself."""
     if specials.cls is None or specials.sep is None or len(stage.cands) < 3:
         return []
     sd = SuffixSeeder(stage, specials, tol_cls)
@@ -202,8 +178,7 @@ def reads_previous(sd: SuffixSeeder, n: int, probes: int = 8, alts: int = 4) -> 
     """Whether a position's cost moves more when the token before it changes than when one three
     before it does (`LOCAL` times the mean change), on the prior's filler sentence of length n at
     up to `probes` positions with `alts` other candidates each (counted in the seeder's steps).
-    Measured on the first stage (graded) of a MiniLM batch of 16: 0.0153 against 0.0037 (4.1x);
-    on a randomly initialised 4-layer encoder (width 96, 5 sentences): 0.0011 against 0.0008 (1.5x)."""
+    A pretrained encoder passes it by a wide margin, a randomly initialised one does not."""
     x = torch.tensor([[sd.specials.cls, *sd.filler[1 : n - 1], sd.specials.sep]])
     ts = list(range(4, n - 1))[:: max(1, (n - 5) // probes)][:probes]
     moved: dict[int, list[Tensor]] = {1: [], 3: []}

@@ -4,9 +4,8 @@ descent over each position's candidates and swaps, kicks from the best local min
 Deterministic at any thread count. The objectives are float32 sums whose last bits change with
 the number of threads and with the batch a sentence is scored in (a candidate batch holds the
 current sentence itself, re-scored), and so do the observed gradients they are computed from.
-With an absolute 1e-12 margin, whether such a rescore "improved" on the current value was a coin
-toss, and each toss changed the walk (the batch-beyond-the-width test needed 166k sentences at one
-thread and 54k at two). Now every comparison has a margin relative to float32's precision
+With an absolute margin, whether such a rescore "improves" on the current value is a coin toss
+that changes the walk. So every comparison has a margin relative to float32's precision
 (`IMPROVE`: a move improves on f only below f - IMPROVE * max(|f|, 1)) and among candidates within
 that margin of the best the first in a fixed order wins (`pick`); token rankings sort stably.
 """
@@ -19,8 +18,8 @@ from torch import Tensor
 
 from veil.attacks.span.score import PositionPrior, SentenceScore
 
-#: what one scoring call costs beyond its tokens, in token evaluations: measured on transformer4
-#: (width 96, 1 thread) ~25 ms per call against ~0.15 ms per token scored with the gradient match
+#: what one scoring call costs beyond its tokens, in token evaluations: a call's fixed cost is
+#: that of scoring a long run of tokens with the gradient match
 CALL_COST = 150
 #: relative margin of every objective comparison: 2**10 float32 ulps (~1.2e-4), far above the
 #: rounding of a float32 sum over a sentence, far below a real move's change (one wrong token: >= 1e-2)
@@ -51,11 +50,10 @@ class Walker:
 
     With ``narrow = k`` (and a position prior, `start_at`) a sweep first tries only each position's
     k best tokens by the prior (and swaps between them): the once-only tokens of a batch rank in
-    its top 4 at their own position (measured on MiniLM, 4 batches of 4 SST-2 sentences, 248 of
-    248), a repeated one mostly in the top 8. Where such a sweep helps no more, the sentence is
+    its top few at their own position, a repeated one mostly in the top 8. Where such a sweep helps no more, the sentence is
     checked, then the next sweep tries every candidate; only where that one does not help either
     is it a local minimum (kick). The neighbourhood of a local minimum is thus unchanged; the
-    sweeps on the way there cost k instead of ~40-60 candidates per position."""
+    sweeps on the way there cost k instead of every candidate per position."""
 
     def __init__(self, sets: list[Tensor], rng: np.random.Generator, kick: int = 3, chunk: int = 2048) -> None:
         self.sets, self.rng, self.kick, self.chunk = sets, rng, kick, chunk
