@@ -88,6 +88,7 @@ class SpanDownAttack(Attack[SpanDownOptions]):
 
     knows = "which exported tensors are noised (Knowledge.defense), the weights, the vocabulary and batch size"
     modality = "text"
+    observes = frozenset({"gradient", "delta"})
     #: where it applies beside the modality (`Attack.applies`): a client's dropout masks move the
     #: activations off the span its exact test reads
     dropout_breaks = ("tests tokens by exact span membership, which a client's dropout masks break", "span-robust")
@@ -166,6 +167,7 @@ class SpanDownAttack(Attack[SpanDownOptions]):
         stats: dict[str, Any] = {
             "work": {"sentences_scored": scorer.scored},
             "budget_stopped": scorer.stopped,
+            "scoring": scorer.mode,
             "candidates": len(cands),
             "head_clean": hg is not None,
             "distances": [d for _, d in found[:B]],
@@ -205,6 +207,7 @@ class SpanDownAttack(Attack[SpanDownOptions]):
         stats: dict[str, Any] = {
             "work": {"sentences_scored": scorer.scored},
             "budget_stopped": scorer.stopped,
+            "scoring": scorer.mode,
             "lengths": lengths,
             "distances": costs,
         }

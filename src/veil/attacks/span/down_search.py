@@ -34,7 +34,7 @@ import torch
 from torch import Tensor, nn
 
 from veil.attacks.span.core import Span, model_device, recording_inputs
-from veil.attacks.span.rowwise import block1_row
+from veil.attacks.span.down_rows import MODES, row_activation
 from veil.models.base import VeilModel, linear_weight
 
 #: candidate sentences per scoring call
@@ -49,14 +49,15 @@ def _distance(x: Tensor, basis: Tensor) -> Tensor:
 
 class RowScorer:
     """Distances of one position's first-block MLP activation to the first down-projection's span,
-    for sentences that differ only in a few columns; checked once against the full forward pass
-    (the shared rows of `block1_row`), which it falls back to where they disagree. It scores at
-    most `limit` candidates in all (the attack's budget): past it, +inf and ``stopped``."""
+    for sentences that differ only in that position (`veil.attacks.span.down_rows`); the first
+    call checks each scoring mode against the full forward pass and keeps the fastest that agrees.
+    It scores at most `limit` candidates in all (the attack's budget): past it, +inf and ``stopped``."""
 
     def __init__(self, model: VeilModel, down: nn.Module, span: Span, limit: int) -> None:
         self.model, self.down = model, down
         self.basis = span.basis.float().to(model_device(model))
-        self.shared: bool | None = None
+        self.mode: str | None = None
+        self.sure = False  # checked on sentences of two tokens or more (RoPE leaves one token unrotated)
         self.scored, self.limit, self.stopped = 0, limit, False
 
     def __call__(self, ids: Tensor, t: int) -> Tensor:
@@ -66,14 +67,29 @@ class RowScorer:
         out = [torch.full((max(0, len(ids) - left),), torch.inf)]
         for s in range(0, min(left, len(ids)), CHUNK):
             part = ids[s : min(s + CHUNK, left)]
-            a = block1_row(self.model, part, t, self.down, shared=self.shared is not False)
-            if self.shared is None:
-                plain = block1_row(self.model, part, t, self.down, shared=False)
-                self.shared = plain.shape == a.shape and bool(torch.allclose(a, plain, atol=1e-4, rtol=1e-4))
-                a = plain
+            if self.mode is None or not self.sure:
+                a, self.sure = self._pick(part, t), part.shape[1] > 1
+            else:
+                a = row_activation(self.model, part, t, self.down, self.mode)
             out.insert(-1, _distance(a[:, 0] if a.shape[1] == 1 else a[:, t], self.basis).cpu())
             self.scored += len(part)
         return torch.cat(out)
+
+    def _pick(self, ids: Tensor, t: int) -> Tensor:
+        """The full pass's rows for `ids`, and the first mode that reproduces them as ``mode``."""
+        plain = row_activation(self.model, ids, t, self.down, "plain")
+        want = plain[:, 0] if plain.shape[1] == 1 else plain[:, t]
+        for mode in MODES[:-1]:
+            try:
+                a = row_activation(self.model, ids, t, self.down, mode)
+            except (RuntimeError, ValueError, TypeError, ZeroDivisionError, IndexError):
+                continue
+            got = a[:, 0] if a.shape[1] == 1 else a[:, t]
+            if got.shape == want.shape and bool(torch.allclose(got, want, atol=1e-4, rtol=1e-4)):
+                self.mode = mode
+                return plain
+        self.mode = "plain"
+        return plain
 
 
 def sentence_costs(model: VeilModel, spans: list[tuple[nn.Module, Span]], ids: Tensor) -> Tensor:
