@@ -15,7 +15,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from update_readme import replace_block
+from readme_numbers import replace_block
 
 ROOT = Path(__file__).resolve().parent.parent
 

@@ -46,7 +46,7 @@ def _task(model: str, data: str, util: dict[str, float], leak: dict, blocked: di
         "leakage": leak,
         "skipped": {},
         "blocked": blocked,
-        "overhead": dict.fromkeys(util, 1.0),
+        "overhead": dict(zip(util, (1.0, 1.1503, 0.9921))),  # the ratios of three repeated runs
         "step_seconds": dict.fromkeys(util, 0.01),
         "attacker_knows": knows,
         "worst_case": {d: worst_case(leak.get(d, {}), knows, blocked.get(d)) for d in util},
@@ -84,6 +84,9 @@ def summary_and_examples() -> tuple[dict[str, Any], dict[str, list[dict[str, Any
         digits_leak,
         {},
     )
+    digits["knowledge"] = {"labels": False, "batch_size": 1}
+    digits["skipped"] = {"span-robust": "applies to a client that trains with dropout; this one trains without"}
+    digits["attacker_knows"]["span-robust"] = "naive"
     text_leak = {
         "none": {
             "presence": {"presence_f1": 1.0},
@@ -120,8 +123,12 @@ def summary_and_examples() -> tuple[dict[str, Any], dict[str, list[dict[str, Any
                 n = 2 if a == "april-mjp" else 1  # a cell with a batch of two
                 rec = np.clip(orig[:n] + rng.normal(0, 0.3, orig[:n].shape), 0, 1)
                 records.append({"defense": d, "attack": a, "example": {"original": orig[:n], "reconstruction": rec}})
+    records.sort(key=lambda r: (r["defense"], r["attack"]))  # as veil.experiments.cells.examples lists them
     tokens = {"references": [["the", "film", "works"]], "reconstructions": [["the", "film", "fails"]]}
-    text_records = [{"defense": "none", "attack": "span", "example": tokens}]
+    text_records = [  # as veil.experiments.cells.examples lists them: by folder name
+        {"defense": d, "attack": a, "example": tokens}
+        for d, a in (("aegis", "tag(iterations=100)"), ("mjp(gamma=0.5,window=8)", "span-mjp"), ("none", "span"))
+    ]
     return summary, {"digits-vit": records, "sst2-text": text_records}
 
 
@@ -227,7 +234,7 @@ def test_the_report_opens_with_the_headline(tmp_path: Path) -> None:
     assert "holds against the attacks run; a stronger or adaptive attacker may still get through" in md
     assert "protected" not in md[glance:]
     html = (tmp_path / "report.html").read_text()
-    assert html.index("At a glance") < html.index("Task <code>digits-vit")
+    assert html.index("At a glance") < html.index("<h2>Task <code><span class='nw'>digits-vit")
     assert html.count("<span class='verdict leaks'>") == 4 and "<span class='verdict holds'>" in html
 
 
@@ -309,3 +316,290 @@ def test_report_html_has_no_clipped_or_overlapping_text_in_a_browser(tmp_path: P
         assert "overlap: h3 'first' and h3 'second'" in caught and "image shown below its size: 10x" in caught
     finally:
         browser.quit()
+
+
+# --- the report at a glance: the defects a reader met, one assertion each --------------------
+
+
+def _figures(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> dict[str, Figure]:
+    """The report's figures by file name, kept open (drawn) to be inspected."""
+    import matplotlib.pyplot as plt
+
+    saved: dict[str, Figure] = {}
+    savefig = Figure.savefig
+
+    def keep(fig: Figure, path: Any, *a: Any, **k: Any) -> None:
+        saved[Path(path).name] = fig
+        savefig(fig, path, *a, **k)
+
+    monkeypatch.setattr(Figure, "savefig", keep)
+    monkeypatch.setattr(plt, "close", lambda *a, **k: None)
+    summary, examples = summary_and_examples()
+    write_reports(summary, tmp_path, examples)
+    for fig in saved.values():
+        fig.canvas.draw()
+    return saved
+
+
+def _markers(fig: Figure) -> list[tuple[float, float, float]]:
+    """(x, y, radius) in pixels of every scatter marker of a figure's axes."""
+    out = []
+    for ax in fig.axes:
+        for c in ax.collections:
+            if isinstance(c, PathCollection) and len(c.get_offsets()):
+                xy = c.get_offset_transform().transform(c.get_offsets())
+                r = np.sqrt(np.resize(c.get_sizes(), len(xy))) / 2 * fig.dpi / 72
+                out += [(float(x), float(y), float(rad)) for (x, y), rad in zip(xy, r)]
+    return out
+
+
+def test_plot_markers_never_hide_each_other_and_the_text_axis_is_a_table_column(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The digits plot's undefended markers at >= 100 dB (april, april-mjp, head-embedding at one
+    accuracy) and the SST-2 plot's attacks at one score were drawn on one spot; the SST-2 axis
+    named a quantity no table showed."""
+    import matplotlib.pyplot as plt
+
+    try:
+        figs = _figures(tmp_path, monkeypatch)
+        plots = {n: f for n, f in figs.items() if "privacy_utility" in n}
+        assert len(plots) == 2, sorted(figs)
+        for name, fig in plots.items():
+            marks = _markers(fig)
+            assert len(marks) >= 6, name
+            hidden = [
+                (a, b)
+                for i, a in enumerate(marks)
+                for b in marks[i + 1 :]
+                if math.hypot(a[0] - b[0], a[1] - b[1]) < 0.9 * (a[2] + b[2])
+            ]
+            assert not hidden, f"{name}: {len(hidden)} pairs of markers on top of each other"
+        text_axis = plots["sst2-text_privacy_utility.png"].axes[0].get_ylabel()
+        md = (tmp_path / "report.md").read_text()
+        header = md[md.index("**Text: tokens rebuilt") :].split("\n")[2]  # the text table's header row
+        columns = [c.strip() for c in header.strip("|").split("|")]
+        assert any(c.split(" (")[0] in text_axis for c in columns[2:]), (text_axis, columns)
+    finally:
+        plt.close("all")
+
+
+def test_reconstructions_are_one_row_per_defense_in_table_order(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The grid wrapped at 6 columns and split the undefended model across bands; the text examples
+    ran aegis -> mjp -> none, the reverse of the tables."""
+    import matplotlib.pyplot as plt
+
+    try:
+        grid = _figures(tmp_path, monkeypatch)["digits-vit_reconstructions.png"]
+        renderer = grid.canvas.get_renderer()
+        rows = {t.get_text(): t.get_window_extent(renderer).y0 for t in grid.texts}
+        order = ["original", "none", "mjp(gamma=0.1)", "dpsgd(target_epsilon=3.0,clip=1.0)"]
+        labels = {k.replace("\n", ""): v for k, v in rows.items()}
+        assert all(d in labels for d in order), sorted(labels)
+        heights = [labels[d] for d in order]
+        assert heights == sorted(heights, reverse=True), "rows run top to bottom in the tables' order"
+        images = [ax for ax in grid.axes if ax.get_images()]
+        row_of = {round(ax.get_position().y0, 3) for ax in images}
+        assert len(row_of) == len(order), "one row of images per defense, and one of originals"
+    finally:
+        plt.close("all")
+    md = (tmp_path / "report.md").read_text()
+    at = [md.index(f"against defense {d}**") for d in ("none", "mjp(gamma=0.5,window=8)", "aegis")]
+    assert at == sorted(at), "the text reconstructions follow the tables: none, mjp, aegis"
+
+
+def _columns(md: str) -> list[tuple[str, str]]:
+    """(column header, cell) of every cell of every Markdown table."""
+    out, header = [], None
+    for line in md.splitlines():
+        if not line.startswith("|"):
+            header = None
+            continue
+        cells = [c.strip() for c in line.strip("|").split("|")]
+        if header is None:
+            header = cells
+        elif not line.startswith("|---"):
+            out += list(zip(header, cells))
+    return out
+
+
+def test_numbers_and_settings_read_as_the_evidence_allows(tmp_path: Path) -> None:
+    """Knowledge and seeds in words; no ± for one seed; counts as integers; no inf in a PSNR
+    column; step-time ratios to two digits; the per-attack tables without empty columns."""
+    from veil.report.markup import to_markdown
+    from veil.report.render import summary_blocks
+
+    summary, examples = summary_and_examples()
+    write_reports(summary, tmp_path, examples)
+    md = (tmp_path / "report.md").read_text()
+    assert '{"labels"' not in md and "Seeds: [" not in md
+    assert "The attacker knows the batch size (1), not the labels." in md
+    assert "The attacker knows the batch size (1)." in md  # sst2: labels not given in its knowledge
+    assert "One seed (0)" in md
+    assert "± 0.0000" not in md and "±" not in md.split("### Utility and cost")[1].split("###")[0]
+    counts = [v for col, v in _columns(md) if col.startswith("masked_patches")]
+    assert counts and all(v == "2" for v in counts), counts  # a count of patches, not 2.000
+    assert "masked_patches 2.000" not in md
+    psnr = [v for col, v in _columns(md) if col.startswith("psnr") and "exact" not in col]
+    assert psnr and "inf" not in psnr, psnr
+    assert "exact (∞)" in md
+    assert "1.150" not in md and "0.992" not in md and "| 1.2× |" in md and "| 0.99× |" in md
+    blocks = summary_blocks(summary, tmp_path, examples)
+    starts = [i for i, b in enumerate(blocks) if b[0] == "h3" and b[1].startswith("Every attack")]
+    assert len(starts) == 2
+    per_attack = []
+    for start in starts:
+        end = next(i for i, b in enumerate(blocks) if i > start and b[0] in ("h2", "h3"))
+        per_attack += [b for b in blocks[start:end] if b[0] == "table"]
+    assert len(per_attack) >= 5  # split by metric family (images, regions, labels; text, words)
+    values = [v for b in per_attack for row in b[2] for v in row[2:]]
+    assert values.count("—") / len(values) < 0.1, to_markdown(per_attack, tmp_path)
+    for b in per_attack:
+        for j in range(2, len(b[1])):
+            assert any(row[j] != "—" for row in b[2]), f"column {b[1][j]} is empty"
+
+
+def test_the_matrix_names_each_cell_verdict(tmp_path: Path) -> None:
+    """One defense x attack matrix per task, before any task: a cell per attack and defense with its
+    verdict and figure, the accuracy per defense in it."""
+    summary, examples = summary_and_examples()
+    write_reports(summary, tmp_path, examples)
+    md = (tmp_path / "report.md").read_text()
+    top = md[: md.index("## Task")]
+    assert "| attack | `none` | `mjp(gamma=0.1)` | `dpsgd(target_epsilon=3.0,clip=1.0)` |" in top
+    assert "| *test accuracy (vs none)* | 0.928 | 0.928 (±0.0 pts) | 0.927 (±0.0 pts) |" in top
+    assert "| *test accuracy (vs none)* | 0.680 | 0.660 (-2.0 pts) | 0.550 (-13.0 pts) |" in top
+    assert "| `april` | **LEAKS** 119.1 dB | **PARTLY** 12.1 dB | **HOLDS** 7.9 dB |" in top
+    assert "| `head-embedding` | **LEAKS** exact (∞) | **LEAKS** exact (∞) | **NOT RUN** |" in top
+    assert "| `span-robust` | **NOT APPLICABLE** | **NOT APPLICABLE** | **NOT APPLICABLE** |" in top
+    assert "| `span` | **LEAKS** 2.00 | **NOT RUN** | **BLOCKED** |" in top
+    assert "| `tag(iterations=100)` | **PARTLY** 0.40 | **HOLDS** 0.20 | **HOLDS** 0.01 |" in top
+    # ig failed on the undefended model too: its failure against a defense is no evidence
+    assert "| `ig(iterations=150,restarts=1)` | **UNKNOWN** 7.2 dB | **UNKNOWN** 7.0 dB | **UNKNOWN** 7.0 dB |" in top
+
+
+#: where a name (a defense or attack label) broke across lines inside one of its comma-separated parts
+NAME_BREAKS = """
+const names = arguments[0], out = [];
+const pieces = [...new Set(names.flatMap((n) => n.split(',')).filter((p) => p.length > 3))];
+for (const el of document.querySelectorAll('td,th,li,p,figcaption,h2,h3')) {
+  const walker = document.createTreeWalker(el, NodeFilter.SHOW_TEXT);
+  const nodes = []; let text = '';
+  while (walker.nextNode()) { nodes.push([walker.currentNode, text.length]); text += walker.currentNode.data; }
+  for (const piece of pieces) {
+    let at = text.indexOf(piece);
+    while (at >= 0) {
+      const range = document.createRange();
+      const find = (k) => { for (let i = nodes.length - 1; i >= 0; i--) if (nodes[i][1] <= k) return [nodes[i][0], k - nodes[i][1]]; };
+      range.setStart(...find(at)); range.setEnd(...find(at + piece.length - 1)); range.setEnd(range.endContainer, range.endOffset + 1);
+      const tops = new Set([...range.getClientRects()].filter((r) => r.width > 0).map((r) => Math.round(r.bottom)));
+      if (tops.size > 1) out.push(`${piece} breaks across lines in ${el.tagName.toLowerCase()} '${text.trim().slice(0, 40)}'`);
+      at = text.indexOf(piece, at + piece.length);
+    }
+  }
+}
+return out;
+"""
+
+#: overflow: the page wider than the window, or an element wider than its box unless it is a scroll
+#: box (overflow-x auto) that itself lies inside the window
+CLIPPED = """
+const out = [], W = document.documentElement.clientWidth;
+if (document.documentElement.scrollWidth > W + 1) out.push(`page wider than the window: ${document.documentElement.scrollWidth} > ${W}`);
+for (const e of document.body.querySelectorAll('*')) {
+  const st = getComputedStyle(e);
+  if (st.display === 'inline' || e.clientWidth === 0) continue;
+  const r = e.getBoundingClientRect();
+  if (r.right > W + 1) out.push(`past the window's right edge: ${e.tagName.toLowerCase()} (${Math.round(r.right)} > ${W})`);
+  if (e.scrollWidth <= e.clientWidth + 1) continue;
+  if (['auto', 'scroll'].includes(st.overflowX)) continue;
+  out.push(`clipped: ${e.tagName.toLowerCase()} '${(e.textContent || '').trim().slice(0, 40)}' (${e.scrollWidth} > ${e.clientWidth})`);
+}
+return out;
+"""
+
+
+def test_report_at_800_and_1400_px_shows_the_matrix_first_and_clips_nothing(tmp_path: Path) -> None:
+    """report.html in headless chromium at 800 and 1400 px (screenshots under tmp_path/screens):
+    the matrices within the first screen, no table or figure clipped (a wide one scrolls in its own
+    box inside the window), no overlapping text, no name broken inside a word."""
+    summary, examples = summary_and_examples()
+    write_reports(summary, tmp_path, examples)
+    names = sorted({n for t in summary["tasks"].values() for n in [*t["utility"], *t["attacker_knows"]]})
+    screens = tmp_path / "screens"
+    screens.mkdir()
+    browser = _browser()
+    try:
+        for width in (800, 1400):
+            browser.set_window_size(width, 900)
+            browser.get((tmp_path / "report.html").as_uri())
+            browser.execute_script("return document.fonts.ready")
+            assert browser.save_screenshot(str(screens / f"report_{width}.png"))
+            height = browser.execute_script("return window.innerHeight")
+            matrices = browser.execute_script(
+                "return [...document.querySelectorAll('table.matrix')].map((t) => t.getBoundingClientRect().bottom)"
+            )
+            assert len(matrices) == 2, f"at {width} px: one matrix per task"
+            assert max(matrices) <= height, f"at {width} px: matrices end at {matrices}, the screen at {height}"
+            problems = browser.execute_script(CLIPPED)
+            problems += [p for p in browser.execute_script(CHECK) if p.startswith(("overlap", "image"))]
+            problems += browser.execute_script(NAME_BREAKS, names)
+            assert not problems, f"at {width} px:\n" + "\n".join(problems)
+        browser.set_window_size(800, 900)
+        browser.execute_script(BROKEN)
+        caught = "\n".join(browser.execute_script(CLIPPED))
+        assert "clipped: td 'aVeryLongUnbrokenWord'" in caught
+    finally:
+        browser.quit()
+
+
+def _readme_numbers() -> Any:
+    import importlib.util
+
+    path = Path(__file__).resolve().parent.parent / "scripts" / "readme_numbers.py"
+    spec = importlib.util.spec_from_file_location("readme_numbers", path)
+    module = importlib.util.module_from_spec(spec)
+    assert spec.loader is not None
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_readme_numbers_are_pasted_from_the_run_and_checked_against_it(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """scripts/readme_numbers.py RUN rewrites the README's blocks from RUN/summary.json (no timing
+    column: it differs between runs), --check then passes and fails once a number differs; a run
+    of another scenario is refused in one line."""
+    import json
+
+    import yaml
+
+    from veil.experiments.scenario import default_scenario_path
+
+    rn = _readme_numbers()
+    summary, _ = summary_and_examples()
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / "summary.json").write_text(json.dumps({**summary, "config": {"name": "report-check"}}))
+    readme = tmp_path / "README.md"
+    readme.write_text(
+        "intro\n<!-- quickstart:start -->\nold\n<!-- quickstart:end -->\n"
+        "<!-- headline:start -->\nold\n<!-- headline:end -->\nend\n"
+    )
+    with pytest.raises(SystemExit, match="not a run of the embedded quickstart scenario"):
+        rn.main([str(run), "--readme", str(readme)])
+    quickstart = yaml.safe_load(default_scenario_path().read_text())
+    (run / "summary.json").write_text(json.dumps({**summary, "config": quickstart}))
+    assert rn.main([str(run), "--readme", str(readme)]) == 0
+    text = readme.read_text()
+    assert text.startswith("intro\n") and text.endswith("end\n")
+    assert "| `april` | **LEAKS** 119.1 dB | **PARTLY** 12.1 dB | **HOLDS** 7.9 dB |" in text
+    assert "| none | april | 119.1 | 1.000 |" in text  # the whole-image table, without its seconds
+    assert "seconds" not in rn.block(text, "quickstart").split("*Measured")[0]
+    assert "**none**: accuracy 0.928; worst case `april`: psnr 119.1 dB (whole image)" in text
+    assert rn.main([str(run), "--readme", str(readme), "--check"]) == 0
+    readme.write_text(text.replace("119.1 dB", "118.5 dB", 1))
+    assert rn.main([str(run), "--readme", str(readme), "--check"]) == 1
+    assert "differs from" in capsys.readouterr().err

@@ -26,11 +26,21 @@ from matplotlib.ticker import FuncFormatter, MaxNLocator  # noqa: E402
 
 DPI = 100
 CELL_IN = 1.25  #: one image of a grid, inches (125 px at DPI: an 8x8 digit upsampled 15x)
+GRID_CELL_IN = 1.0  #: one image of the report's per-defense grid (100 px: an 8x8 digit upsampled 12x)
 COLUMNS = 6  #: images per band of a grid; more wrap into another band (original row + rebuilt row)
 CAP_DB = 100.0  #: PSNR drawn at this height and above: an exact copy (inf included)
 MIN_ACC_SPAN = 0.05  #: the accuracy axis spans at least 5 points, never a fraction of one
 #: verdict colours, shared with the report's headline (veil.report.headline)
-COLOURS = {"leaks": "#c62828", "partly": "#ef8f00", "holds": "#2e7d32", "untested": "#757575", "unknown": "#5c6bc0"}
+COLOURS = {
+    "leaks": "#c62828",
+    "partly": "#d97900",
+    "holds": "#2e7d32",
+    "untested": "#757575",
+    "unknown": "#5c6bc0",
+    "blocked": "#00695c",
+    "not applicable": "#8d8d8d",
+    "not run": "#e4e4e4",
+}
 MARKERS = "os^Dv<>pP*Xh"
 
 
@@ -101,6 +111,49 @@ def reconstruction_grid(columns: list[tuple[str, Any, Any]], path: Path, title: 
     return _save(fig, path)
 
 
+def defense_grid(
+    columns: list[str],
+    originals: list[Any],
+    rows: list[tuple[str, list[Any]]],
+    path: Path,
+    notes: dict[tuple[int, int], str] | None = None,
+) -> Path:
+    """What each attack rebuilt, one row per defense: `columns` name the attacks (and samples),
+    the first row holds their originals, each of `rows` = (defense, one image or None per column)
+    what the attack rebuilt against that defense; an empty slot shows its note (`notes[(row,
+    column)]`: blocked, not applicable) or a dash. Images at `CELL_IN` inches, nearest neighbour."""
+    notes = notes or {}
+    labels = [wrap(c, 16) for c in columns]
+    names = [wrap(d, 15) for d, _ in rows]
+    head_in = 0.15 * max((lab.count("\n") + 1 for lab in labels), default=1) + 0.08
+    left_in = 0.2 + 0.075 * max(max((len(line) for n in names for line in n.split("\n")), default=8), 8)
+    cell_in, gap_in = GRID_CELL_IN, 0.1
+    width = left_in + len(columns) * (cell_in + gap_in) + 0.1
+    height = head_in + (len(rows) + 1) * (cell_in + gap_in) + 0.1
+    fig = plt.figure(figsize=(width, height), dpi=DPI)
+    for r, (_, images) in enumerate([("original", originals), *rows]):
+        top = height - head_in - r * (cell_in + gap_in)
+        y = (top - cell_in) / height
+        fig.text(
+            0.1 / width, (top - cell_in / 2) / height, "original" if r == 0 else names[r - 1], fontsize=8, va="center"
+        )
+        for c, img in enumerate(images):
+            x = (left_in + c * (cell_in + gap_in)) / width
+            ax = fig.add_axes((x, y, cell_in / width, cell_in / height))
+            ax.set_xticks([])
+            ax.set_yticks([])
+            if img is None:
+                ax.set_facecolor("#f3f3f3")
+                ax.text(
+                    0.5, 0.5, wrap(notes.get((r - 1, c), "—"), 12), ha="center", va="center", fontsize=7, color="#555"
+                )
+            else:
+                ax.imshow(_hwc(img), cmap="gray", vmin=0, vmax=1, interpolation="nearest")
+            if r == 0:
+                ax.set_title(labels[c], fontsize=7, pad=3)
+    return _save(fig, path)
+
+
 def image_grid(original: Any, reconstruction: Any, path: Path, title: str = "") -> Path:
     """Originals (top row) above reconstructions (bottom row), one column per image."""
     o, r = np.asarray(original), np.asarray(reconstruction)
@@ -119,6 +172,28 @@ def _accuracy_limits(xs: list[float]) -> tuple[float, float]:
     return lo, hi
 
 
+MARKER_SIZE = 90.0  #: scatter size (points^2) of the privacy-utility plot
+MARKER_PX = 14.0  #: the distance (pixels) two of its markers keep apart
+
+
+def side_by_side(ax: Any, xy: list[tuple[float, float]], apart: float) -> list[float]:
+    """The x (data units) to draw each point at so no two markers closer than `apart` pixels hide
+    each other: a point that would land on one already placed moves sideways, alternately right
+    and left, by whole marker widths; y never moves (it is the leakage)."""
+    to_px = ax.transData.transform
+    placed: list[tuple[float, float]] = []
+    out = []
+    for x, y in xy:
+        px, py = to_px((x, y))
+        for k in range(64):
+            shift = apart * ((k + 1) // 2) * (1 if k % 2 else -1)
+            if all((px + shift - qx) ** 2 + (py - qy) ** 2 >= apart**2 for qx, qy in placed):
+                break
+        placed.append((px + shift, py))
+        out.append(float(ax.transData.inverted().transform((px + shift, py))[0]))
+    return out
+
+
 def privacy_utility(
     points: list[tuple[str, str, float, float, bool]],
     path: Path,
@@ -129,35 +204,23 @@ def privacy_utility(
     """One task's privacy-utility plot: every (defense, attack, accuracy, leakage, is_worst_case).
 
     x = test accuracy of the defense, y = what the attack rebuilt (images: PSNR in dB of the best
-    region, drawn at `CAP_DB` from there up; text: words + words in place, 0-2). Colour names the
+    region, drawn at `CAP_DB` from there up; text: the leakage score, words + words in place, 0-2). Colour names the
     defense, the marker the attack (legends beside the axes, labels wrapped); the worst case per
-    defense is filled, the other attacks hollow. Points of equal value coincide by design: markers
-    shrink with the defense's rank so each stays visible. `bands` = (partly, leaks) thresholds,
+    defense is filled, the other attacks hollow. Points that would hide each other (equal accuracy
+    and leakage) are drawn side by side (`side_by_side`), each tied to its true accuracy by a thin
+    line. The figure fits a narrow window (740 px wide). `bands` = (partly, leaks) thresholds,
     shaded in the headline's verdict colours."""
     defenses = list(dict.fromkeys(d for d, *_ in points))
     attacks = list(dict.fromkeys(a for _, a, *_ in points))
     colour = {d: f"C{i % 10}" for i, d in enumerate(defenses)}
     marker = {a: MARKERS[i % len(MARKERS)] for i, a in enumerate(attacks)}
-    size = {d: max(150.0 - 35.0 * i, 30.0) for i, d in enumerate(defenses)}
-    fig, ax = plt.subplots(figsize=(9.6, 4.6), dpi=DPI, layout="constrained")
+    fig, ax = plt.subplots(figsize=(7.4, 4.4), dpi=DPI, layout="constrained")
     ys = [min(y, CAP_DB) if image else y for *_, y, _ in points]
     top = (max(max(ys, default=0.0), bands[1] + 5.0) + 8.0) if image else 2.1
     lo_y = -0.03 * top  # a point at 0 shows whole
     ax.axhspan(lo_y, bands[0], color=COLOURS["holds"], alpha=0.07, lw=0)
     ax.axhspan(bands[0], bands[1], color=COLOURS["partly"], alpha=0.09, lw=0)
     ax.axhspan(bands[1], top, color=COLOURS["leaks"], alpha=0.07, lw=0)
-    for d, a, x, y, worst in points:
-        c = colour[d]
-        ax.scatter(
-            [x],
-            [min(y, CAP_DB) if image else y],
-            s=size[d],
-            marker=marker[a],
-            facecolors=c if worst else "none",
-            edgecolors=c,
-            linewidths=1.6,
-            zorder=3 if worst else 2,
-        )
     ax.set_xlim(*_accuracy_limits([x for _, _, x, _, _ in points] or [0.5]))
     ax.set_ylim(lo_y, top)
     ax.xaxis.set_major_locator(MaxNLocator(6))
@@ -169,7 +232,7 @@ def privacy_utility(
     ax.set_ylabel(
         "PSNR of the rebuilt image, dB\n(up: more leakage; ≥100 = exact copy)"
         if image
-        else "words + words in place, 0-2\n(up: more leakage)",
+        else "score: words + words in place, 0-2\n(the text tables' score column; up: more leakage)",
         fontsize=8,
     )
     ax.tick_params(labelsize=8)
@@ -183,4 +246,21 @@ def privacy_utility(
     handles += [blank] + [Patch(color=COLOURS[v], alpha=0.3) for v in ("leaks", "partly", "holds")]
     labels += ["verdict band", "leaks", "partly", "holds"]
     fig.legend(handles, labels, loc="outside right upper", fontsize=7, ncols=1 if len(labels) <= 20 else 2)
+    fig.draw_without_rendering()  # the layout first: markers are kept apart in the final pixels
+    ax.set_autoscale_on(False)
+    xs = side_by_side(ax, [(x, y) for (_, _, x, _, _), y in zip(points, ys)], MARKER_PX)
+    for (d, a, x, _, worst), x_drawn, y_drawn in zip(points, xs, ys):
+        c = colour[d]
+        if x_drawn != x:  # moved aside: a thin line back to its true accuracy
+            ax.plot([x, x_drawn], [y_drawn, y_drawn], color=c, lw=0.8, alpha=0.6, zorder=1)
+        ax.scatter(
+            [x_drawn],
+            [y_drawn],
+            s=MARKER_SIZE,
+            marker=marker[a],
+            facecolors=c if worst else "none",
+            edgecolors=c,
+            linewidths=1.6,
+            zorder=3 if worst else 2,
+        )
     return _save(fig, path)

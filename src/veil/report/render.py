@@ -8,45 +8,24 @@ example}); a protocol's own blocks come from the protocol registered under its n
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Any
 
 import yaml
 
 from veil.io import atomic_write_text
-from veil.metrics.leakage import cell_leakage, describe, fmt, leak_text
+from veil.metrics.leakage import cell_leakage, describe, fmt
 from veil.registry import PROTOCOLS
 from veil.report.census import census_blocks
 from veil.report.dp_audit import audit_blocks, claim_note
-from veil.report.figures import CAP_DB, privacy_utility, reconstruction_grid, wrap
+from veil.report.figures import CAP_DB, defense_grid, privacy_utility
 from veil.report.headline import IMAGE_BANDS, TEXT_BANDS, glance_blocks
 from veil.report.markup import to_html, to_markdown
+from veil.report.matrix import VERDICTS, attacks_of, cell_verdict, matrix_block
+from veil.report.numbers import knowledge_text, mean_std, metric, ratio, seconds, seeds_text
+from veil.report.tables import SCORE_TEXT, attack_tables
 
 Block = tuple  # the kinds are listed in veil.report.markup (h1-h3, p, pre, table, img, tokens, glance)
-
-SHOWN = (
-    "psnr",
-    "ssim",
-    "psnr_unshuffled",
-    "ssim_unshuffled",
-    "psnr_masked_set",
-    "masked_patches",
-    "moved_patches",
-    "mse",
-    "fft2d",
-    "token_recovery",
-    "rouge1",
-    "rouge2",
-    "exact_recovery",
-    "presence_f1",
-    "unshuffled_recovery",
-    "bag_recall",
-    "moved_tokens",
-    "label_accuracy",
-    "seconds",
-)
-
 
 #: what the engine hands the report beside the summary: per task, the cells' example records
 Examples = dict[str, list[dict[str, Any]]]
@@ -68,21 +47,21 @@ def task_blocks(name: str, t: dict[str, Any], out: Path, examples: list[dict[str
     blocks.append(
         (
             "p",
-            f"Client dropout during the attacked step: {t['dropout']}. Attacker knowledge: {json.dumps(t['knowledge'])}; "
-            f"{t['samples']} attacked client steps per cell.",
+            f"{knowledge_text(t.get('knowledge'))} Client dropout during the attacked step: {t['dropout']:g}; "
+            f"{t['samples']} attacked client {'step' if t['samples'] == 1 else 'steps'} per cell.",
         )
     )
     rows = []
     for d, u in t["utility"].items():
+        n = len(u.get("test_accuracy_values") or [0])
         acc = (
-            f"{u['test_accuracy_mean']:.4f} ± {u['test_accuracy_std']:.4f}"
+            mean_std(float(u["test_accuracy_mean"]), float(u.get("test_accuracy_std", 0.0)), n, 4)
             if "test_accuracy_mean" in u
             else "— (attacked at init)"
         )
         ppl = f"{u['test_perplexity_mean']:.2f}" if "test_perplexity_mean" in u else "—"
-        rows.append(
-            [d, acc, ppl, f"{t['overhead'].get(d, float('nan')):.3f}", f"{t['step_seconds'].get(d, float('nan')):.4f}"]
-        )
+        spread = (t.get("overhead_spread") or {}).get(d)
+        rows.append([d, acc, ppl, ratio(t["overhead"].get(d), spread), seconds(t["step_seconds"].get(d))])
     blocks += worst_case_blocks(t)
     if t["protocol"] != "single-step":  # per round / per protocol: the protocol's own blocks
         blocks += PROTOCOLS.create(t["protocol"]).report_blocks(t, out)
@@ -91,7 +70,13 @@ def task_blocks(name: str, t: dict[str, Any], out: Path, examples: list[dict[str
     blocks.append(
         (
             "table",
-            ["defense", "test accuracy (mean ± std over seeds)", "perplexity", "step time vs none", "step s"],
+            [
+                "defense",
+                "test accuracy" + (" (mean ± std over seeds)" if _seeds(t) > 1 else ""),
+                "perplexity",
+                "step time vs none (median)",
+                "client step",
+            ],
             rows,
         )
     )
@@ -106,12 +91,8 @@ def task_blocks(name: str, t: dict[str, Any], out: Path, examples: list[dict[str
                     f"per-sample gradients: {pv['mode']}). {claim_note(t, d)}",
                 )
             )
-    blocks.append(("h3", "Every attack (defense × attack, naive and adaptive)"))
-    metrics = [m for m in SHOWN if any(m in cell for att in t["leakage"].values() for cell in att.values())]
-    rows = [
-        [d, a, *[fmt(cell.get(m, "—")) for m in metrics]] for d, att in t["leakage"].items() for a, cell in att.items()
-    ]
-    blocks.append(("table", ["defense", "attack", *metrics], rows))
+    blocks.append(("h3", "Every attack (defense × attack, naive and adaptive), by what it rebuilt"))
+    blocks += attack_tables(t)
     for d, att in t["blocked"].items():
         for a, why in att.items():
             still = (
@@ -129,28 +110,39 @@ def task_blocks(name: str, t: dict[str, Any], out: Path, examples: list[dict[str
     for a, why in t["skipped"].items():
         blocks.append(("p", f"Skipped `{a}`: {why}"))
     blocks += census_blocks(t)
-    blocks += figure_blocks(name, t, out, examples)
-    for record in examples or []:
-        d, a, ex = record["defense"], record["attack"], record["example"]
-        if "references" in ex:
-            rows = [(" ".join(r), aligned(r, h)) for r, h in zip(ex["references"], ex["reconstructions"])]
-            blocks.append(("tokens", f"{a} against defense {d}", rows))
+    blocks += figure_blocks(name, t, out, in_table_order(t, examples or []))
     return blocks
 
 
-def figure_blocks(name: str, t: dict[str, Any], out: Path, examples: list[dict[str, Any]] | None) -> list[Block]:
-    """The task's privacy-utility figure (every attack that rebuilt input, at each defense's accuracy)
-    and one grid of what the image attacks rebuilt (one column per cell, originals above)."""
+def _seeds(t: dict[str, Any]) -> int:
+    """How many seeds stand behind the task's accuracies (the most of any defense)."""
+    return max((len(u.get("test_accuracy_values") or [0]) for u in t["utility"].values()), default=1)
+
+
+def in_table_order(t: dict[str, Any], examples: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The example records sorted as the tables list them: defenses in the utility table's order,
+    then attacks in the scenario's."""
+    defenses = {d: i for i, d in enumerate(t.get("utility", {}))}
+    attacks = {a: i for i, a in enumerate(attacks_of(t))}
+    return sorted(
+        examples, key=lambda r: (defenses.get(r["defense"], len(defenses)), attacks.get(r["attack"], len(attacks)))
+    )
+
+
+def figure_blocks(name: str, t: dict[str, Any], out: Path, examples: list[dict[str, Any]]) -> list[Block]:
+    """The task's privacy-utility figure (every attack that rebuilt input, at each defense's
+    accuracy), then what the attacks rebuilt: images as one row per defense (originals first),
+    text as the sentences per defense, both in the tables' order."""
     blocks: list[Block] = []
     worst = {d: (wc or {}).get("attack") for d, wc in t.get("worst_case", {}).items()}
     points, labels_only = [], []
-    for d, att in t["leakage"].items():
-        for a, m in att.items():
+    for d in t["utility"]:
+        for a, m in t["leakage"].get(d, {}).items():
             cl = cell_leakage(m)
             if cl is None or "test_accuracy_mean" not in t["utility"].get(d, {}):  # untrained: no accuracy to plot
                 continue
             if cl["tier"] == 0:
-                labels_only.append(f"{a} vs {d} {fmt(float(cl['value']))}")
+                labels_only.append(f"{a} vs {d} {fmt(float(cl['value']), 2)}")
                 continue
             points.append((d, a, float(t["utility"][d]["test_accuracy_mean"]), float(cl["score"]), worst.get(d) == a))
     if points:
@@ -162,37 +154,83 @@ def figure_blocks(name: str, t: dict[str, Any], out: Path, examples: list[dict[s
             image,
             IMAGE_BANDS if image else TEXT_BANDS,
         )
-        capped = [f"{a} vs {d}" for d, a, _, y, _ in points if image and y >= CAP_DB]
         caption = (
             "Privacy-utility: one point per defense x attack (colour: defense, marker: attack; filled: the worst case); "
-            "up is more leakage, right is more accuracy; shaded bands: the verdicts of the headline."
+            "up is more leakage, right is more accuracy; shaded bands: the verdicts of the matrix. "
+            + (
+                "y: the PSNR of the best-rebuilt region (the psnr columns of the image tables)."
+                if image
+                else f"y: the leakage score, words held + words in place, the column `{SCORE_TEXT}` of the text table."
+            )
         )
+        shown = [(x, min(y, CAP_DB) if image else round(y, 3)) for _, _, x, y, _ in points]
+        if len(set(shown)) < len(shown):
+            caption += (
+                " Points of equal accuracy and leakage are drawn side by side, each tied to its defense's accuracy "
+                "by a short line; the legend names them."
+            )
+        capped = [f"{a} vs {d}" for d, a, _, y, _ in points if image and y >= CAP_DB]
         if capped:
-            caption += f" Drawn at 100 dB (an exact copy; inf included): {', '.join(capped)}."
+            caption += f" Drawn at 100 dB (an exact copy, ∞ included): {', '.join(capped)}."
         if labels_only:
             caption += f" Labels only, not on the axis (label accuracy): {', '.join(labels_only)}."
         blocks.append(("img", path, caption))
-    columns = []
-    for record in examples or []:
-        d, a, ex = record["defense"], record["attack"], record["example"]
-        if "original" in ex:
-            n = min(len(ex["original"]), len(ex["reconstruction"]), 4)
-            for i in range(n):
-                label = wrap(a, 22) + "\n" + wrap(f"vs {d}", 22) + (f" #{i}" if n > 1 else "")
-                columns.append((label, ex["original"][i], ex["reconstruction"][i]))
     if examples:
         blocks.append(("h3", "What the server rebuilt"))
-    if columns:
-        path = reconstruction_grid(columns[:24], out / "figures" / f"{slug(name)}_reconstructions.png")
-        blocks.append(
-            (
-                "img",
-                path,
-                "Originals (top row of each band) above what each attack rebuilt against each defense "
-                "(first attacked sample of the first seed; pixels upsampled, nearest neighbour).",
-            )
-        )
+    blocks += image_examples(name, t, out, examples)
+    for record in examples:
+        d, a, ex = record["defense"], record["attack"], record["example"]
+        if "references" in ex:
+            rows = [(" ".join(r), aligned(r, h)) for r, h in zip(ex["references"], ex["reconstructions"])]
+            blocks.append(("tokens", f"{a} against defense {d}", rows))
     return blocks
+
+
+def image_examples(name: str, t: dict[str, Any], out: Path, examples: list[dict[str, Any]]) -> list[Block]:
+    """One grid: a column per image attack (per sample where a cell rebuilt a batch: at most two),
+    the originals on top, then one row per defense in the tables' order."""
+    found = {(r["defense"], r["attack"]): r["example"] for r in examples if "original" in r["example"]}
+    if not found:
+        return []
+    attacks = [a for a in attacks_of(t) if any(k[1] == a for k in found)]
+    defenses = [d for d in t["utility"] if any(k[0] == d for k in found)]
+    per = {
+        a: max(min(len(ex["original"]), len(ex["reconstruction"])) for (_, b), ex in found.items() if b == a)
+        for a in attacks
+    }
+    per = {a: min(n, 2 if sum(per.values()) <= 6 else 1) for a, n in per.items()}
+    columns = [(a, i) for a in attacks for i in range(per[a])]
+    labels = [a + (f" #{i}" if per[a] > 1 else "") for a, i in columns]
+    originals = [next(ex["original"][i] for (_, b), ex in found.items() if b == a) for a, i in columns]
+    rows, notes = [], {}
+    for r, d in enumerate(defenses):
+        images = []
+        for c, (a, i) in enumerate(columns):
+            ex = found.get((d, a))
+            images.append(ex["reconstruction"][i] if ex is not None and i < len(ex["reconstruction"]) else None)
+            if images[-1] is None:
+                v, _, _ = cell_verdict(t, d, a)
+                notes[(r, c)] = v if v in VERDICTS[4:] else "—"
+        rows.append((d, images))
+    path = defense_grid(labels, originals, rows, out / "figures" / f"{slug(name)}_reconstructions.png", notes)
+    return [
+        (
+            "img",
+            path,
+            "The originals (top row), then what each attack (column) rebuilt against each defense (row), in the "
+            "tables' order: first attacked sample of the first seed; pixels upsampled, nearest neighbour.",
+        )
+    ]
+
+
+def _leak(wc: dict[str, Any]) -> str:
+    """The worst case's figure and those beside it, each to the digits of its kind:
+    `psnr 62.4 dB (whole image); psnr_exact 0.500, masked_patches 2`."""
+    unit = " dB" if wc["metric"].startswith("psnr") and wc["value"] != float("inf") else ""
+    beside = ", ".join(f"{k} {metric(k, v)}" for k, v in wc["beside"].items())
+    return f"{wc['metric']} {metric(wc['metric'], wc['value'])}{unit} ({wc['region']})" + (
+        f"; {beside}" if beside else ""
+    )
 
 
 def worst_case_blocks(t: dict[str, Any]) -> list[Block]:
@@ -203,7 +241,7 @@ def worst_case_blocks(t: dict[str, Any]) -> list[Block]:
         if wc["attack"] is None:
             rows.append([d, "—", "no attack measured leakage", "—", blocked])
             continue
-        rows.append([d, wc["attack"], leak_text(wc), wc["knows"], blocked])
+        rows.append([d, wc["attack"], _leak(wc), wc["knows"], blocked])
     if not rows:
         return []
     return [
@@ -224,8 +262,20 @@ def worst_case_blocks(t: dict[str, Any]) -> list[Block]:
 
 def summary_blocks(summary: dict[str, Any], out: Path, examples: Examples | None = None) -> list[Block]:
     """The whole report's blocks: the headline (veil.report.headline), every task, the software, the scenario."""
-    blocks: list[Block] = [("h1", f"veil audit: {summary['scenario']}"), *glance_blocks(summary)]
-    blocks.append(("p", f"Seeds: {summary['seeds']}. Numbers: summary.json (same keys as below)."))
+    glance = glance_blocks(summary)
+    blocks: list[Block] = [("h1", f"veil audit: {summary['scenario']}"), glance[0]]
+    blocks.append(
+        (
+            "key",
+            VERDICTS,
+            f"Which defense stops which attack, at what accuracy: a cell is one attack against one defense, "
+            f"coloured by its verdict, with the figure the verdict reads (images: PSNR of the rebuilt image; text: "
+            f"the score, words held + words in place, 0-2; labels: label accuracy). {seeds_text(summary['seeds']).capitalize()}; "
+            "every number is in summary.json.",
+        )
+    )
+    blocks += [matrix_block(name, t) for name, t in summary["tasks"].items() if t.get("utility")]
+    blocks += glance[1:]
     for name, t in summary["tasks"].items():
         blocks += task_blocks(name, t, out, (examples or {}).get(name))
     blocks.append(("h2", "Software"))
