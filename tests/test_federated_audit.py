@@ -15,6 +15,7 @@ from veil.commands.audit import audit as run_audit  # the engine, then the repor
 from veil.errors import VeilError
 from veil.experiments.audit import validate
 from veil.experiments.scenario import parse_scenario
+from veil.experiments.summary_schema import SCHEMA, summary_keys, task_keys
 
 TINY_RUN = {
     "model": {"name": "vit-digits", "dim": 16, "depth": 1, "heads": 2},
@@ -80,6 +81,7 @@ def test_fedavg_audit_reports_per_round_leakage_and_worst_case(tmp_path: Path) -
     torch.set_num_threads(1)
     s = run_audit(parse_scenario(copy.deepcopy(FEDAVG)), tmp_path / "out", progress=False)
     t = s["tasks"]["avg"]
+    assert s["schema"] == SCHEMA and set(s) <= summary_keys() and set(t) <= task_keys()  # typed, versioned
     assert t["protocol"] == "fedavg" and set(t["rounds"]) == {"none", "gaussian(sigma=0.1)"}
     assert (
         "fedsgd" in t["skipped"]["april"]
@@ -140,6 +142,7 @@ def test_split_audit_reports_protocols_bytes_and_feature_attacks(tmp_path: Path)
     torch.set_num_threads(1)
     s = run_audit(parse_scenario(copy.deepcopy(SPLIT)), tmp_path / "out", progress=False)
     t = s["tasks"]["sp"]
+    assert set(t) <= task_keys()
     adaptive, naive = "feature_inversion(steps=20)", "feature_inversion(steps=20,unshuffle=False)"
     assert set(t["split"]) == {"sl", "pfesta", "fl"}
     assert (

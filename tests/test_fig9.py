@@ -29,7 +29,7 @@ def test_projection_of_identical_sets_has_cosine_one_and_a_moved_set_less() -> N
 class _Oracle:
     """An 'attack' that returns given sequences (the truth, or a corruption of it)."""
 
-    needs_pool = False
+    observes = frozenset({"gradient"})
 
     def __init__(self, seqs: list[list[int]]) -> None:
         self.seqs = list(seqs)

@@ -30,7 +30,7 @@ import numpy as np
 import torch
 
 from veil.attacks import create_attack
-from veil.attacks.harness import attack_once, private_batches, score, special_ids
+from veil.attacks.harness import attack_once, private_batches, score, special_ids, update_seed
 from veil.models.base import VeilModel
 
 
@@ -82,8 +82,7 @@ def recovered_embeddings(
     special = set(special_ids(data))
     orig_all, rec_all, rows = [], [], []
     for i, batch in enumerate(private_batches(data.test, 1, samples, seed)):
-        torch.manual_seed(seed + i)
-        rec, ref, _ = attack_once(atk, model, batch, defenses, data, "original", seed + i, grant)
+        rec, ref, _ = attack_once(atk, model, batch, defenses, data, "original", update_seed(seed, i), grant)
         o = content(batch["input_ids"][0], special)
         r = content((rec.token_ids or [[]])[0], special)
         n = min(len(o), len(r))

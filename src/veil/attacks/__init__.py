@@ -65,6 +65,11 @@ def list_attacks() -> list[str]:
     return ATTACKS.names()
 
 
+def attacks_observing(view: str) -> list[str]:
+    """The registered attacks that observe `view` (a word of `veil.attacks.base.OBSERVES`)."""
+    return [n for n in ATTACKS.names() if view in getattr(ATTACKS.factory(n), "observes", ())]
+
+
 def __getattr__(name: str) -> Any:
     if name in _BASE:
         from veil.attacks import base  # torch: see the module docstring
@@ -82,6 +87,7 @@ __all__ = [
     "Reconstruction",
     "attack_checks",
     "attack_options",
+    "attacks_observing",
     "check_attack",
     "options_type",
     "create_attack",

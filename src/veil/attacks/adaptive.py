@@ -152,6 +152,7 @@ _PresenceOptionsT = TypeVar("_PresenceOptionsT", bound=PresenceTestOptions)
 
 class _PresenceTest(Attack[_PresenceOptionsT]):
     modality = "text"
+    observes = frozenset({"gradient", "delta"})
     closed_form = "one test per vocabulary row"
 
     def _test(self, rows: Tensor, obs: Observation, know: Knowledge, rounds: int) -> Reconstruction:
@@ -203,7 +204,7 @@ class PresenceAverage(_PresenceTest[PresenceAverageOptions]):
     (`veil.attacks.harness` observes them when it runs the attack; a caller may pass its own)."""
 
     knows = "the defense's mechanism and R updates of the same client on the same batch"
-    needs_rounds = True
+    observes = frozenset({"gradient", "delta", "repeats"})
 
     def reads(self, model: VeilModel) -> list[str]:
         """As presence-adaptive."""
@@ -290,6 +291,7 @@ class SpanUnfrozen(Attack[SpanUnfrozenOptions]):
 
     knows = "the defense's frozen set and noised channels (Knowledge.defense); the gradients still exported in the first blocks"
     modality = "text"
+    observes = frozenset({"gradient", "delta"})
     closed_form = "rank tests on the unfrozen blocks' gradients"
 
     def _targets(self, model: VeilModel, blocks: int) -> dict[str, nn.Module]:

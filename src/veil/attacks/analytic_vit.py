@@ -87,7 +87,7 @@ class April(Attack[AprilOptions]):
     modality = "image"
     closed_form = "one least-squares solve"
     max_batch = (1, "dL/dE_pos sums the images' G rows at a larger batch, so the solve has no single image")
-    protocols = ("single-step", "fedsgd")
+    observes = frozenset({"gradient"})
     protocol_why = "a FedAvg update sums local steps at moving weights, which dL/dW = G^T X does not model"
 
     def applies_to(self, model: VeilModel) -> str | None:

@@ -71,19 +71,19 @@ from veil.errors import VeilError
 from veil.models.base import VeilModel
 from veil.models.vit import unpatchify
 
-LM_FLOOR = 1e-8  # residual cost below which the match is at the float32 update's rounding (1e-13 to 4e-9 measured)
+LM_FLOOR = 1e-8  # residual cost below which the match is at the float32 update's rounding
 
 
 class Twin:
     """A float64 copy of the attacked model whose forward puts E_unk at given slots."""
 
     def __init__(self, model: VeilModel) -> None:
-        inner = model._embedding_transform
-        model._embedding_transform = None  # never copy the client's defense object
+        inner = model.embedding_transform
+        model.set_embedding_transform(None)  # never copy the client's defense object
         try:
             self.model = copy.deepcopy(model).double().eval()
         finally:
-            model._embedding_transform = inner
+            model.set_embedding_transform(inner)
         self.names = {id(p): n for n, p in self.model.named_parameters()}
         self.masked: Tensor | None = None
         self.tok: Tensor | None = None

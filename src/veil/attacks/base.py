@@ -130,13 +130,39 @@ def work_bar(total: int, desc: str) -> Any:
 
 
 _WORDS = {2: "two", 3: "three", 4: "four"}
-#: where each protocol an attack declares is set (`Attack.protocols`), for the one-line reason
+#: where each protocol an attack applies to is set (`Attack.protocols`), for the one-line reason
 PROTOCOL_WORDS = {
     "single-step": "protocol: single-step",
     "fedsgd": "protocol: fedavg and federated.mode: fedsgd",
     "fedavg": "protocol: fedavg",
     "split": "protocol: split",
 }
+
+#: what an attack may observe (`Attack.observes`), the one vocabulary every engine reads: the
+#: single-step harness, the FedAvg auditor (per client, over rounds, on the aggregate) and the
+#: split audit supply exactly the views an attack declares, and nothing decides by its name
+OBSERVES: dict[str, str] = {
+    "gradient": "one client's gradient of one step (single-step, FedSGD)",
+    "delta": "one client's weight change over its local steps, as a pseudo-gradient (FedAvg)",
+    "features": "the head features a split-learning server receives",
+    "repeats": "R exports of the same client batch from the same weights, fresh defense noise each",
+    "rounds": "one client's updates averaged over every round the server received one",
+    "aggregate": "the difference of consecutive global models: the previous round's aggregate",
+    "candidates": "a public pool of candidate inputs that holds the private ones",
+}
+#: the views that make an update of each protocol: an attack applies to a protocol when it
+#: observes one of them (`protocols_for`)
+PROTOCOL_VIEWS: dict[str, frozenset[str]] = {
+    "single-step": frozenset({"gradient"}),
+    "fedsgd": frozenset({"gradient", "rounds", "aggregate"}),
+    "fedavg": frozenset({"delta", "rounds", "aggregate"}),
+    "split": frozenset({"features"}),
+}
+
+
+def protocols_for(observes: frozenset[str]) -> tuple[str, ...]:
+    """The protocols whose updates offer a view the attack observes (`PROTOCOL_VIEWS`)."""
+    return tuple(p for p, views in PROTOCOL_VIEWS.items() if views & observes)
 
 
 OptionsT = TypeVar("OptionsT", bound=Options)
@@ -161,7 +187,9 @@ class Attack(Generic[OptionsT]):
 
     name: str = "attack"
     modality: str = "image"  # "image" | "text" | "any"
-    needs: str = "gradient"  # "gradient" | "features"
+    #: the views the attack reads, words of `OBSERVES` (each attack declares it): the engines hand
+    #: it these and no other, and its protocols follow from them (`protocols_for`)
+    observes: ClassVar[frozenset[str]] = frozenset()
     #: what the attacker uses, in one line (the audit's worst case names it); an adaptive attacker
     #: says which part of the defense's mechanism it knows (Knowledge.defense)
     knows: str = "the exported update and the weights; not the defense (naive)"
@@ -170,19 +198,16 @@ class Attack(Generic[OptionsT]):
     #: a closed-form attack names its one computation here (e.g. "one least-squares solve"): the
     #: input fixes its work, so its `budget` is {}; None: the attack declares its budget itself
     closed_form: ClassVar[str | None] = None
-    #: the attack reads R exports of the same client batch (its `rounds` option): the harness hands
-    #: it the other R - 1 as ``Knowledge.aux_data["rounds"]`` (a server that sees a client repeatedly)
-    needs_rounds: ClassVar[bool] = False
     #: the fewest attention layers the attack reads, and what the deepest is for ("to resolve
     #: positions"): `applies_to` skips a model with fewer; (0, ""): no such need
     needs_attention_layers: ClassVar[tuple[int, str]] = (0, "")
     #: where the attack is valid beyond the model's family (`applies`): the largest private batch
-    #: its equations model, and why; the protocols whose updates it models ("single-step",
-    #: "fedsgd": one gradient; "fedavg": a weight change over local steps; "split": head features),
-    #: and why not the others; why a client training with dropout breaks it (None: dropout is
-    #: fine), and the attack that applies there instead; whether it reads an untied token embedding
+    #: its equations model, and why; why the protocols its views leave out do not apply (the
+    #: protocols themselves follow from `observes`); why a client training with dropout breaks it
+    #: (None: dropout is fine), and the attack that applies there instead; whether it reads an
+    #: untied token embedding
     max_batch: ClassVar[tuple[int, str] | None] = None
-    protocols: ClassVar[tuple[str, ...]] = ("single-step", "fedsgd", "fedavg")
+    protocols: ClassVar[tuple[str, ...]] = ()
     protocol_why: ClassVar[str] = ""
     dropout_breaks: ClassVar[tuple[str, str] | None] = None
     needs_untied_embedding: ClassVar[bool] = False
@@ -191,6 +216,10 @@ class Attack(Generic[OptionsT]):
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
         super().__init_subclass__(**kwargs)
+        unknown = sorted(set(cls.observes) - set(OBSERVES))
+        if unknown:
+            raise TypeError(f"{cls.__name__}.observes: unknown view {unknown[0]!r}; choose from {', '.join(OBSERVES)}")
+        cls.protocols = protocols_for(cls.observes)
         if "options_type" in cls.__dict__:
             return
         for base in cls.__dict__.get("__orig_bases__", ()):  # this class's own bases, as written

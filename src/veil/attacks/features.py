@@ -105,8 +105,7 @@ class _FeatureAttack(Attack[_DecoderOptionsT]):
     """Feature attacks observe features, not a model: an Observation may carry `model=None`."""
 
     modality = "image"
-    needs = "features"
-    protocols = ("split",)
+    observes = frozenset({"features"})
     protocol_why = "it inverts the head features a split-learning server receives"
 
     def applies_to(self, model: Any) -> str | None:
@@ -243,3 +242,17 @@ ATTACKS.register(
 ATTACKS.register(
     "fsha", "split learning: feature-space hijacking (encoder + decoder + discriminator on auxiliary data), passive"
 )(FeatureHijack)
+
+#: the split audit's rows, label -> options (`row_entry`): the inversion that un-shuffles through
+#: the head first (the verdict wherever the permutation is on), then the naive decoder the
+#: p-FeSTA claim rests on, then FSHA
+SPLIT_ROWS: dict[str, dict[str, Any]] = {"feature_inversion+unshuffle": {}, "feature_inversion": {}, "fsha": {}}
+
+
+def row_entry(row: str, settings: dict[str, Any] | None = None) -> dict[str, Any]:
+    """The attack entry (`{name, <options>}`) of a split-audit row: the attack is the name before
+    '+'; the bare ``feature_inversion`` row is the naive decoder (``unshuffle: false``)."""
+    settings = dict(settings or {})
+    if row == "feature_inversion":
+        settings = {"unshuffle": False, **settings}
+    return {"name": row.split("+")[0], **settings}

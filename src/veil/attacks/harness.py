@@ -8,12 +8,21 @@ recorded during the client's step (`recorded_order`) and used as the scoring ref
 the evaluator also keeps which slots the shuffle selected and which tokens it moved
 (`shuffle_record`; never given to the attacker): `score` reports unshuffled_recovery and
 moved_tokens from them.
+
+Every engine attacks an update the same way (`update_seed`, `attack_view`, `score`): the
+single-step harness here (`attack_once`: `veil attack`, the audit's cells), the FedAvg auditor and
+the Flower strategy wrapper (`audit_event`, on the updates a server received). The `index`-th
+attacked update of a run seeded `seed` seeds torch's stream, and `Knowledge.seed`, with
+``seed * 1000 + index`` before anything of that update draws from it (the client's defended step
+here, the attack there); the attack then runs on the server's view (`attack_view`), and the
+reconstruction is scored against the private batch afterwards (`score`).
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
+from dataclasses import replace
 from typing import Any
 
 import torch
@@ -21,6 +30,7 @@ from torch import Tensor
 
 from veil.attacks.adaptive import observe_rounds, random_guess_f1
 from veil.attacks.base import Attack, Knowledge, Observation, Reconstruction, observe
+from veil.attacks.options import check_device
 from veil.errors import VeilError
 from veil.metrics.leakage import EXACT_DB
 from veil.models.base import VeilModel
@@ -41,12 +51,59 @@ def private_batches(split: dict[str, Tensor], batch_size: int, samples: int, see
     return [{k: v[idx] for k, v in split.items()} for idx in order.reshape(samples, batch_size)]
 
 
+# ---- one attacked update: its seed, the attack on the server's view ------------------------------
+def update_seed(seed: int, index: int) -> int:
+    """The seed of the `index`-th attacked update of a run seeded `seed` (each engine's index: the
+    sample of a cell, the round of a federated run); runs of different seeds draw disjoint seeds
+    for their first thousand updates."""
+    return seed * 1000 + index
+
+
+def attack_view(attack: Attack, obs: Observation, know: Knowledge) -> Reconstruction:
+    """The attack on one server view, with the plain model the server runs (`attacker_view`); the
+    model's gradients are cleared afterwards."""
+    if obs.model is None:  # split learning: the server holds features, not the client's model
+        return attack.reconstruct(obs, know)
+    with attacker_view(obs.model):
+        rec = attack.reconstruct(obs, know)
+    obs.model.zero_grad(set_to_none=True)
+    return rec
+
+
+def audit_event(
+    attack: Attack,
+    obs: Observation,
+    know: Knowledge,
+    index: int,
+    ev: dict[str, Any],
+    scores: Callable[[Reconstruction], dict[str, Any]],
+    protocol: str | None = None,
+) -> tuple[dict[str, Any], Reconstruction | None]:
+    """A server's attack on an update it received (the FedAvg auditor, the Flower wrapper): `ev`
+    with why the attack was skipped, or its error (a failing attack is logged, never stops
+    training), or its ``seconds``, budget account (`budget_metrics`) and `scores` of the
+    reconstruction; the reconstruction too (None when skipped or failed). `index`: the update's
+    index in the run (its round): torch's stream and `Knowledge.seed` take `update_seed`.
+    `protocol`: how the update was made, where the caller has not checked it (`Attack.applies`)."""
+    reason = attack.applies(obs.model, obs.batch_size, protocol)
+    if reason:
+        return {**ev, "skipped": reason}, None
+    seed = update_seed(know.seed, index)
+    torch.manual_seed(seed)
+    try:
+        rec = attack_view(attack, obs, replace(know, seed=seed))
+    except Exception as e:  # noqa: BLE001 - a failing attack is logged, never stops training
+        return {**ev, "error": f"{type(e).__name__}: {e}"[:300]}, None
+    ev = {**ev, "seconds": round(float(rec.stats.get("seconds", 0.0)), 3), **budget_metrics(rec.stats)}
+    return {**ev, **scores(rec)}, rec
+
+
 # ---- observing: the defended step, the shuffled reference, the attacker's view ------------------
 @contextmanager
 def recorded_order(model: VeilModel) -> Iterator[dict[str, Tensor]]:
     """Wrap the model's embedding transform to learn where each token went (for setting (b))."""
     record: dict[str, Tensor] = {}
-    inner = model._embedding_transform
+    inner = model.embedding_transform
     if inner is None:
         yield record
         return
@@ -58,11 +115,13 @@ def recorded_order(model: VeilModel) -> Iterator[dict[str, Tensor]]:
         record.update(mask_state(inner, movable))
         return out_tok, out_pos
 
-    model._embedding_transform = spy
+    model.set_embedding_transform(None)
+    model.set_embedding_transform(spy)
     try:
         yield record
     finally:
-        model._embedding_transform = inner
+        model.set_embedding_transform(None)
+        model.set_embedding_transform(inner)
 
 
 def mask_state(transform: Any, movable: Tensor) -> dict[str, Tensor]:
@@ -81,12 +140,12 @@ def mask_state(transform: Any, movable: Tensor) -> dict[str, Tensor]:
 @contextmanager
 def attacker_view(model: VeilModel) -> Iterator[None]:
     """The server runs the plain model: the client's embedding transform is not replayed."""
-    inner = model._embedding_transform
-    model._embedding_transform = None
+    inner = model.embedding_transform
+    model.set_embedding_transform(None)
     try:
         yield
     finally:
-        model._embedding_transform = inner
+        model.set_embedding_transform(inner)
 
 
 def shuffled_reference(model: VeilModel, batch: dict[str, Tensor], order: Tensor | None) -> dict[str, Tensor]:
@@ -113,7 +172,7 @@ def knowledge_for(
     """What the attacker is granted. By default: batch size, input shape, the public tokenizer and
     the defense's settings (an adaptive attacker), not the labels. `grant` switches each off/on:
     {labels: bool, batch_size: bool, seq_len: bool, defense: bool, candidates: bool}; candidates (the
-    test split's inputs as `aux_data["candidates"]`) is on for an attack that declares ``needs_pool``."""
+    test split's inputs as `aux_data["candidates"]`) is on for an attack that observes "candidates"."""
     grant = {
         "labels": False,
         "batch_size": True,
@@ -148,24 +207,50 @@ def attack_once(
     seed: int,
     grant: dict[str, Any] | None = None,
 ) -> tuple[Reconstruction, dict[str, Tensor], Observation]:
-    """One defended client step, the attack on what the server saw, and the reference to score against."""
+    """One defended client step, the attack on what the server saw, and the reference to score
+    against. `seed`: the update's seed (`update_seed`); torch's stream takes it before the client's
+    step, so the step's own draws (dropout, a defense's noise) are seeded too."""
+    torch.manual_seed(seed)
+    device = model_device(model)  # the attack phase runs where the caller put the model (`attack_device`)
+    sent = batch if device.type == "cpu" else {k: v.to(device) for k, v in batch.items()}
     with recorded_order(model) as rec:
-        obs = observe(model, batch, defenses)
+        obs = observe(model, sent, defenses)
+    rec = {k: v.cpu() for k, v in rec.items()}  # the evaluator's record, beside the private batch
     ref = shuffled_reference(model, batch, rec.get("order")) if reference == "shuffled" else batch
     ref = {**ref, **{k: v for k, v in rec.items() if k.startswith("mjp_")}}  # the evaluator's truth, never the attack's
     if "input_ids" in batch and rec.get("order") is not None:  # text: which slots the client's shuffle touched
         ref = {**ref, **shuffle_record(batch, rec["order"], defenses)}
-    if getattr(attack, "needs_pool", False):
+    if "candidates" in attack.observes:
         grant = {**(grant or {}), "candidates": True}
-    know = knowledge_for(batch, data, defenses, seed, grant)
-    rounds = attack.options.rounds if getattr(attack, "needs_rounds", False) else 0  # its options declare it
+    know = knowledge_for(sent, data, defenses, seed, grant)
+    rounds = attack.options.rounds if "repeats" in attack.observes else 0  # its options declare how many
     if rounds > 1:  # the server sees the same client export this batch R times (fresh defense noise each)
-        others = [o.grads for o in observe_rounds(model, batch, defenses, rounds)[1:]]
+        others = [o.grads for o in observe_rounds(model, sent, defenses, rounds)[1:]]
         know.aux_data = {**(know.aux_data or {}), "rounds": others}
-    with attacker_view(model):
-        out = attack.reconstruct(obs, know)
-    model.zero_grad(set_to_none=True)
-    return out, ref, obs
+    return on_cpu(attack_view(attack, obs, know)), ref, obs
+
+
+def attack_device(name: str) -> torch.device:
+    """The device `attack.device` names (`DEVICES`; auto: CUDA when present, else the CPU); a
+    one-line error for another value, or for cuda on a machine without it."""
+    check_device(name)
+    if name == "cuda" and not torch.cuda.is_available():
+        raise VeilError("attack.device=cuda but no CUDA device is available; use auto or cpu")
+    return torch.device("cuda" if name == "auto" and torch.cuda.is_available() else "cpu" if name == "auto" else name)
+
+
+def model_device(model: VeilModel) -> torch.device:
+    """Where the model's weights are (the CPU for a model without any)."""
+    return next((p.device for p in model.parameters()), torch.device("cpu"))
+
+
+def on_cpu(rec: Reconstruction) -> Reconstruction:
+    """The reconstruction's tensors on the CPU, where the private batch and the metrics are."""
+    if rec.images is not None and rec.images.device.type != "cpu":
+        rec.images = rec.images.cpu()
+    if rec.labels is not None and rec.labels.device.type != "cpu":
+        rec.labels = rec.labels.cpu()
+    return rec
 
 
 def shuffle_record(batch: dict[str, Tensor], order: Tensor, defenses: list) -> dict[str, Tensor]:

@@ -91,7 +91,7 @@ class HeadEmbedding(Attack[HeadEmbeddingOptions]):
         "the classifier's update and the batch size, the frozen global model, and a pool of candidate inputs that "
         "holds the private ones (Knowledge.aux_data['candidates']); not the defense (naive)"
     )
-    needs_pool = True  # veil's harness grants the test split's inputs, which hold the attacked batch
+    observes = frozenset({"gradient", "delta", "candidates"})  # the pool: the test split's inputs
     closed_form = "one read of the head's gradient, one scan of the pool"
 
     def reads(self, model: VeilModel) -> list[str]:

@@ -122,6 +122,7 @@ class _Inversion(Attack[_InversionOptionsT]):
     """Shared loop: restarts, timing, label handling; subclasses define one restart."""
 
     modality = "image"
+    observes = frozenset({"gradient", "delta"})
 
     def labels_for(self, obs: Observation, know: Knowledge, B: int) -> Tensor | None:
         if know.labels is not None:

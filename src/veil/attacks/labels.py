@@ -74,6 +74,7 @@ class LabelRecovery(Attack):
 
     knows = "the last layer's gradient and the batch size; not the defense (naive)"
     modality = "any"
+    observes = frozenset({"gradient", "delta"})
     closed_form = "signs of the head's gradient"
 
     def applies_to(self, model: VeilModel) -> str | None:

@@ -50,10 +50,8 @@ class MultiRound(Attack[MultiRoundOptions]):
     client's mean update over the rounds so far."""
 
     modality = "any"
-    needs = "rounds"  # the auditor supplies the combined view (`veil.federated.auditor.Auditor`)
-    protocols = ("fedsgd", "fedavg")
+    observes = frozenset({"rounds"})  # the auditor supplies the combined view (`veil.federated.fedavg.auditor`)
     protocol_why = "it combines what a FedAvg server sees of a client over rounds"
-    combine = "mean"
 
     def __init__(self, **settings: object) -> None:
         own, rest = split_inner(MultiRoundOptions, settings)
@@ -66,7 +64,7 @@ class MultiRound(Attack[MultiRoundOptions]):
         self.knows = (
             f"every round's update of the client, averaged ({inner} on the mean: fresh per-round noise averages out); "
             "not the defense (naive)"
-            if self.combine == "mean"
+            if "rounds" in self.observes
             else f"the consecutive global models only ({inner} on their difference, the round's aggregate); not the defense (naive)"
         )
 
@@ -89,7 +87,7 @@ class GlobalDifference(MultiRound):
     """`{name: multi-round-global, attack: ig, ...}`: the inner attack on the difference of
     consecutive global models (the previous round's aggregate)."""
 
-    combine = "global"
+    observes = frozenset({"aggregate"})
 
 
 ATTACKS.register(

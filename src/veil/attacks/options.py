@@ -32,6 +32,17 @@ from veil.schema import Option, unknown_option
 O = TypeVar("O", bound="Options")  # noqa: E741 - a type variable
 Spec = Any  # str | dict: see the module docstring
 
+#: where the attack phase may run (`attack.device`; `veil.attacks.harness.attack_device`): auto
+#: takes CUDA when present, else the CPU
+DEVICES = ("auto", "cpu", "cuda")
+
+
+def check_device(value: Any) -> str:
+    """`value` if it names an attack device (`DEVICES`), else a one-line error; no torch needed."""
+    if value not in DEVICES:
+        raise VeilError(f"attack.device must be one of {', '.join(DEVICES)}, got {value!r}")
+    return str(value)
+
 
 @dataclass(frozen=True)
 class Options:

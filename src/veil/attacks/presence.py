@@ -123,6 +123,7 @@ class PresenceAttack(ReadsEmbeddingRows, Attack[PresenceOptions]):
 
     knows = "the token-embedding gradient and the public vocabulary; not the defense (naive)"
     modality = "text"
+    observes = frozenset({"gradient", "delta"})
     closed_form = "one pass over the embedding rows"
     needs_untied_embedding = True
 

@@ -81,6 +81,7 @@ class SparseRowsAttack(ReadsEmbeddingRows, Attack[SparseRowsOptions]):
 
     knows = "the token-embedding rows of the update (one client's or the aggregate), weight decay and quantization noise as mechanisms"
     modality = "text"
+    observes = frozenset({"gradient", "delta"})
     closed_form = "one pass over the embedding rows"
     needs_untied_embedding = True
 

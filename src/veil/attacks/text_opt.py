@@ -226,6 +226,7 @@ class TextOptimisation(Attack[_TagOptionsT]):
     """Shared loop of TAG and LAMP; subclasses set the distance and the discrete step."""
 
     modality = "text"
+    observes = frozenset({"gradient", "delta"})
 
     def _reconstruct(self, obs: Observation, know: Knowledge) -> Reconstruction:
         model = obs.model

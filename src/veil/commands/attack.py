@@ -3,7 +3,9 @@
 Audits one model: for each of N private batches of the test split, run one client step under the
 run's defenses (`observe`), hand the server's view to the attack, and score the reconstruction
 against the private batch. `key=value` overrides the config (e.g. `defense=mjp gamma=0.5`);
-`attack.KEY=VALUE` sets an attack option (e.g. `attack.iterations=500`). `train.threads=N` sets
+`attack.KEY=VALUE` sets an attack option (e.g. `attack.iterations=500`), except
+`attack.device=auto|cpu|cuda`, where the attack phase runs (the client's step, the attack; default
+auto: CUDA when present; the numbers on the CPU do not depend on it). `train.threads=N` sets
 torch's CPU threads as for `veil train` (0, the default: the cores the machine can give now, or
 OMP_NUM_THREADS when set).
 
@@ -68,10 +70,11 @@ class _KeyValueParser(argparse.ArgumentParser):
 
 
 def run(args: argparse.Namespace) -> int:
-    from veil.attacks.options import check_listed  # torch-free; here so that `veil --help` loads no attack code
+    from veil.attacks.options import check_device, check_listed  # torch-free: `veil --help` loads no attack code
     from veil.commands.catalog import load as load_catalog
 
     cfg_over, attack_over = split_overrides(args.overrides)
+    device = check_device(attack_over.pop("device", "auto"))  # the attack phase's, not an attack option
     # the attack's name and options, checked against the catalog before torch loads: a typo fails at once
     attacks = load_catalog()["kinds"]["attacks"]
     check_listed(args.attack, attack_over, attacks)
@@ -98,6 +101,7 @@ def run(args: argparse.Namespace) -> int:
         progress=not args.quiet,
         config=cfg.to_dict(),
         weights=weights,
+        device=device,
     )
     if not args.quiet:
         print(format_table(args.attack, summary["attacks"][args.attack]))
@@ -157,14 +161,14 @@ def attack_run(
     progress: bool = False,
     config: dict | None = None,
     weights: dict[str, Any] | None = None,
+    device: str = "auto",
 ) -> dict[str, Any]:
     """Attack `samples` private test batches and write OUT/summary.json plus the picture;
-    `weights` (which weights were attacked: checkpoint, step) goes into each run's entry."""
-    import torch
-
+    `weights` (which weights were attacked: checkpoint, step) goes into each run's entry;
+    `device`: where the attack phase runs (`veil.attacks.harness.attack_device`)."""
     from veil.attacks import create_attack
     from veil.attacks.base import attack_progress
-    from veil.attacks.harness import attack_once, mean_metrics, private_batches, score
+    from veil.attacks.harness import attack_device, attack_once, mean_metrics, private_batches, score, update_seed
 
     if reference not in REFERENCES:
         raise VeilError(f"reference must be one of {', '.join(REFERENCES)}, got {reference!r}")
@@ -173,11 +177,12 @@ def attack_run(
     if reason:
         raise VeilError(f"not applicable: {reason}")
     batches = private_batches(data.test, batch_size, samples, seed)
+    on = attack_device(device)
+    model.to(on)
     rows, shown = [], []
     for i, batch in enumerate(_progress(batches, progress, name)):
-        torch.manual_seed(seed + i)
         with attack_progress(progress):  # a bar over the attack's work inside the update
-            rec, ref, _ = attack_once(attack, model, batch, defenses, data, reference, seed + i)
+            rec, ref, _ = attack_once(attack, model, batch, defenses, data, reference, update_seed(seed, i))
         rows.append(score(rec, ref, data))
         shown.append((ref, rec))
     means = mean_metrics(rows)
@@ -190,6 +195,7 @@ def attack_run(
                 "samples": samples,
                 "reference": reference,
                 "seed": seed,
+                "device": on.type,
                 "per_sample": rows,
                 "defenses": [d.describe() for d in defenses],
                 **({"weights": weights} if weights is not None else {}),

@@ -28,7 +28,7 @@ import torch
 from tqdm.auto import tqdm
 
 from veil.attacks.base import attack_progress
-from veil.attacks.harness import private_batches
+from veil.attacks.harness import attack_device, private_batches
 from veil.build import build_data, build_defenses, build_model, build_run, load_run
 from veil.errors import VeilError
 from veil.experiments.cells import cell_path, make_attack, run_cell, step_overhead
@@ -150,7 +150,7 @@ def run_audit(s: Scenario, out: str | Path, progress: bool = True, jobs: int = 1
     jobs = jobs or free_cores()
     with _pool(jobs) if jobs > 1 else contextlib.nullcontext() as pool:  # one set of workers for both phases
         utility = _train_all(single, out, progress, pool)
-        _attack_all(cells, out, progress, pool)
+        _attack_all(cells, out, progress, pool, s.device)
     overhead = {t.name: _overhead(t, out, s.seeds[0]) for t in single.tasks if t.weights == "trained"}
     summary = build_summary(single, out, cells, utility, overhead, versions())
     census_all(single, out, run_dir)  # what the server sees, tensor by tensor (veil.experiments.census)
@@ -227,9 +227,12 @@ def _train_all(
     return utility
 
 
-def _attack_all(cells: list[Cell], out: Path, progress: bool, pool: ProcessPoolExecutor | None = None) -> None:
-    """Every cell not cached yet, grouped by the run it attacks (each run is loaded once); with a
-    `pool`, the groups go to its worker processes. Cells are independent of one another
+def _attack_all(
+    cells: list[Cell], out: Path, progress: bool, pool: ProcessPoolExecutor | None = None, device: str = "auto"
+) -> None:
+    """Every cell not cached yet, grouped by the run it attacks (each run is loaded once), on
+    `device` (`scenario.attack.device`); with a `pool`, the groups go to its worker processes.
+    Cells are independent of one another
     (`run_cell` restores the defenses' streams), so the numbers are the sequential audit's."""
     todo = [c for c in cells if c.skipped is None and not _reusable(cell_path(out, c))]
     groups: dict[tuple[str, str, int], list[Cell]] = {}
@@ -237,23 +240,25 @@ def _attack_all(cells: list[Cell], out: Path, progress: bool, pool: ProcessPoolE
         groups.setdefault((c.task.name, label(c.defense), c.seed), []).append(c)
     bar = tqdm(total=len(todo), desc="attack", disable=not progress, unit="cell")
     if pool is not None and len(groups) > 1:
-        for f in as_completed([pool.submit(_attack_group, g, out) for g in groups.values()]):
+        for f in as_completed([pool.submit(_attack_group, g, out, device) for g in groups.values()]):
             bar.update(f.result())
     else:
         with attack_progress(progress):  # an attack's bar over its work inside the cell (workers: none)
             for g in groups.values():
-                bar.update(_attack_group(g, out))
+                bar.update(_attack_group(g, out, device))
     bar.close()
 
 
-def _attack_group(cells: list[Cell], out: Path) -> int:
-    """Attack one run's cells, each written to its own file; returns how many."""
+def _attack_group(cells: list[Cell], out: Path, device: str = "auto") -> int:
+    """Attack one run's cells on `device` (`veil.attacks.harness.attack_device`), each written to
+    its own file; returns how many."""
     c0 = cells[0]
     if c0.task.weights == "init":  # the seeded initial weights, as `veil attack` builds them
         model, data, defenses = build_run(c0.task.run_for(c0.defense, c0.seed))
     else:
         _, model, data, defenses = load_run(run_dir(out, c0.task, c0.defense, c0.seed))
     use_threads(c0.task.run.train.threads)
+    model.to(attack_device(device))
     for c in cells:
         try:
             t = c.task

@@ -11,11 +11,10 @@ import time
 from pathlib import Path
 from typing import Any
 
-import torch
 from torch import Tensor
 
 from veil.attacks import Attack, create_attack
-from veil.attacks.harness import attack_once, mean_metrics, private_batches, score, sequences
+from veil.attacks.harness import attack_once, mean_metrics, private_batches, score, sequences, update_seed
 from veil.data import DataSplits
 from veil.defenses.base import Defense
 from veil.experiments.scenario import label
@@ -66,10 +65,9 @@ def run_cell(
     # (the order, a resumed audit's cached cells, parallel workers)
     start = [d.state_dict() for d in defenses]
     for k, batch in enumerate(private_batches(data.test, batch_size, samples, seed)):
-        torch.manual_seed(seed * 1000 + k)
         for d, state in zip(defenses, start):
             d.load_state_dict(state)
-        rec, ref, _ = attack_once(attack, model, batch, defenses, data, reference, seed * 1000 + k, grant)
+        rec, ref, _ = attack_once(attack, model, batch, defenses, data, reference, update_seed(seed, k), grant)
         row = score(rec, ref, data)
         row.update({f"match_{k}": float(v) for k in MATCH_STATS if isinstance(v := rec.stats.get(k), (int, float))})
         rows.append(row)

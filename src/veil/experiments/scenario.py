@@ -26,6 +26,7 @@ from typing import Any
 import yaml
 
 from veil.attacks import check_attack
+from veil.attacks.options import check_device
 from veil.config import RunConfig, from_dict, read_yaml, resolve_paths
 from veil.errors import VeilError
 from veil.experiments.evaluation_keys import check_evaluations
@@ -47,7 +48,9 @@ TASK_KEYS = {
 }
 WEIGHTS = ("trained", "init")
 REFERENCES = ("original", "shuffled")
-SCENARIO_KEYS = {"name", "seeds", "tasks", "description", "attacks"}
+SCENARIO_KEYS = {"name", "seeds", "tasks", "description", "attacks", "attack"}
+#: the attack phase's settings (`scenario.attack`): where it runs (`veil.attacks.options.DEVICES`)
+ATTACK_PHASE_KEYS = {"device"}
 KNOWLEDGE_KEYS = {"labels", "batch_size", "seq_len", "defense"}
 
 
@@ -87,6 +90,9 @@ class Scenario:
     #: attacks run on every task where they apply (skipped, with the reason, where not);
     #: a task's own `attacks` must apply to it, or the scenario is refused
     attacks: list[dict[str, Any]] = field(default_factory=list)
+    #: where the attack phase runs: auto (CUDA when present) | cpu | cuda; the CPU's numbers do not
+    #: depend on it
+    device: str = "auto"
 
 
 def label(entry: dict[str, Any]) -> str:
@@ -182,7 +188,14 @@ def parse_scenario(raw: Any, default_name: str = "scenario") -> Scenario:
     if len(set(names)) != len(names):
         raise VeilError(f"task names must be unique, got {names}")
     attacks = _entries(raw.get("attacks", []), "attacks", "scenario")
-    return Scenario(name=str(raw.get("name", default_name)), seeds=seeds, tasks=parsed, raw=raw, attacks=attacks)
+    phase = raw.get("attack") or {}
+    if not isinstance(phase, dict):
+        raise VeilError(f"scenario.attack must be a mapping such as {{device: auto}}, got {phase!r}")
+    _unknown(set(phase), ATTACK_PHASE_KEYS, "scenario.attack")
+    device = check_device(phase.get("device", "auto"))
+    return Scenario(
+        name=str(raw.get("name", default_name)), seeds=seeds, tasks=parsed, raw=raw, attacks=attacks, device=device
+    )
 
 
 def default_scenario_path() -> Path:

@@ -1,5 +1,6 @@
-"""The audit's numbers with stable keys (summary.json); report.md and report.html are rendered
-from this alone (`veil.report`), with the examples the engine hands beside it.
+"""The audit's numbers with stable keys (summary.json, typed in `veil.experiments.summary_schema`,
+its version as ``summary["schema"]``); report.md and report.html are rendered from this alone
+(`veil.report`), with the examples the engine hands beside it.
 
 summary["tasks"][task]:
   utility[defense]          weights: the weights attacked ({checkpoint: final | init, steps: per seed}),
@@ -35,10 +36,11 @@ from typing import Any
 
 from veil.experiments.cells import cell_path, make_attack
 from veil.experiments.scenario import Scenario, Task, label
+from veil.experiments.summary_schema import SCHEMA, AuditSummary, TaskSummary
 from veil.metrics.leakage import worst_case
 
-#: a cell whose attack did more than this many times its stated budget is over budget (issue 23:
-#: no cell may exceed its budget by more than 20 %)
+#: a cell whose attack did more than this many times its stated budget is over budget: no cell may
+#: exceed its budget by more than a fifth
 OVER_BUDGET = 1.2
 
 
@@ -55,14 +57,14 @@ def task_entry(
     skipped: dict[str, str] | None = None,
     attacker_knows: dict[str, str] | None = None,
     tables: tuple[str, ...] = (),
-) -> dict[str, Any]:
+) -> TaskSummary:
     """A task's summary entry before its numbers: what was trained and attacked, then the tables
     every engine fills (see the module doc), empty. `dropout` defaults to the model config's;
     `about` follows `samples` (the single-step tasks' weights and reference); `tables` are the
     engine's own, after the common ones (budget; rounds, clients, bytes; split)."""
     if dropout is None:
         dropout = float(task.run.model.get("dropout", 0.0) or 0.0)
-    return {
+    return {  # `about` and `tables` name keys of TaskSummary
         "model": task.run.model["name"],
         "data": task.run.data["name"],
         "protocol": task.protocol,
@@ -89,9 +91,9 @@ def build_summary(
     utility: dict[str, Any],
     overhead: dict[str, Any],
     versions: dict[str, str],
-) -> dict[str, Any]:
+) -> AuditSummary:
     """The single-step tasks' entries (see the module doc) from their cells' files and training summaries."""
-    tasks: dict[str, Any] = {}
+    tasks: dict[str, TaskSummary] = {}
     for task in s.tasks:
         t = task_entry(
             task, task.samples, about={"weights": task.weights, "reference": task.reference}, tables=("budget",)
@@ -141,7 +143,14 @@ def build_summary(
         t["overhead"] = overhead.get(task.name, {}).get("ratio", {})
         t["step_seconds"] = overhead.get(task.name, {}).get("seconds", {})
         tasks[task.name] = t
-    return {"scenario": s.name, "seeds": s.seeds, "tasks": tasks, "versions": versions, "config": s.raw}
+    return {
+        "schema": SCHEMA,
+        "scenario": s.name,
+        "seeds": s.seeds,
+        "tasks": tasks,
+        "versions": versions,
+        "config": s.raw,
+    }
 
 
 def budget_rollup(rows: list[dict[str, float]]) -> dict[str, float] | None:

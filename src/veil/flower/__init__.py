@@ -40,13 +40,13 @@ from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
 from typing import Any
 
-import torch
 from flwr.app import ArrayRecord, ConfigRecord, Message, MetricRecord
 from flwr.serverapp import Grid
 from flwr.serverapp.strategy import Strategy
 from torch import Tensor, nn
 
-from veil.attacks import Attack, Knowledge, Observation, create_attack
+from veil.attacks import Attack, Knowledge, Observation, Reconstruction, create_attack
+from veil.attacks.harness import audit_event, score
 from veil.errors import VeilError
 from veil.federated.fedavg import evidence
 from veil.flower.report import write_report
@@ -166,6 +166,15 @@ class AuditedStrategy(Strategy):
         }
         return Observation(self.model, grads, kind="delta", batch_size=self.know.batch_size)
 
+    def scores(self, rec: Reconstruction, rnd: int, node: int) -> dict[str, float]:
+        """The reconstruction scored against the client's batch of round `rnd`, where the caller
+        gave `truth`; else nothing (a server holds no ground truth)."""
+        if self.truth is None:
+            return {}
+        if rec.images is not None:
+            rec.images = rec.images.detach().float().clamp(0, 1)
+        return {k: float(v) for k, v in score(rec, self.truth(rnd, node), None).items() if k != "seconds"}
+
     def audit(self, rnd: int, glob: tuple[dict[str, Tensor], float], reply: Message) -> list[dict]:
         node = int(reply.metadata.src_node_id)
         obs = self.observation(glob, reply)
@@ -180,24 +189,11 @@ class AuditedStrategy(Strategy):
                 "server_saw": saw,
                 "knows": str(getattr(attack, "knows", "")),
             }
-            reason = attack.applies(self.model, self.know.batch_size, "fedavg")
-            if reason:
-                events.append({**ev, "skipped": reason})
+            ev, rec = audit_event(attack, obs, self.know, rnd, ev, lambda rec: self.scores(rec, rnd, node), "fedavg")
+            if rec is None:
+                events.append(ev)
                 continue
-            torch.manual_seed(self.know.seed + rnd)
-            try:
-                rec = attack.reconstruct(obs, self.know)
-            except Exception as e:  # noqa: BLE001 - a failing attack is logged, never stops the user's training
-                events.append({**ev, "error": f"{type(e).__name__}: {e}"[:300]})
-                continue
-            ev["seconds"] = round(float(rec.stats.get("seconds", 0.0)), 3)
             ev.update(evidence.signals(rec))
-            if self.truth is not None:
-                from veil.attacks.harness import score
-
-                if rec.images is not None:
-                    rec.images = rec.images.detach().float().clamp(0, 1)
-                ev.update({k: float(v) for k, v in score(rec, self.truth(rnd, node), None).items() if k != "seconds"})
             stem = self.out / "reconstructions" / f"round{rnd:03d}" / f"client{node}-{name}"
             ev["saved"] = [str(Path(p).relative_to(self.out)) for p in evidence.save(rec, stem)]
             events.append(ev)

@@ -27,7 +27,7 @@ from flwr.app import ArrayRecord, MetricRecord
 from flwr.serverapp import Grid
 
 from veil.attacks import Observation
-from veil.federated.fedavg.auditor import Auditor
+from veil.federated.fedavg.auditor import MEMORY, Auditor
 from veil.federated.fedavg.secagg import error_std, secure_round, train_metrics
 from veil.federated.fedavg.strategy import AuditedStrategy
 from veil.federated.fedavg.task import load_arrays
@@ -114,7 +114,7 @@ def audit_aggregate(
                 "server_saw": server_saw(len(pids)),
                 "knows": str(getattr(attack, "knows", "")),
             }
-            if getattr(attack, "needs", "") == "rounds":
+            if attack.observes & MEMORY:
                 events.append({**ev, "skipped": f"{name} remembers each client's updates; SecAgg+ shows none"})
                 continue
             reason = attack.applies(obs.model, batch, protocol)

@@ -16,9 +16,9 @@ the byte counts are exact) and to seeded client secrets (`secret: seeded`: a res
 recomputes identical rounds); a scenario may set `backend: ray` (Flower's simulation engine).
 
 What the attacks see. FedAvg: the pseudo-gradient (w_global - w_k) / (lr * s) of s local steps
-over several batches (`Observation.kind = "delta"`); FedSGD: one defended gradient. Attacks that
-solve a single gradient in closed form (APRIL, april-mjp) are skipped on FedAvg updates, with
-the reason, and run under ``mode: fedsgd``. The server is granted the configured batch size,
+over several batches (`Observation.kind = "delta"`); FedSGD: one defended gradient. An attack
+runs where it observes that view (`Attack.observes`): one that reads a single gradient only is
+skipped on FedAvg updates, with the reason, and runs under ``mode: fedsgd``. The server is granted the configured batch size,
 input shape, the public tokenizer and the defenses' settings (adaptive attackers); never labels.
 
 Scoring. The auditor's evaluation channel re-derives the round's batches (simulation only) and
@@ -57,13 +57,6 @@ from veil.federated.fedavg.task import spec_from_raw
 from veil.metrics.leakage import cell_leakage, fmt, leak_text, worst_case
 from veil.registry import PROTOCOLS
 
-#: attacks that invert one gradient in closed form: not applicable to a multi-step FedAvg update
-SINGLE_GRADIENT = {
-    "april": "APRIL solves one gradient in closed form (dL/dW = dL/dz x^T); a FedAvg update sums s local steps "
-    "taken at moving weights, which that equation does not model: audit it with federated.mode: fedsgd",
-    "april-mjp": "april-mjp solves one gradient in closed form; a FedAvg update sums s local steps taken at moving "
-    "weights: audit it with federated.mode: fedsgd",
-}
 DEFAULTS = {"backend": "inline", "secret": "seeded"}
 SKIP_KEYS = {"round", "client", "event", "attack", "update", "verified"}
 
@@ -90,15 +83,13 @@ def plan(task: Task, s: Scenario) -> tuple[list[dict[str, Any]], dict[str, str]]
     model = build_model(task.run, build_data(task.run))
     own = {label(a) for a in task.attacks}
     run, skipped = [], {}
+    other = {"fedavg": "fedsgd", "fedsgd": "fedavg"}[fed.mode]
     for a in task.attacks + [a for a in s.attacks if label(a) not in own]:
-        reason = make_attack(a).applies(model, protocol=fed.mode)  # family, dropout, protocol
-        if reason is None and fed.mode == "fedavg" and a["name"] in SINGLE_GRADIENT:
-            reason = SINGLE_GRADIENT[a["name"]]
-        if reason is None and fed.mode == "fedsgd" and a["name"] == "ig-fedavg":
-            reason = "ig-fedavg simulates a client's multi-step FedAvg round; a FedSGD update is one gradient: use ig"
-        if reason is None and make_attack(a).needs not in ("gradient", "rounds"):
-            reason = f"{a['name']} reads split-learning features; a {fed.mode} server sees model updates"
-        if reason and label(a) in own and a["name"] not in SINGLE_GRADIENT:
+        attack = make_attack(a)
+        reason = attack.applies(model, protocol=fed.mode)  # family, dropout, the views it observes
+        # a task's own attack that the other federated mode would audit is skipped with the reason
+        # (e.g. a one-gradient attack beside a FedAvg task's other attacks); any other is an error
+        if reason and label(a) in own and attack.applies(model, protocol=other) is not None:
             raise VeilError(f"attack '{a['name']}' does not apply to task '{task.name}': {reason}")
         if reason:
             skipped[label(a)] = reason
@@ -286,7 +277,7 @@ def plot_rounds(rounds: dict[str, list[dict[str, Any]]], path: Path, title: str)
             leak.plot(*zip(*pts), marker="o", label=d)
             top = max(top, max(v for _, v in pts))
     acc.set(xlabel="round", ylabel="test accuracy", title=f"{title}: utility", ylim=(0, 1))
-    # from 0, so that rounding-level wobbles of a failed attack (PSNR ~6 dB) do not look like signal
+    # from 0, so that rounding-level wobbles of a failed attack do not look like signal
     leak.set(
         xlabel="round",
         ylabel=ylab,

@@ -33,7 +33,7 @@ import torch
 from flwr.app import ArrayRecord, Message
 
 from veil.attacks import Attack, Knowledge, LocalTraining, Observation, Reconstruction, create_attack
-from veil.attacks.harness import budget_metrics
+from veil.attacks.harness import audit_event
 from veil.federated.fedavg import evidence
 from veil.federated.fedavg.task import (
     ClientWorld,
@@ -54,6 +54,8 @@ SERVER_SAW = {
     "mean": "one client's updates, averaged over the rounds it took part in",
     "global-difference": "the difference of two consecutive global models (every sampled client)",
 }
+#: the views only a server that remembers earlier rounds can offer (`veil.attacks.base.OBSERVES`)
+MEMORY = frozenset({"rounds", "aggregate"})
 
 
 @dataclass
@@ -75,7 +77,7 @@ class LocalPlan:
 class Auditor:
     """Runs attacks on one round's updates; returns one event per (client, attack).
 
-    Multi-round attacks (`veil.attacks.multiround`, `needs = "rounds"`) read what the server kept
+    Attacks that observe "rounds" or "aggregate" (`veil.attacks.base.OBSERVES`) read what the server kept
     across rounds: each client's running sum of pseudo-gradients and how many it holds (`sums`,
     `counts`), and the previous round's global weights, lr, mean steps and participants (`prev`).
     They are part of the server's checkpoint (`state_tensors` / `load_state`), so a resumed run
@@ -104,7 +106,7 @@ class Auditor:
             score,
             plan,
         )
-        self.multi = any(getattr(a, "needs", "") == "rounds" for _, a in self.attacks)
+        self.multi = any(a.observes & MEMORY for _, a in self.attacks)
         self.evidence: Path | None = None  # without an oracle: where reconstructions are saved (`evidence`)
         self.sums: dict[int, dict[str, torch.Tensor]] = {}
         self.counts: dict[int, int] = {}
@@ -209,9 +211,9 @@ class Auditor:
             digest = str(reply.content["receipt"]["digest"]) if "receipt" in reply.content else ""
             obs = self.observation(rnd, global_arrays, reply, lr)
             for name, attack in self.attacks:
-                if getattr(attack, "needs", "") == "rounds":
-                    if attack.combine != "mean":  # type: ignore[attr-defined]
-                        continue  # the global view is attacked once per round, below
+                if "aggregate" in attack.observes:
+                    continue  # the global view is attacked once per round, below
+                if "rounds" in attack.observes:
                     view = self.mean_update(pid, global_arrays)
                     ev = self.run(
                         attack,
@@ -235,7 +237,7 @@ class Auditor:
                     )
                 events.append(ev)
         for name, attack in self.attacks:
-            if getattr(attack, "needs", "") != "rounds" or attack.combine != "global":  # type: ignore[attr-defined]
+            if "aggregate" not in attack.observes:
                 continue
             ev = {"event": "audit", "round": rnd, "client": "all", "attack": name, "update": "global-difference"}
             view = self.global_difference(rnd, global_arrays)
@@ -265,19 +267,11 @@ class Auditor:
         """One attack on one view: the event, with its scores, or why it was skipped or failed; its
         threat model too (`server_saw`: which view; `knows`: what the attacker is granted)."""
         ev.setdefault("server_saw", SERVER_SAW.get(str(ev.get("update")), "one client's update"))
-        ev.setdefault("knows", str(getattr(attack, "knows", "")))
-        reason = attack.applies_to(obs.model)
-        if reason:
-            return {**ev, "skipped": reason}
-        torch.manual_seed(self.know.seed + int(ev["round"]))
-        try:
-            rec = attack.reconstruct(obs, self.know)
-        except Exception as e:  # noqa: BLE001 - a failing attack is logged, never stops training
-            return {**ev, "error": f"{type(e).__name__}: {e}"[:300]}
-        ev["seconds"] = round(float(rec.stats.get("seconds", 0.0)), 3)
-        ev.update(budget_metrics(rec.stats))
-        ev.update(score(rec))
-        if self.evidence is not None:  # no ground truth: keep the rebuild and what it says about itself
+        ev.setdefault("knows", str(attack.knows))
+        ev, rec = audit_event(attack, obs, self.know, int(ev["round"]), ev, score)
+        if (
+            rec is not None and self.evidence is not None
+        ):  # no ground truth: keep the rebuild and what it says about itself
             ev.update(evidence.signals(rec))
             stem = self.evidence / f"round{int(ev['round']):03d}" / f"client{ev['client']}-{ev['attack']}"
             ev["saved"] = [

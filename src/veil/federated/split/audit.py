@@ -39,6 +39,8 @@ from typing import Any
 import torch
 
 from veil import registry
+from veil.attacks import attacks_observing
+from veil.attacks.features import SPLIT_ROWS, row_entry
 from veil.errors import VeilError
 from veil.experiments.audit import run_dir
 from veil.experiments.cells import make_attack
@@ -84,12 +86,12 @@ def attacks_of(task: Task, s: Scenario) -> tuple[list[dict[str, Any]], dict[str,
     own = {label(a) for a in task.attacks}
     run, skipped = [], {}
     for a in task.attacks + [a for a in s.attacks if label(a) not in own]:
-        if make_attack(a).needs == "features":
+        if "features" in make_attack(a).observes:
             run.append(a)
         elif label(a) in own:
             raise VeilError(
                 f"attack '{a['name']}' does not apply to task '{task.name}': a split-learning server sees head features, "
-                f"not gradients; use feature_inversion or fsha"
+                f"not gradients; use {' or '.join(attacks_observing('features'))}"
             )
         else:
             skipped[label(a)] = "a split-learning server sees head features, not parameter updates"
@@ -219,7 +221,7 @@ def report_blocks(t: dict[str, Any], out: Path) -> list[tuple]:
 
 #: the rows of p-FeSTA's Tables IV-V, and the feature attacks of `veil.federated.split.feature_audit`
 TABLE_PROTOCOLS = ["central", "fl", "sl", "festa", "pfesta"]
-TABLE_ATTACKS: list[Any] = ["feature_inversion", {"name": "feature_inversion", "unshuffle": False}, "fsha"]
+TABLE_ATTACKS: list[Any] = [row_entry(row, settings) for row, settings in SPLIT_ROWS.items()]
 
 
 def scenario_from_run_config(raw: dict[str, Any], name: str) -> dict[str, Any]:

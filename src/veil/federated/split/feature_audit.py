@@ -21,14 +21,15 @@ import torch
 from torch import Tensor
 
 from veil.attacks import Knowledge, Observation, create_attack
+from veil.attacks.features import SPLIT_ROWS, row_entry
 from veil.attacks.harness import budget_metrics
 from veil.defenses.permutation import PatchPermutation
 from veil.federated.split.multitask import build_parts, split_world
 from veil.federated.split.spec import SplitSpec
 from veil.metrics import image_report
 
-#: the adaptive inversion first (it is the verdict wherever the permutation is on), then the naive rows
-DEFAULT_ATTACKS: dict[str, dict[str, Any]] = {"feature_inversion+unshuffle": {}, "feature_inversion": {}, "fsha": {}}
+#: the rows the feature attacks run by default, label -> options (`veil.attacks.features.row_entry`)
+DEFAULT_ATTACKS: dict[str, dict[str, Any]] = SPLIT_ROWS
 
 
 def victim_view(spec: SplitSpec, victims: int) -> tuple[Tensor, Tensor, Any, Tensor, PatchPermutation]:
@@ -74,9 +75,8 @@ def feature_attacks(
     attacks = attacks or DEFAULT_ATTACKS
     out: dict[str, Any] = {"victims": victims, "aux": len(aux)}
     for name, settings in attacks.items():
-        if name == "feature_inversion":  # the naive row: the decoder alone
-            settings = {"unshuffle": False, **settings}
-        attack = create_attack(name.split("+")[0], **settings)
+        entry = row_entry(name, settings)
+        attack = create_attack(entry.pop("name"), **entry)
         row = {}
         for label, feats in (("plain", clean), ("permuted", permuted)):
             known = {module.name: module.describe()} if label == "permuted" else {}  # the server knows its protocol
