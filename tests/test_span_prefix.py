@@ -14,6 +14,7 @@ from veil.attacks import observe
 from veil.attacks.harness import knowledge_for, private_batches
 from veil.attacks.span.checks import CLSCheck
 from veil.attacks.span.core import Specials, position_candidates, vocabulary
+from veil.attacks.span.options import DEFAULTS
 from veil.attacks.span.peel import setup_stage
 from veil.attacks.span.prefix import prefix_seed
 from veil.attacks.span.residual import Residual
@@ -43,10 +44,7 @@ def test_prefix_seeds_rebuild_a_minilm_batch_8_sentence_where_layer_1_admits_the
             Specials.of(model, know),
             np.random.default_rng(0),
             {},
-            rank_tol=1e-6,
-            prior_weight=0.2,
-            narrow=8,
-            min_len=3,
+            DEFAULTS,
         )
         hits = prefix_seed(stage, Specials.of(model, know), 40_000, 1e-3, 1e-4, 12, {})
     true = [batch["input_ids"][b, : int(n)].tolist() for b, n in enumerate(batch["attention_mask"].sum(1))]

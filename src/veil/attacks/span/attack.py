@@ -11,14 +11,11 @@ spaces instead (`veil.attacks.span.lora`).
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 import torch
 from torch import Tensor
 
 from veil.attacks import ATTACKS
 from veil.attacks.base import Attack, Knowledge, Observation, Reconstruction
-from veil.attacks.options import Options, option
 from veil.attacks.span.core import (
     Span,
     Specials,
@@ -30,53 +27,11 @@ from veil.attacks.span.core import (
     vocabulary,
 )
 from veil.attacks.span.lora import lora_layers, lora_reconstruct
+from veil.attacks.span.options import SpanOptions
 from veil.attacks.span.peel import Residual, peel_search
 from veil.attacks.span.search import SearchInput, decoder_search, encoder_search
-from veil.attacks.span.work import WORK
 from veil.errors import VeilError
 from veil.models.base import VeilModel
-
-
-@dataclass(frozen=True)
-class SpanOptions(Options):
-    tol1: float = option(1e-3, "layer-1 span distance below which a (token, position) pair passes")
-    tol2: float = option(1e-3, "layer-2 span distance below which a sentence position passes")
-    rank_tol: float = option(1e-6, "singular values below rank_tol x the largest are not in the span")
-    max_len: int | None = option(None, "longest sentence searched; unset: the knowledge's seq_len, else the model's")
-    presence_filter: bool = option(True, "test only the tokens the embedding gradient shows (and the specials)")
-    max_per_position: int | None = option(None, "keep at most this many layer-1 candidates per position")
-    layernorm_positions: bool = option(True, "pin encoder tokens to their position by the embedding LayerNorm")
-    tol_ln: float = option(1e-6, "cosine floor of the LayerNorm pins (MiniLM: true pins <= 6e-8, false >= 1e-5)")
-    peel: bool = option(True, "encoder classifiers: peel one exact sentence at a time (needs the batch size)")
-    tol_cls: float = option(1e-4, "last-block span distance below which a peeled sentence is exact")
-    prior_weight: float = option(0.2, "weight of the position prior where the layer-2 span is crowded")
-    mlp_blocks: int = option(
-        1,
-        "peeling, where the layer-2 span is crowded: search on the first k blocks' MLP down-projection spans (span.mlp; 0: off)",
-    )
-    mlp_codim: float = option(
-        0.4, "peeling: the MLP objective also where layer 2's span leaves less than this fraction of the width"
-    )
-    narrow: int = option(8, "peeling sweeps try each position's k likeliest tokens first (0: all at once)")
-    prefix_seeds: bool | None = option(
-        None,
-        "peeling: grow beam prefixes by layer-2 distance and repair them before the walkers (span.prefix); "
-        "unset: where the embedding LayerNorm pins at least half of the layer-1 candidate tokens",
-    )
-    suffix_seeds: bool = option(
-        True,
-        "peeling on the MLP objective: grow every length's sentence from its end, first where the span is at or "
-        "near its rank limit, else after prefix seeds that found none (span.suffix)",
-    )
-    restarts: int = option(4, "restarts of the encoder assignment search")
-    sweeps: int = option(12, "coordinate sweeps per restart of the encoder assignment search")
-    budget: int = option(100_000, "candidate sentences scored, all searches together (counted work, never seconds)")
-    work: int = option(
-        WORK,
-        "peeling: block-rows computed per batch sentence (one token through one block; a backward pass counts 2)",
-    )
-    beam: int | None = option(None, "prefixes kept per position by the decoder search; unset: 4 x batch size")
-    seed: int | None = option(None, "seed of the searches; unset: the knowledge's seed")
 
 
 @ATTACKS.register("span", help="DAGER-style exact text recovery from the span of the first layers' Q/K/V gradients")
@@ -142,18 +97,9 @@ class SpanAttack(Attack[SpanOptions]):
                         Residual(obs, know.batch_size),
                         pinned_candidates,
                         specials,
+                        o,
                         seed=seed,
-                        tol_cls=o.tol_cls,
-                        rank_tol=rank_tol,
-                        budget=budget,
-                        prior_weight=o.prior_weight,
-                        narrow=o.narrow,
-                        tol2=tol2,
                         seeds=_mostly_pinned(cands, pins) if o.prefix_seeds is None else o.prefix_seeds,
-                        mlp_blocks=o.mlp_blocks,
-                        mlp_codim=o.mlp_codim,
-                        suffix=o.suffix_seeds,
-                        work=o.work * know.batch_size,
                     )
                     left = budget - (found[1]["sentences_scored"] if found is not None else 0)
                     if (

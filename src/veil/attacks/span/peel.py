@@ -35,12 +35,16 @@ from veil.attacks.base import work_bar
 from veil.attacks.span.checks import CLSCheck
 from veil.attacks.span.core import last_position
 from veil.attacks.span.mlp import MLPScore, mlp_exact, mlp_fill, mlp_spans, mlp_usable
+from veil.attacks.span.options import DEFAULTS, SpanOptions
 from veil.attacks.span.prefix import prefix_seed
 from veil.attacks.span.residual import Residual
 from veil.attacks.span.score import Objective, PositionPrior, SentenceScore
 from veil.attacks.span.suffix import Growth, suffix_seed
 from veil.attacks.span.walker import CALL_COST, Walker
 from veil.attacks.span.work import Meter, WorkSpent
+
+#: the shortest length hypothesis: [CLS], one token, [SEP]
+MIN_LEN = 3
 
 
 @dataclass
@@ -67,6 +71,7 @@ class Stage:
     objective: Objective = Objective.LAYER2
     tol2: float | None = None  # the prefix seeds' gate before the exact check (None: the search's tol2)
     tick: Any = None  # called after each piece of work (a walker step, a seed pass): a progress bar
+    opts: SpanOptions = DEFAULTS  # the search's options (the prefix seeds read their shape here)
 
     @property
     def scored(self) -> int:
@@ -81,23 +86,17 @@ def setup_stage(
     specials: Any,
     rng: np.random.Generator,
     carried: dict[int, list[int]],
-    *,
-    rank_tol: float,
-    prior_weight: float,
-    narrow: int,
-    min_len: int,
-    mlp_blocks: int = 1,
-    mlp_codim: float = 0.4,
+    opts: SpanOptions,
 ) -> Stage:
     """Spans and layer-1 candidates of the residual, the objective, and one walker per length
     hypothesis, started at the position prior's best tokens (or where the previous stage's walk
     of that length stood)."""
-    span1, span2 = res.layer_span(0, rank_tol), res.layer_span(1, rank_tol)
+    span1, span2 = res.layer_span(0, opts.rank_tol), res.layer_span(1, opts.rank_tol)
     cands = cands_of(span1)
-    crowded = span2.width - span2.rank < span2.width / 8
-    prior = PositionPrior(res, len(cands), weight=prior_weight)
-    tight = span2.width - span2.rank < mlp_codim * span2.width  # layer 2's gap is narrow
-    mlp = mlp_spans(res, mlp_blocks) if (crowded or tight) and mlp_blocks > 0 else []
+    crowded = span2.width - span2.rank < span2.width * opts.crowded
+    prior = PositionPrior(res, len(cands), weight=opts.prior_weight)
+    tight = span2.width - span2.rank < opts.mlp_codim * span2.width  # layer 2's gap is narrow
+    mlp = mlp_spans(res, opts.mlp_blocks) if (crowded or tight) and opts.mlp_blocks > 0 else []
     score: SentenceScore
     if mlp_usable(mlp):  # the MLP down-projections still pin positions: searched as an uncrowded span
         score, crowded = MLPScore(res.model, mlp, span2, check), False
@@ -108,17 +107,19 @@ def setup_stage(
             span2,
             check,
             with_cls=crowded,
+            cls_weight=opts.cls_weight,
             tok_grad=res.token_grad(),
             batch_size=res.batch_size,
+            cap=opts.grad_cap,
             prior=prior if prior.cost is not None and crowded else None,
         )
-    walkers = length_walkers(cands, specials, rng, min_len)
+    walkers = length_walkers(cands, specials, rng, opts.kick)
     for w in walkers:
         w.start_at(prior)
         if w.n in carried:  # the walk of the stage before, at this length, resumes where it stood
             w.seed(carried[w.n][1:-1])
-        if not crowded and narrow > 0:
-            w.narrow = narrow
+        if not crowded and opts.narrow > 0:
+            w.narrow = opts.narrow
     return Stage(
         check,
         span1.rank,
@@ -132,6 +133,7 @@ def setup_stage(
         check_left=res.left,
         objective=(Objective.MLP if mlp_exact(mlp) else Objective.MLP_GRADED) if mlp else Objective.LAYER2,
         tol2=float("inf") if mlp else None,
+        opts=opts,
     )
 
 
@@ -140,8 +142,6 @@ def search_stage(
     specials: Any,
     carried: dict[int, list[int]],
     budget: int,
-    tol_cls: float,
-    tol2: float = 1e-3,
     seeds: bool = False,
     pending: list[list[int]] | None = None,
     grown: dict[int, int] | None = None,
@@ -168,6 +168,7 @@ def search_stage(
     else after prefix seeds that found nothing (`Growth.then`); docs/span.md tabulates this
     schedule and docs/results.md (span-scale, span-tail) what it recovers."""
     walkers, used = stage.walkers, stage.used
+    tol_cls, tol2, starts = stage.opts.tol_cls, stage.opts.tol2, stage.check_left + stage.opts.prefix_starts
     pending = [] if pending is None else pending
     for sent in list(pending):  # exact sentences a previous stage found beside the one it peeled
         pending.remove(sent)
@@ -183,9 +184,7 @@ def search_stage(
     # for the walkers, in turn; else the seeds first, then the walkers
     turns = seeds and not stage.crowded and stage.objective == Objective.MLP_GRADED
     if seeds and not stage.crowded and not turns:
-        hit = _take(
-            prefix_seed(stage, specials, budget, _gate(stage, tol2), tol_cls, stage.check_left + 4, grown), pending
-        )
+        hit = _take(prefix_seed(stage, specials, budget, _gate(stage, tol2), tol_cls, starts, grown), pending)
         if hit is not None:
             return hit
     if growth is not None and not grew and not stage.crowded and growth.then(stage.objective):  # seeds found none
@@ -199,9 +198,7 @@ def search_stage(
     while stage.scored < budget:
         if turns and stage.scored >= cap:
             before = stage.scored
-            hits = prefix_seed(
-                stage, specials, budget, _gate(stage, tol2), tol_cls, stage.check_left + 4, fresh, limit=1
-            )
+            hits = prefix_seed(stage, specials, budget, _gate(stage, tol2), tol_cls, starts, fresh, limit=1)
             hit = _take(hits, pending)
             if hit is not None:
                 return hit
@@ -328,20 +325,10 @@ def peel_search(
     res: Residual,
     cands_of: Any,
     specials: Any,
+    opts: SpanOptions,
     *,
     seed: int,
-    tol_cls: float = 1e-4,
-    rank_tol: float = 1e-6,
-    budget: int = 500_000,
-    min_len: int = 3,
-    prior_weight: float = 0.2,
-    narrow: int = 8,
-    tol2: float = 1e-3,
-    seeds: bool = False,
-    mlp_blocks: int = 1,
-    mlp_codim: float = 0.4,
-    suffix: bool = True,
-    work: int | None = None,
+    seeds: bool,
 ) -> tuple[list[list[int]], dict[str, Any]] | None:
     """Find the batch one sentence at a time (see `Residual`, `CLSCheck`). Each stage: the exact
     check of the residual (`CLSCheck`), the walkers of its length hypotheses (`setup_stage`), a
@@ -350,10 +337,10 @@ def peel_search(
     per-position candidates of a layer-1 span. Returns None if the check does not apply.
 
     Work, never time, orders and bounds the search, so the result does not depend on the machine
-    or its load: `budget` caps the candidate sentences scored (all stages together) and `work`
-    the block-rows their scoring computed (`veil.attacks.span.work`: what tracks the time a
+    or its load: `opts.budget` caps the candidate sentences scored (all stages together) and
+    `opts.work` x the batch size the block-rows their scoring computed (`veil.attacks.span.work`: what tracks the time a
     search takes); a hypothesis' work is the tokens it scored plus `CALL_COST` per scoring call.
-    Where `work` would be passed the stage stops there and the search returns what it has: the
+    Where that would be passed the stage stops there and the search returns what it has: the
     exact sentences found and the best guesses of the stage it was in.
 
     With `suffix`, stages grow every length's sentence from its end (`veil.attacks.span.suffix`):
@@ -371,10 +358,11 @@ def peel_search(
     pending: list[list[int]] = []  # exact sentences found beside the one peeled (`veil.attacks.span.prefix`)
     grown: dict[int, int] = {}  # first tokens the prefix seeds grew from, and how often
     note = None
-    growth = Growth(on=suffix)
+    growth = Growth(on=opts.suffix_seeds)
+    budget = opts.budget
     bar = work_bar(budget, "span")  # sentences scored, all stages; shown where `attack_progress` is on
     done = [0]  # sentences scored by the stages before the current one
-    meter = Meter(limit=work)
+    meter = Meter(limit=opts.work * res.batch_size)
 
     def progress(s: Stage) -> None:
         bar.update(done[0] + s.scored - bar.n)
@@ -393,12 +381,7 @@ def peel_search(
             specials,
             rng,
             carried,
-            rank_tol=rank_tol,
-            prior_weight=prior_weight,
-            narrow=narrow,
-            min_len=min_len,
-            mlp_blocks=mlp_blocks,
-            mlp_codim=mlp_codim,
+            opts,
         )
         stage.tick = partial(progress, stage)
         stage.score.meter = meter
@@ -407,7 +390,7 @@ def peel_search(
             note = None if found else "no token passes layer 1 (dropout or noise? raise tol1)"
             break
         try:
-            hit = search_stage(stage, specials, carried, budget - steps, tol_cls, tol2, seeds, pending, grown, growth)
+            hit = search_stage(stage, specials, carried, budget - steps, seeds, pending, grown, growth)
         except WorkSpent:  # the block-row budget: this stage's best guesses stand for the sentences left
             hit = None
             for w in stage.walkers:
@@ -416,7 +399,7 @@ def peel_search(
         rounds += stage.rounds
         done[0] = steps
         bar.update(steps - bar.n)
-        bar.set_postfix(exact=len(found) + (hit is not None), refresh=False)
+        bar.set_postfix(exact=len(found) + (hit is not None), block_rows=meter.done, refresh=False)
         reports.append(stage_report(stage, res.left, hit, time.perf_counter() - t0))
         if hit is None:
             guesses = best_guesses(stage)
@@ -463,7 +446,7 @@ def _shares(walkers: list[Walker], where: PositionPrior, sep: int | None) -> lis
     return [0.1 + (float((1 - where.cost[w.n - 1, sep]).clamp(0, 1)) if w.n - 1 < T else 0.0) for w in walkers]
 
 
-def length_walkers(cands: list[Tensor], specials: Any, rng: np.random.Generator, min_len: int) -> list[Walker]:
+def length_walkers(cands: list[Tensor], specials: Any, rng: np.random.Generator, kick: int) -> list[Walker]:
     """One walker per length hypothesis n: [SEP] passes layer 1 at n - 1 (or n is the last position
     with candidates), [CLS] at 0, every content position has a candidate."""
     T = last_position(cands)
@@ -474,7 +457,7 @@ def length_walkers(cands: list[Tensor], specials: Any, rng: np.random.Generator,
     ends = sorted({t + 1 for t in range(T) if sep is not None and sep in set(cands[t].tolist())} | {T})
     out = []
     for n in ends:
-        if n < min_len:
+        if n < MIN_LEN:
             continue
         content = [
             torch.tensor([v for v in c.tolist() if v not in special], dtype=torch.long) for c in cands[1 : n - 1]
@@ -483,5 +466,5 @@ def length_walkers(cands: list[Tensor], specials: Any, rng: np.random.Generator,
             continue
         first = torch.tensor([cls if cls is not None else int(cands[0][0])])
         last = torch.tensor([sep]) if sep is not None else cands[n - 1]
-        out.append(Walker([first, *content, last], rng))
+        out.append(Walker([first, *content, last], rng, kick=kick))
     return out

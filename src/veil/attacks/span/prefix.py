@@ -25,6 +25,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
+from veil.attacks.span.options import DEFAULTS
 from veil.attacks.span.score import Objective
 
 
@@ -44,20 +45,20 @@ class PrefixSeeder:
     """Beam-grown prefixes and their whole-sentence repair (`prefix_seed`), with the counted work.
     `hits`: the sentences that passed the exact check, in the order found."""
 
-    #: the search's fixed shape: candidates per position (the position prior's likeliest tokens),
-    #: prefixes kept per step, lengths of a grown path repaired (its closest closed sentences),
-    #: repair rounds, and the positions a repair round revisits
-    width, beam, ends, rounds, worst = 24, 4, 2, 3, 8
-
     def __init__(self, stage: Any, specials: Any) -> None:
         self.stage, self.specials = stage, specials
+        # the search's shape (`SpanOptions.prefix_*`): candidates per position (the position prior's
+        # likeliest tokens), prefixes kept per step, lengths of a grown path repaired (its closest
+        # closed sentences), repair rounds, and the positions a repair round revisits
+        o = getattr(stage, "opts", DEFAULTS)
+        self.beam, self.ends, self.rounds, self.worst = o.prefix_beam, o.prefix_ends, o.prefix_rounds, o.prefix_worst
         special = {v for v in (specials.sep, specials.cls, specials.pad) if v is not None}
         self.ranked = ranked_tokens(stage.cands, stage.prior, special)
         self.content = [torch.tensor(r, dtype=torch.long) for r in self.ranked]
         # on the MLP objective (`veil.attacks.span.mlp`, batches past layer 2's reach) every candidate: the position
         # prior has lost its order there, and its likeliest tokens often miss the true one
         mlp = getattr(stage, "objective", Objective.LAYER2) in (Objective.MLP, Objective.MLP_GRADED)
-        self.width: int | None = None if mlp else type(self).width
+        self.width: int | None = None if mlp else o.prefix_width
         self.steps = 0  # sentences scored
         self.hits: list[list[int]] = []
         self.repaired: list[list[int]] = []  # sentences already repaired (a path equal to one is not repaired again)

@@ -13,6 +13,7 @@ from torch import Tensor, nn
 
 from veil.attacks.span.checks import CLSCheck
 from veil.attacks.span.core import ACT_FLOATS, Span, model_device, recording_inputs, rows_per_call
+from veil.attacks.span.options import DEFAULTS
 from veil.attacks.span.residual import Residual
 from veil.attacks.span.rowwise import block1_row
 from veil.attacks.span.work import Meter
@@ -62,10 +63,10 @@ class SentenceScore:
         span2: Span,
         check: CLSCheck,
         with_cls: bool = True,
-        cls_weight: float = 10.0,
+        cls_weight: float = DEFAULTS.cls_weight,
         tok_grad: Tensor | None = None,
         batch_size: int = 1,
-        cap: float = 0.1,
+        cap: float = DEFAULTS.grad_cap,
         prior: PositionPrior | None = None,
     ) -> None:
         self.model, self.span2, self.check, self.with_cls, self.cls_weight = model, span2, check, with_cls, cls_weight

@@ -16,6 +16,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
+from veil.attacks.span.options import DEFAULTS
 from veil.attacks.span.score import PositionPrior, SentenceScore
 
 #: what one scoring call costs beyond its tokens, in token evaluations: a call's fixed cost is
@@ -55,7 +56,9 @@ class Walker:
     is it a local minimum (kick). The neighbourhood of a local minimum is thus unchanged; the
     sweeps on the way there cost k instead of every candidate per position."""
 
-    def __init__(self, sets: list[Tensor], rng: np.random.Generator, kick: int = 3, chunk: int = 2048) -> None:
+    def __init__(
+        self, sets: list[Tensor], rng: np.random.Generator, kick: int = DEFAULTS.kick, chunk: int = 2048
+    ) -> None:
         self.sets, self.rng, self.kick, self.chunk = sets, rng, kick, chunk
         self.n = len(sets)
         self.allowed = [set(s.tolist()) for s in sets]

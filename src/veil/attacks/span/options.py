@@ -1,0 +1,70 @@
+"""The span attack's options (`veil.attacks.span.attack`, DAGER, Petrov et al. 2024, with veil's
+peeling search): every tunable of every search in one frozen object, passed down as one."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from veil.attacks.options import Options, option
+from veil.attacks.span.work import WORK
+
+
+@dataclass(frozen=True)
+class SpanOptions(Options):
+    """Every tunable of the span attack, stated once (docs/span.md lists them with what they set).
+    The searches take this object; `DEFAULTS` holds the defaults for parts built on their own."""
+
+    tol1: float = option(1e-3, "layer-1 span distance below which a (token, position) pair passes")
+    tol2: float = option(1e-3, "layer-2 span distance below which a sentence position passes")
+    rank_tol: float = option(1e-6, "singular values below rank_tol x the largest are not in the span")
+    max_len: int | None = option(None, "longest sentence searched; unset: the knowledge's seq_len, else the model's")
+    presence_filter: bool = option(True, "test only the tokens the embedding gradient shows (and the specials)")
+    max_per_position: int | None = option(None, "keep at most this many layer-1 candidates per position")
+    layernorm_positions: bool = option(True, "pin encoder tokens to their position by the embedding LayerNorm")
+    tol_ln: float = option(1e-6, "cosine floor of the LayerNorm pins (MiniLM: true pins <= 6e-8, false >= 1e-5)")
+    peel: bool = option(True, "encoder classifiers: peel one exact sentence at a time (needs the batch size)")
+    tol_cls: float = option(1e-4, "last-block span distance below which a peeled sentence is exact")
+    prior_weight: float = option(0.2, "weight of the position prior where the layer-2 span is crowded")
+    mlp_blocks: int = option(
+        1,
+        "peeling, where the layer-2 span is crowded: search on the first k blocks' MLP down-projection spans (span.mlp; 0: off)",
+    )
+    mlp_codim: float = option(
+        0.4, "peeling: the MLP objective also where layer 2's span leaves less than this fraction of the width"
+    )
+    narrow: int = option(8, "peeling sweeps try each position's k likeliest tokens first (0: all at once)")
+    prefix_seeds: bool | None = option(
+        None,
+        "peeling: grow beam prefixes by layer-2 distance and repair them before the walkers (span.prefix); "
+        "unset: where the embedding LayerNorm pins at least half of the layer-1 candidate tokens",
+    )
+    suffix_seeds: bool = option(
+        True,
+        "peeling on the MLP objective: grow every length's sentence from its end, first where the span is at or "
+        "near its rank limit, else after prefix seeds that found none (span.suffix)",
+    )
+    restarts: int = option(4, "restarts of the encoder assignment search")
+    sweeps: int = option(12, "coordinate sweeps per restart of the encoder assignment search")
+    budget: int = option(100_000, "candidate sentences scored, all searches together (counted work, never seconds)")
+    work: int = option(
+        WORK,
+        "peeling: block-rows computed per batch sentence (one token through one block; a backward pass counts 2)",
+    )
+    beam: int | None = option(None, "prefixes kept per position by the decoder search; unset: 4 x batch size")
+    crowded: float = option(
+        0.125, "peeling: layer 2's span is crowded where it leaves less than this fraction of the width free"
+    )
+    cls_weight: float = option(10.0, "peeling, crowded objective: weight of the [CLS] distance in a walker's objective")
+    grad_cap: float = option(0.1, "peeling, crowded objective: cap of a position's embedding-gradient mismatch")
+    kick: int = option(3, "peeling: positions a walker's kick redraws at a local minimum")
+    prefix_width: int = option(24, "prefix seeds on layer 2: each position's candidates, the prior's likeliest")
+    prefix_beam: int = option(4, "prefix seeds: prefixes kept per step")
+    prefix_ends: int = option(2, "prefix seeds: lengths of a grown path repaired (its closest closed sentences)")
+    prefix_rounds: int = option(3, "prefix seeds: repair rounds per repaired sentence")
+    prefix_worst: int = option(8, "prefix seeds: positions a repair round revisits (the worst by layer-2 distance)")
+    prefix_starts: int = option(4, "prefix seeds: first tokens grown per stage beyond the sentences left")
+    seed: int | None = option(None, "seed of the searches; unset: the knowledge's seed")
+
+
+#: the defaults, for the parts of the search built on their own (tests, benchmarks)
+DEFAULTS = SpanOptions()
