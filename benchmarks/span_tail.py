@@ -40,6 +40,17 @@ def quantile(xs: list[float], q: float) -> float:
     return s[lo] + (s[min(lo + 1, len(s) - 1)] - s[lo]) * (k - lo)
 
 
+def read_rows(path: Path) -> list[dict[str, Any]]:
+    """The measured batches in the JSON-lines file, the first row of each index (processes side by
+    side may measure one twice)."""
+    rows: dict[int, dict[str, Any]] = {}
+    for line in path.read_text().splitlines() if path.is_file() else []:
+        if line.strip():
+            r = json.loads(line)
+            rows.setdefault(r["index"], r)
+    return list(rows.values())
+
+
 def run_rows(args: argparse.Namespace, rows_path: Path) -> list[dict[str, Any]]:
     """Attack each drawn batch as `veil attack` does; rows already in `rows_path` are kept."""
     import torch
@@ -49,10 +60,13 @@ def run_rows(args: argparse.Namespace, rows_path: Path) -> list[dict[str, Any]]:
     from veil.commands.attack import load_target, split_overrides
     from veil.runtime import use_threads
 
-    done = [json.loads(x) for x in rows_path.read_text().splitlines() if x.strip()] if rows_path.is_file() else []
+    done = read_rows(rows_path)
     have = {r["index"] for r in done}
     part, parts = (int(x) for x in args.part.split("/"))
     mine = {i for i in range(args.samples) if i % parts == part}
+    if args.indices:  # a range A-B of its own (processes added beside running parts)
+        lo, hi = (int(x) for x in args.indices.split("-"))
+        mine = set(range(lo, hi + 1)) & set(range(args.samples))
     if have >= mine:  # every batch measured: nothing to load
         return sorted((r for r in done if r["index"] < args.samples), key=lambda r: r["index"])
     cfg_over, settings = split_overrides(args.overrides)
@@ -136,6 +150,7 @@ def main() -> None:
     ap.add_argument(
         "--part", default="0/1", help="K/N: measure the batches i with i %% N == K (N processes side by side)"
     )
+    ap.add_argument("--indices", default="", help="A-B: measure these batches (with --part K/N: summarise nothing)")
     ap.add_argument("--write", action="store_true", help="splice the span-tail section into docs/results.md")
     ap.add_argument("overrides", nargs="*", help="config key=value and attack.KEY=VALUE, as veil attack takes them")
     args = ap.parse_args()
@@ -143,7 +158,9 @@ def main() -> None:
     name = args.name or "-".join([f"b{args.batch_size}", f"n{args.samples}", *args.overrides[1:]])
     rows_path = Path(args.rows or f"/tmp/span_tail_{name.replace('/', '_')}.jsonl")
     rows = run_rows(args, rows_path)
-    if args.part != "0/1":  # one part of several: its rows are in the file; a run without --part summarises
+    if (
+        args.part != "0/1" or args.indices
+    ):  # one part of several: its rows are in the file; a run without --part summarises
         return
 
     from veil.attacks import create_attack
