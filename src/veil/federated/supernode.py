@@ -183,7 +183,7 @@ def drop_stale_messages() -> None:
     message and preregisters its objects before it pulls them; when the SuperLink then answers that
     the run is not RUNNING (a SuperLink restarted on its database still holds the killed run's
     next-round messages) it only logs "Ignoring message": the task stays queued with objects that
-    never come, and an executor that takes it waits ~2 min (500 pull tries) before it gives up,
+    never come, and an executor that takes it waits through 500 pull tries before it gives up,
     while the resumed run's messages queue behind it. Here the task is finished (stopped) and the
     message and its objects deleted, as Flower does when a pull fails for another reason."""
     import flwr.supernode.start_client_internal as sci
