@@ -59,3 +59,8 @@ def test_a_missing_path_is_one_line() -> None:
     out = run(ROOT / "no-such-folder")
     assert out.returncode == 1
     assert out.stderr.strip() == f"check_src_text: no such file or folder: {ROOT / 'no-such-folder'}"
+
+
+def test_the_package_passes() -> None:
+    out = run(ROOT / "src" / "veil")
+    assert out.returncode == 0, out.stdout
