@@ -23,6 +23,7 @@ other kick of a walk restarts it from another length's best sentence (`cross_see
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from functools import partial
 from typing import Any
@@ -31,15 +32,15 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from veil.attacks.base import work_bar
+from veil.attacks.base import Observation, work_bar
 from veil.attacks.span.checks import CLSCheck
-from veil.attacks.span.core import last_position
+from veil.attacks.span.core import Span, Specials, last_position
 from veil.attacks.span.mlp import MLPScore, mlp_exact, mlp_fill, mlp_spans, mlp_usable
 from veil.attacks.span.options import DEFAULTS, SpanOptions
-from veil.attacks.span.prefix import prefix_seed
+from veil.attacks.span.prefix import PrefixSeeder, prefix_seed
 from veil.attacks.span.residual import Residual
 from veil.attacks.span.score import Objective, PositionPrior, SentenceScore
-from veil.attacks.span.suffix import Growth, suffix_seed
+from veil.attacks.span.suffix import Growth, SuffixSeeder, suffix_seed
 from veil.attacks.span.walker import CALL_COST, Walker
 from veil.attacks.span.work import Meter, WorkSpent
 
@@ -63,14 +64,16 @@ class Stage:
     rounds: int = 0
     tried: set[tuple[int, tuple[int, ...]]] = field(default_factory=set)  # cross seeds used (`cross_seed`)
     cands: list[Tensor] = field(default_factory=list)  # the layer-1 candidates per position
-    seeder: Any = None  # the left-to-right seeds (`veil.attacks.span.prefix`), made on first use
-    grower: Any = None  # the right-to-left seeds (`veil.attacks.span.suffix`), where they ran
+    seeder: PrefixSeeder | None = None  # the left-to-right seeds (`veil.attacks.span.prefix`), made on first use
+    grower: SuffixSeeder | None = None  # the right-to-left seeds (`veil.attacks.span.suffix`), where they ran
     check_left: int = 1  # sentences left in the residual
     # what the walkers descend on; on the graded MLP objective the prefix seeds and the walkers take
     # turns (`search_stage`): the seeds run first spent a whole budget on one stage there
     objective: Objective = Objective.LAYER2
     tol2: float | None = None  # the prefix seeds' gate before the exact check (None: the search's tol2)
-    tick: Any = None  # called after each piece of work (a walker step, a seed pass): a progress bar
+    tick: Callable[[], None] | None = (
+        None  # called after each piece of work (a walker step, a seed pass): a progress bar
+    )
     opts: SpanOptions = DEFAULTS  # the search's options (the prefix seeds read their shape here)
 
     @property
@@ -82,8 +85,8 @@ class Stage:
 def setup_stage(
     res: Residual,
     check: CLSCheck,
-    cands_of: Any,
-    specials: Any,
+    cands_of: Callable[[Span], list[Tensor]],
+    specials: Specials,
     rng: np.random.Generator,
     carried: dict[int, list[int]],
     opts: SpanOptions,
@@ -139,7 +142,7 @@ def setup_stage(
 
 def search_stage(
     stage: Stage,
-    specials: Any,
+    specials: Specials,
     carried: dict[int, list[int]],
     budget: int,
     seeds: bool = False,
@@ -321,10 +324,10 @@ def best_guesses(stage: Stage) -> list[list[int]]:
 
 
 def peel_search(
-    obs: Any,
+    obs: Observation,
     res: Residual,
-    cands_of: Any,
-    specials: Any,
+    cands_of: Callable[[Span], list[Tensor]],
+    specials: Specials,
     opts: SpanOptions,
     *,
     seed: int,
@@ -446,7 +449,7 @@ def _shares(walkers: list[Walker], where: PositionPrior, sep: int | None) -> lis
     return [0.1 + (float((1 - where.cost[w.n - 1, sep]).clamp(0, 1)) if w.n - 1 < T else 0.0) for w in walkers]
 
 
-def length_walkers(cands: list[Tensor], specials: Any, rng: np.random.Generator, kick: int) -> list[Walker]:
+def length_walkers(cands: list[Tensor], specials: Specials, rng: np.random.Generator, kick: int) -> list[Walker]:
     """One walker per length hypothesis n: [SEP] passes layer 1 at n - 1 (or n is the last position
     with candidates), [CLS] at 0, every content position has a candidate."""
     T = last_position(cands)

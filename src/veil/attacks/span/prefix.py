@@ -20,16 +20,20 @@ the full context fixing the early tokens) a few times. Counted work throughout, 
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING
 
 import torch
 from torch import Tensor
 
+from veil.attacks.span.core import Specials
 from veil.attacks.span.options import DEFAULTS
-from veil.attacks.span.score import Objective
+from veil.attacks.span.score import Objective, PositionPrior
+
+if TYPE_CHECKING:
+    from veil.attacks.span.peel import Stage
 
 
-def ranked_tokens(cands: list[Tensor], prior: Any, special: set[int]) -> list[list[int]]:
+def ranked_tokens(cands: list[Tensor], prior: PositionPrior, special: set[int]) -> list[list[int]]:
     """Per position, its content candidates by the position prior's cost (stable: ties keep the
     vocabulary's order), or in the vocabulary's order without a prior."""
     out = []
@@ -45,7 +49,7 @@ class PrefixSeeder:
     """Beam-grown prefixes and their whole-sentence repair (`prefix_seed`), with the counted work.
     `hits`: the sentences that passed the exact check, in the order found."""
 
-    def __init__(self, stage: Any, specials: Any) -> None:
+    def __init__(self, stage: Stage, specials: Specials) -> None:
         self.stage, self.specials = stage, specials
         # the search's shape (`SpanOptions.prefix_*`): candidates per position (the position prior's
         # likeliest tokens), prefixes kept per step, lengths of a grown path repaired (its closest
@@ -142,8 +146,8 @@ class PrefixSeeder:
 
 
 def prefix_seed(
-    stage: Any,
-    specials: Any,
+    stage: Stage,
+    specials: Specials,
     budget: int,
     tol2: float,
     tol_cls: float,

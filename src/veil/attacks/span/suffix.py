@@ -28,11 +28,12 @@ of several sentences of the same length at most one is found per pass. Figures: 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING
 
 import torch
 from torch import Tensor
 
+from veil.attacks.span.core import Specials
 from veil.attacks.span.score import Objective
 from veil.attacks.span.walker import IMPROVE
 
@@ -47,6 +48,9 @@ LOCAL = 2.5
 
 #: how close to its rank limit an exact MLP span has the growth run first (`Growth.first`)
 NEAR = 0.85
+
+if TYPE_CHECKING:
+    from veil.attacks.span.peel import Stage
 
 
 @dataclass
@@ -82,7 +86,7 @@ class SuffixSeeder:
     (`steps`: sentences scored, part of the stage's); `hits`: sentences that passed the exact
     check, in the order found."""
 
-    def __init__(self, stage: Any, specials: Any, tol_cls: float = 0.0) -> None:
+    def __init__(self, stage: Stage, specials: Specials, tol_cls: float = 0.0) -> None:
         self.stage, self.specials, self.tol_cls = stage, specials, tol_cls
         special = {v for v in (specials.sep, specials.cls, specials.pad) if v is not None}
         self.content = [
@@ -149,7 +153,7 @@ class SuffixSeeder:
 
 
 def suffix_seed(
-    stage: Any, specials: Any, budget: int, tol_cls: float, growth: Growth | None = None
+    stage: Stage, specials: Specials, budget: int, tol_cls: float, growth: Growth | None = None
 ) -> list[list[int]]:
     """Grow one sentence from its end for every length hypothesis of the stage (shortest first),
     check each with the exact [CLS] test, restart each length's walker from its grown sentence;
