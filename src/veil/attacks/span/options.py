@@ -24,6 +24,11 @@ class SpanOptions(Options):
     tol_ln: float = option(1e-6, "cosine floor of the LayerNorm pins (MiniLM: true pins <= 6e-8, false >= 1e-5)")
     peel: bool = option(True, "encoder classifiers: peel one exact sentence at a time (needs the batch size)")
     tol_cls: float = option(1e-4, "last-block span distance below which a peeled sentence is exact")
+    cls_fill: float = option(
+        0.875,
+        "mean pooling: the exact test applies while the last block's Q-gradient span keeps at most this "
+        "fraction of the width (every token's row reaches the loss, so its rank grows with B*T)",
+    )
     prior_weight: float = option(0.2, "weight of the position prior where the layer-2 span is crowded")
     mlp_blocks: int = option(
         1,

@@ -371,7 +371,7 @@ def peel_search(
         bar.update(done[0] + s.scored - bar.n)
 
     while res.left > 0 and steps < budget:
-        check = CLSCheck(res)
+        check = CLSCheck(res, max_fill=opts.cls_fill)
         if not check.usable:
             if not found:
                 return None
