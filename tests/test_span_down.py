@@ -79,3 +79,26 @@ def test_a_repeated_first_token_passes_the_span_test_but_has_rank_one() -> None:
     down = down_modules(model)[0]
     assert activation_rank(model, down, [101] * 6) == 1
     assert activation_rank(model, down, _batch(1, 6)["input_ids"][0].tolist()) == 6
+
+
+@pytest.mark.parametrize(("name", "fast"), [("transformer4", "embed"), ("llama-tiny", "shared")])
+def test_row_scoring_agrees_with_the_full_pass_and_takes_the_fast_path_where_it_holds(name: str, fast: str) -> None:
+    """Each candidate is scored at its own row (`down_rows`): the distances match the full forward
+    pass's, an absolute-position encoder takes the one-row path, RoPE falls back to shared rows."""
+    from veil.attacks.span.checks import row_span
+    from veil.attacks.span.down import down_modules
+    from veil.attacks.span.down_rows import row_activation
+    from veil.attacks.span.down_search import RowScorer
+
+    model, batch = _model(name), _batch(3, 8)
+    model.eval()
+    down = down_modules(model)[0]
+    span = row_span(torch.randn(16, down.weight.shape[1], generator=torch.Generator().manual_seed(1)).double(), k=None)
+    scorer = RowScorer(model, down, span, limit=10**6)
+    t = 7 if model.causal else 3  # a prefix search scores its last column
+    cand = batch["input_ids"][:1].expand(VOCAB, -1).clone()
+    cand[:, t] = torch.arange(VOCAB)
+    got = scorer(cand, t)
+    plain = row_activation(model, cand, t, down, "plain")[:, 0]
+    want = (1 - ((plain @ scorer.basis).pow(2).sum(-1) / plain.pow(2).sum(-1))).clamp_min(0).sqrt()
+    assert scorer.mode == fast and torch.allclose(got, want, atol=1e-4)
