@@ -38,11 +38,15 @@ class TaskSummary(TypedDict, total=False):
     skipped: dict[str, str]  # attack -> why it did not apply
     blocked: dict[str, dict[str, str]]  # defense -> attack -> why the defense closed its channel
     overhead: dict[str, float]  # defense -> step time relative to no defense
+    overhead_spread: dict[str, list[float]]  # defense -> quartiles of the step-by-step ratios
     step_seconds: dict[str, float]
     attacker_knows: dict[str, str]  # attack -> what it uses
     worst_case: dict[str, dict[str, Any]]  # defense -> the verdict (`veil.metrics.leakage.worst_case`)
     budget: ByDefense  # defense -> attack -> budget_used, budget_used_max, budget_stopped
     census: dict[str, Any]  # defense -> what the server sees, parameter by parameter
+    federated: dict[str, Any]  # fedavg: the federated settings the runs used
+    server_saw: list[str]  # fedavg: what the server saw of the audited updates
+    figure: str  # fedavg: the per-round figure, relative to the audit folder
     rounds: dict[str, list[dict[str, Any]]]  # fedavg: defense -> per round
     clients: dict[str, dict[str, Any]]  # fedavg: defense -> per audited client
     bytes: dict[str, dict[str, float]]  # fedavg: defense -> bytes_total, bytes_per_round

@@ -220,7 +220,12 @@ def run_task(task: Task, s: Scenario, out: Path, progress: bool = False) -> dict
                 by_attack[a].append((row["round"], m))
         t["leakage"][dn] = {a: most_leaking(v) for a, v in by_attack.items()}
         t["budget"][dn] = budget(events)
-        errors = {e["attack"]: e["error"] for run in events for e in run if e.get("event") == "audit" and "error" in e}
+        errors = {  # why an attack gave no number: its error, or why it was skipped (e.g. the client's dropout)
+            e["attack"]: e.get("error", e.get("skipped"))
+            for run in events
+            for e in run
+            if e.get("event") == "audit" and ("error" in e or "skipped" in e)
+        }
         failed = {
             a: errors.get(a, "no audited update") for a in knows if a not in by_attack
         }  # e.g. AEGIS froze the layer it reads
