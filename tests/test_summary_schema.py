@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from veil.experiments.audit import run_audit
 from veil.experiments.scenario import Scenario, parse_scenario
 from veil.experiments.summary import build_summary, task_entry
 from veil.experiments.summary_schema import SCHEMA, summary_keys, task_keys
@@ -28,3 +29,26 @@ def test_the_summary_carries_its_schema(tmp_path: Path) -> None:
     summary = build_summary(s, tmp_path, [], {}, {}, {"veil": "0"})
     assert summary["schema"] == SCHEMA == 1
     assert set(summary) | {"over_budget"} <= summary_keys()
+
+
+def test_a_single_step_audit_writes_only_declared_keys(tmp_path: Path) -> None:
+    tiny = {
+        "name": "tiny",
+        "tasks": [
+            {
+                "name": "init",
+                "run": {
+                    "model": {"name": "vit-digits", "dim": 16, "depth": 1, "heads": 2},
+                    "data": {"name": "digits", "train_size": 64, "test_size": 32},
+                },
+                "weights": "init",
+                "defenses": ["none"],
+                "attacks": ["labels"],
+                "samples": 1,
+            }
+        ],
+    }
+    summary = run_audit(parse_scenario(tiny), tmp_path / "out", progress=False, jobs=1)
+    assert summary["schema"] == SCHEMA and set(summary) <= summary_keys()
+    assert set(summary["tasks"]["init"]) <= task_keys(), sorted(set(summary["tasks"]["init"]) - task_keys())
+    assert summary["tasks"]["init"]["leakage"]["none"]["labels"]["label_accuracy"] >= 0.0
