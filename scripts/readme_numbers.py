@@ -36,7 +36,7 @@ COMMAND = "veil audit --out runs/audit"
 #: the census block (every tensor, per defense) stays in report.md: too long for the README
 CENSUS = "What the server sees (census of the exported update)"
 #: columns that time the machine: they differ between two runs of one command, so they stay out
-TIMED = ("seconds", "step time vs none (median)", "client step")
+TIMED = ("seconds", "step time vs none (median)", "step time vs none (median, quartiles)", "client step")
 
 
 def replace_block(text: str, name: str, body: str) -> str:

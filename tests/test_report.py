@@ -47,6 +47,7 @@ def _task(model: str, data: str, util: dict[str, float], leak: dict, blocked: di
         "skipped": {},
         "blocked": blocked,
         "overhead": dict(zip(util, (1.0, 1.1503, 0.9921))),  # the ratios of three repeated runs
+        "overhead_spread": dict(zip(util, ([1.0, 1.0], [1.08, 1.26], [0.95, 1.04]))),
         "step_seconds": dict.fromkeys(util, 0.01),
         "attacker_knows": knows,
         "worst_case": {d: worst_case(leak.get(d, {}), knows, blocked.get(d)) for d in util},
@@ -400,6 +401,9 @@ def test_reconstructions_are_one_row_per_defense_in_table_order(
         assert all(d in labels for d in order), sorted(labels)
         heights = [labels[d] for d in order]
         assert heights == sorted(heights, reverse=True), "rows run top to bottom in the tables' order"
+        titles = [ax.get_title() for ax in grid.axes if ax.get_title()]
+        for text in [*rows, *titles]:  # a long name breaks after a comma, never inside a word
+            assert all(line.endswith(",") for line in text.split("\n")[:-1]), repr(text)
         images = [ax for ax in grid.axes if ax.get_images()]
         row_of = {round(ax.get_position().y0, 3) for ax in images}
         assert len(row_of) == len(order), "one row of images per defense, and one of originals"
@@ -445,7 +449,7 @@ def test_numbers_and_settings_read_as_the_evidence_allows(tmp_path: Path) -> Non
     psnr = [v for col, v in _columns(md) if col.startswith("psnr") and "exact" not in col]
     assert psnr and "inf" not in psnr, psnr
     assert "exact (∞)" in md
-    assert "1.150" not in md and "0.992" not in md and "| 1.2× |" in md and "| 0.99× |" in md
+    assert "1.150" not in md and "0.992" not in md and "| 1.2× (1.1-1.3) |" in md and "| 0.99× (0.95-1.0) |" in md
     blocks = summary_blocks(summary, tmp_path, examples)
     starts = [i for i, b in enumerate(blocks) if b[0] == "h3" and b[1].startswith("Every attack")]
     assert len(starts) == 2

@@ -123,10 +123,10 @@ def defense_grid(
     what the attack rebuilt against that defense; an empty slot shows its note (`notes[(row,
     column)]`: blocked, not applicable) or a dash. Images at `CELL_IN` inches, nearest neighbour."""
     notes = notes or {}
-    labels = [wrap(c, 16) for c in columns]
-    names = [wrap(d, 15) for d, _ in rows]
+    labels = [wrap(c, 24) for c in columns]
+    names = [wrap(d, 26) for d, _ in rows]
     head_in = 0.15 * max((lab.count("\n") + 1 for lab in labels), default=1) + 0.08
-    left_in = 0.2 + 0.075 * max(max((len(line) for n in names for line in n.split("\n")), default=8), 8)
+    left_in = 0.2 + 0.07 * max(max((len(line) for n in names for line in n.split("\n")), default=8), 8)
     cell_in, gap_in = GRID_CELL_IN, 0.1
     width = left_in + len(columns) * (cell_in + gap_in) + 0.1
     height = head_in + (len(rows) + 1) * (cell_in + gap_in) + 0.1

@@ -43,7 +43,7 @@ CSS = (
     "table.matrix td.v{color:#fff;font-weight:600;text-align:center}table.matrix td.acc{text-align:center;background:#f7f7f7}",
     "p.mtitle{margin:.6em 0 0}p.key{font-size:12px;margin:.2em 0 .8em}p.key span.k{padding:0 .4em;margin-right:.3em;color:#fff;white-space:nowrap}",
     *(f"td.v.{css_class(v)},p.key span.k.{css_class(v)}{{background:{COLOURS[v]}}}" for v in VERDICTS),
-    "td.v.not-run,p.key span.k.not-run{color:#333}",
+    "table.matrix td.v.not-run,p.key span.k.not-run{color:#333}",
 )
 
 

@@ -74,7 +74,7 @@ def task_blocks(name: str, t: dict[str, Any], out: Path, examples: list[dict[str
                 "defense",
                 "test accuracy" + (" (mean ± std over seeds)" if _seeds(t) > 1 else ""),
                 "perplexity",
-                "step time vs none (median)",
+                "step time vs none (median" + (", quartiles)" if t.get("overhead_spread") else ")"),
                 "client step",
             ],
             rows,
