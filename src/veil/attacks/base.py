@@ -149,6 +149,7 @@ OBSERVES: dict[str, str] = {
     "rounds": "one client's updates averaged over every round the server received one",
     "aggregate": "the difference of consecutive global models: the previous round's aggregate",
     "candidates": "a public pool of candidate inputs that holds the private ones",
+    "schedule": "how the client made its update (`LocalTraining`: optimiser, lr, steps, batch order)",
 }
 #: the views that make an update of each protocol: an attack applies to a protocol when it
 #: observes one of them (`protocols_for`)

@@ -172,7 +172,7 @@ class MultiStepInvertingGradients(Attack[IGFedAvgOptions]):
     """
 
     modality = "image"
-    observes = frozenset({"delta"})
+    observes = frozenset({"delta", "schedule"})
     protocol_why = "it simulates a client's multi-step FedAvg round; a single gradient is ig's"
     knows = (
         "the FedAvg update, the weights, and the local training the server configured (optimizer, lr, steps, batch size, "

@@ -53,10 +53,11 @@ from veil.flower.report import write_report
 from veil.io import append_events
 from veil.models.base import VeilModel
 
-#: attacks that need only a module's forward pass and last linear layer
-PLAIN_MODULE_ATTACKS = ("ig", "dlg", "labels")
+#: what `audited` hands an attack (`veil.attacks.base.OBSERVES`): one client's update, as a
+#: pseudo-gradient, and nothing else (no earlier rounds, no candidate pool, no local schedule)
+VIEWS = frozenset({"gradient", "delta"})
 
-__all__ = ["PLAIN_MODULE_ATTACKS", "AuditedStrategy", "ModuleModel", "audited"]
+__all__ = ["VIEWS", "AuditedStrategy", "ModuleModel", "audited"]
 
 
 class ModuleModel(VeilModel):
@@ -229,18 +230,27 @@ def audited(
         name = spec.pop("name", None)
         if not isinstance(name, str):
             raise VeilError("each attack is a name or a mapping with a 'name' key")
-        if not isinstance(model, VeilModel) and name not in PLAIN_MODULE_ATTACKS:
-            raise VeilError(
-                f"attack '{name}' does not support a plain nn.Module ({type(model).__name__}): it reads veil's model "
-                f"handles; on a plain module use {', '.join(PLAIN_MODULE_ATTACKS)}, or pass a veil model"
-            )
         attack = create_attack(name, **spec)
+        extra = sorted(attack.observes - VIEWS)
+        if extra:
+            raise VeilError(
+                f"attack '{name}' observes {', '.join(extra)}, which audited() does not hand it (one client's "
+                "update, nothing else); use an attack that reads that update alone"
+            )
         reason = attack.applies_to(veil_model)
+        if reason and not isinstance(model, VeilModel):
+            raise VeilError(
+                f"attack '{name}' does not support a plain nn.Module ({type(model).__name__}): {reason}; "
+                "pass a veil model for it"
+            )
         if reason:
             raise VeilError(f"attack '{name}' does not apply to {type(model).__name__}: {reason}")
         made.append((name, attack))
     shape = tuple(int(s) for s in input_shape) if input_shape is not None else None
-    if shape is None and any(n in ("ig", "dlg") for n, _ in made):
-        raise VeilError("audited(): ig / dlg rebuild images and need input_shape=(C, H, W)")
+    rebuild = [n for n, a in made if a.modality == "image"]
+    if shape is None and rebuild and not isinstance(model, VeilModel):  # a veil model knows its input geometry
+        raise VeilError(
+            f"audited(): {' / '.join(rebuild)} rebuild images of a plain module and need input_shape=(C, H, W)"
+        )
     know = Knowledge(batch_size=batch_size, input_shape=shape, seed=seed)
     return AuditedStrategy(strategy, veil_model, made, know, every, clients, Path(out), truth)
