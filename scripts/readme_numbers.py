@@ -4,7 +4,7 @@
     veil audit --out runs/audit                       # the README's quickstart command
     python scripts/readme_numbers.py runs/audit       # rewrite the README's blocks from that run
     python scripts/readme_numbers.py runs/audit --check   # exit 1 if the README differs from it
-    python scripts/readme_numbers.py runs/audit --wall 612 --load 3.1   # also the timing line
+    python scripts/readme_numbers.py runs/audit --wall 612 --load 3.1 --note "..."   # and the timing line
 
 Blocks (between <!-- NAME:start --> and <!-- NAME:end -->): `quickstart`, the report's
 defense x attack matrices and each task's tables without the census and without the columns that
@@ -104,11 +104,12 @@ def headline(summary: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
-def timing(wall: float, load: float) -> str:
-    """The README's timing line for one run of the quickstart command."""
+def timing(wall: float, load: float, note: str = "") -> str:
+    """The README's timing line for one run of the quickstart command (`note`: how loaded the
+    machine was while it ran, in words)."""
     return (
-        f"On this machine ({os.cpu_count()} cores) `{COMMAND}` took **{wall / 60:.0f} minutes** ({wall:.0f} s wall), "
-        f"started at a one-minute load of {load:.1f} (other jobs shared the cores), measured with `/usr/bin/time`."
+        f"On this machine ({os.cpu_count()} cores) `{COMMAND}` took **{wall / 60:.0f} minutes** ({wall:.0f} s wall, "
+        f"`/usr/bin/time`), started at a one-minute load of {load:.1f}" + (f"; {note}" if note else "") + "."
     )
 
 
@@ -142,6 +143,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--readme", type=Path, default=ROOT / "README.md")
     ap.add_argument("--wall", type=float, help="the run's wall seconds (with --load: rewrite the timing line)")
     ap.add_argument("--load", type=float, help="the one-minute load when the run started")
+    ap.add_argument("--note", default="", help="how loaded the machine was during the run, in words")
     args = ap.parse_args(argv)
     summary = load_run(args.run)
     text = args.readme.read_text()
@@ -158,7 +160,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"README.md matches {args.run}/summary.json")
         return 0
     if args.wall is not None and args.load is not None:
-        new = replace_block(new, "quickstart-time", timing(args.wall, args.load))
+        new = replace_block(new, "quickstart-time", timing(args.wall, args.load, args.note))
     args.readme.write_text(new)
     print(f"README.md updated from {args.run}/summary.json")
     return 0
