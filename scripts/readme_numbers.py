@@ -22,6 +22,7 @@ import argparse
 import json
 import os
 import sys
+import tempfile
 from pathlib import Path
 from typing import Any
 
@@ -60,10 +61,12 @@ def _untimed(b: tuple) -> tuple:
     return ("table", [b[1][j] for j in keep], [[row[j] for j in keep] for row in b[2]])
 
 
-def quickstart_tables(summary: dict[str, Any], out: Path) -> str:
+def quickstart_tables(summary: dict[str, Any]) -> str:
     """The matrices, then per task its verdict, utility and per-attack tables (Markdown)."""
     keep, skip = [], False
-    for b in summary_blocks(summary, out):
+    with tempfile.TemporaryDirectory() as scratch:  # the figures it draws are not kept
+        blocks = summary_blocks({**summary, "versions": summary.get("versions", {})}, Path(scratch))
+    for b in blocks:
         if b[0] == "h2" and b[1] == "Software":
             break
         if b[0] in ("h2", "h3"):
@@ -78,12 +81,11 @@ def quickstart_tables(summary: dict[str, Any], out: Path) -> str:
             keep.append(b)
         elif (b[0] == "h2" and b[1].startswith("Task")) or b[0] == "h3":
             keep.append(("p", f"**{b[1]}**"))
-    md = to_markdown(keep, out)
+    md = to_markdown(keep, Path("."))
     return (
-        md.rstrip()
-        + f"\n\n*Measured by `{COMMAND}` (the command above; platform {summary['versions'].get('platform', '?')}); "
-        "`python scripts/readme_numbers.py runs/audit` rewrites this block from that run's summary.json and "
-        "`--check` fails where they differ. Attack and step times are in report.md: they differ between runs.*"
+        md.rstrip() + f"\n\n*Measured by `{COMMAND}` (the command above); `python scripts/readme_numbers.py "
+        "runs/audit` rewrites this block from that run's summary.json and `--check` fails where they differ. "
+        "Attack and step times are in report.md: they differ between runs.*"
     )
 
 
@@ -117,7 +119,7 @@ def load_run(out: Path) -> dict[str, Any]:
     """The run's summary.json, refused in one line unless it is the embedded quickstart scenario."""
     from veil.experiments.scenario import default_scenario_path
 
-    path = out / "summary.json"
+    path = out if out.suffix == ".json" else out / "summary.json"
     if not path.is_file():
         raise SystemExit(f"'{path}' does not exist: run `{COMMAND}` first (its --out is the folder to give)")
     summary = json.loads(path.read_text())
@@ -132,13 +134,15 @@ def load_run(out: Path) -> dict[str, Any]:
 
 def render(text: str, summary: dict[str, Any], out: Path) -> str:
     """README text with the quickstart and headline blocks rendered from `summary`."""
-    text = replace_block(text, "quickstart", quickstart_tables(summary, out))
+    text = replace_block(text, "quickstart", quickstart_tables(summary))
     return replace_block(text, "headline", headline(summary))
 
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("run", type=Path, help="the folder of `veil audit --out FOLDER` (the quickstart scenario)")
+    ap.add_argument(
+        "run", type=Path, help="the folder of `veil audit --out FOLDER` (the quickstart scenario), or its summary.json"
+    )
     ap.add_argument("--check", action="store_true", help="exit 1 if README.md's blocks differ from the run")
     ap.add_argument("--readme", type=Path, default=ROOT / "README.md")
     ap.add_argument("--wall", type=float, help="the run's wall seconds (with --load: rewrite the timing line)")
@@ -146,23 +150,24 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--note", default="", help="how loaded the machine was during the run, in words")
     args = ap.parse_args(argv)
     summary = load_run(args.run)
+    source = args.run if args.run.suffix == ".json" else args.run / "summary.json"
     text = args.readme.read_text()
     new = render(text, summary, args.run)
     if args.check:
         stale = [name for name in ("quickstart", "headline") if block(text, name) != block(new, name)]
         if stale:
             print(
-                f"README.md differs from {args.run}/summary.json in: {', '.join(stale)} "
+                f"README.md differs from {source} in: {', '.join(stale)} "
                 f"(python scripts/readme_numbers.py {args.run} rewrites them)",
                 file=sys.stderr,
             )
             return 1
-        print(f"README.md matches {args.run}/summary.json")
+        print(f"README.md matches {source}")
         return 0
     if args.wall is not None and args.load is not None:
         new = replace_block(new, "quickstart-time", timing(args.wall, args.load, args.note))
     args.readme.write_text(new)
-    print(f"README.md updated from {args.run}/summary.json")
+    print(f"README.md updated from {source}")
     return 0
 
 

@@ -607,3 +607,19 @@ def test_readme_numbers_are_pasted_from_the_run_and_checked_against_it(
     readme.write_text(text.replace("119.1 dB", "118.5 dB", 1))
     assert rn.main([str(run), "--readme", str(readme), "--check"]) == 1
     assert "differs from" in capsys.readouterr().err
+
+
+def test_the_readme_quickstart_numbers_are_those_of_the_collected_quickstart_run() -> None:
+    """README.md's quickstart and headline blocks render from docs/results/quickstart.json, the
+    summary of a run of the README's command collected by the results book: a number typed by
+    hand, or a run re-collected without regenerating the README, fails here."""
+    root = Path(__file__).resolve().parent.parent
+    rn = _readme_numbers()
+    summary = rn.load_run(root / "docs" / "results" / "quickstart.json")
+    text = (root / "README.md").read_text()
+    fresh = rn.render(text, summary, root)
+    for name in ("quickstart", "headline"):
+        assert rn.block(text, name) == rn.block(fresh, name), (
+            f"README.md's {name} block differs from docs/results/quickstart.json: "
+            "python scripts/readme_numbers.py runs/audit (a fresh `veil audit --out runs/audit`) rewrites it"
+        )
