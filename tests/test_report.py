@@ -88,20 +88,26 @@ def summary_and_examples() -> tuple[dict[str, Any], dict[str, list[dict[str, Any
     digits["knowledge"] = {"labels": False, "batch_size": 1}
     digits["skipped"] = {"span-robust": "applies to a client that trains with dropout; this one trains without"}
     digits["attacker_knows"]["span-robust"] = "naive"
+    tokens = ("unshuffled_recovery", "exact_recovery", "rouge2", "bag_recall")  # the real table's width
     text_leak = {
         "none": {
             "presence": {"presence_f1": 1.0},
-            "span": {"token_recovery": 1.0, "rouge1": 1.0, "presence_f1": 0.97},
-            "tag(iterations=100)": {"token_recovery": 0.1, "rouge1": 0.3},
+            "span": {"token_recovery": 1.0, "rouge1": 1.0, "presence_f1": 0.97, "moved_tokens": 0.0}
+            | dict.fromkeys(tokens, 1.0),
+            "tag(iterations=100)": {"token_recovery": 0.1, "rouge1": 0.3, "moved_tokens": 0.0}
+            | dict.fromkeys(tokens, 0.1),
         },
         "mjp(gamma=0.5,window=8)": {
             "presence": {"presence_f1": 0.98},
-            "span-mjp": {"token_recovery": 0.7, "rouge1": 0.96, "presence_f1": 0.98},
-            "tag(iterations=100)": {"token_recovery": 0.0, "rouge1": 0.2},
+            "span-mjp": {"token_recovery": 0.7, "rouge1": 0.96, "presence_f1": 0.98, "moved_tokens": 7.5}
+            | dict.fromkeys(tokens, 0.7),
+            "tag(iterations=100)": {"token_recovery": 0.0, "rouge1": 0.2, "moved_tokens": 7.5}
+            | dict.fromkeys(tokens, 0.0),
         },
         "aegis": {
             "presence-adaptive": {"presence_f1": 0.35},
-            "tag(iterations=100)": {"token_recovery": 0.0, "rouge1": 0.01},
+            "tag(iterations=100)": {"token_recovery": 0.0, "rouge1": 0.01, "moved_tokens": 0.0}
+            | dict.fromkeys(tokens, 0.0),
         },
     }
     blocked = {"aegis": {"span": "the observation has no gradient for blocks.0.attn.qkv.weight (frozen)"}}
@@ -515,6 +521,8 @@ if (document.documentElement.scrollWidth > W + 1) out.push(`page wider than the 
 for (const e of document.body.querySelectorAll('*')) {
   const st = getComputedStyle(e);
   if (st.display === 'inline' || e.clientWidth === 0) continue;
+  const box = e.parentElement && e.parentElement.closest('div.scroll');
+  if (box) continue;  // inside a scroll box: it scrolls there (the box itself is checked)
   const r = e.getBoundingClientRect();
   if (r.right > W + 1) out.push(`past the window's right edge: ${e.tagName.toLowerCase()} (${Math.round(r.right)} > ${W})`);
   if (e.scrollWidth <= e.clientWidth + 1) continue;

@@ -117,6 +117,15 @@ def _names(escaped: str) -> str:
     return NAME.sub(keep, escaped)
 
 
+def header(text: str) -> str:
+    """A table's column header: a metric's name (`unshuffled_recovery`, `psnr (dB)`) may break
+    after its underscores, between its words, so a table of many metrics fits a narrow window;
+    any other header (a defense's label) is `inline` text."""
+    if re.fullmatch(r"[a-z0-9]+(_[a-z0-9]+)+( \([^()]*\))?", text):
+        return html.escape(text).replace("_", "_<wbr>")
+    return inline(text)
+
+
 def inline(text: str) -> str:
     """Escaped text with `code` spans and **bold**; names never break inside (see `_names`)."""
     parts = re.split(r"(`[^`]+`)", text)
@@ -156,7 +165,7 @@ def to_html(blocks: list[tuple]) -> str:
         elif kind == "pre":
             parts.append(f"<pre>{e(b[1])}</pre>")
         elif kind == "table":
-            head = "".join(f"<th>{inline(str(h))}</th>" for h in b[1])
+            head = "".join(f"<th>{header(str(h))}</th>" for h in b[1])
             body = "".join("<tr>" + "".join(cell(c) for c in row) + "</tr>" for row in b[2])
             parts.append(f"<div class='scroll'><table><tr>{head}</tr>{body}</table></div>")
         elif kind == "img":
