@@ -113,6 +113,7 @@ def test_rerun_recomputes_nothing(audit: tuple[Path, dict]) -> None:
     assert all(p.stat().st_mtime_ns == t for p, t in stamps.items())
 
 
+@pytest.mark.slow  # the default run keeps test_federated_audit's killed audit and test_resume's SIGKILLed run
 def test_killed_audit_resumes_with_identical_numbers(audit: tuple[Path, dict], tmp_path: Path) -> None:
     out, summary = audit
     env = {**os.environ, "FLWR_TELEMETRY_ENABLED": "0"}
@@ -176,6 +177,7 @@ def test_embedded_quickstart_parses() -> None:
     assert s.name == "quickstart" and {t.name for t in s.tasks} == {"digits-vit", "sst2-text"}
 
 
+@pytest.mark.slow  # the default run keeps test_audit_frozen's two-worker audit (same numbers as a run alone)
 def test_a_parallel_audit_gives_the_sequential_numbers(audit: tuple[Path, dict], tmp_path: Path) -> None:
     """--jobs 2 trains the runs and attacks the cells in two worker processes; every number but the
     wall-clock timings equals the sequential audit's."""

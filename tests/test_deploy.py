@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import json
 import re
-import statistics
 import time
 from pathlib import Path
 
@@ -59,8 +58,10 @@ def wait_for(pred, timeout: float, what: str, run=None) -> None:  # type: ignore
 
 
 def test_deployment_rounds_cost_training_plus_transfer(tmp_path: Path, silos: list[Path]) -> None:
-    """Same job (ViT digits, 3 silos, 4 rounds): every deployment round after the first within 2x
-    the simulation's mean round time (Ray, the same config)."""
+    """Same job (ViT digits, 3 silos, 4 rounds) as the simulation (Ray, the same config): every
+    deployment round sends the same messages, each carrying the whole model, and no more bytes than
+    the simulation's, so a round costs the training plus the transfer and nothing more (counted,
+    not timed; the round times are printed for the reader)."""
     from veil.federated.fedavg.runner import federate
 
     torch.set_num_threads(1)
@@ -72,9 +73,18 @@ def test_deployment_rounds_cost_training_plus_transfer(tmp_path: Path, silos: li
         assert c.submit(APP, {"config": str(CONFIG), "run-dir": str(tmp_path / "run")}) == 0
         left = c.alive()
     dep = round_seconds(tmp_path / "run")
-    ref = statistics.fmean(sim[1:])
-    print(f"simulation rounds {sim}, deployment rounds {dep}, ratio {[round(d / ref, 2) for d in dep[1:]]}")
-    assert len(dep) == 4 and all(d <= 2 * ref for d in dep[1:]), (sim, dep)
+    print(f"simulation rounds {sim} s, deployment rounds {dep} s")
+    model = sum(
+        t.numel() * t.element_size() for t in load_file(tmp_path / "run" / "checkpoints" / "model.safetensors").values()
+    )
+    sim_rounds, dep_rounds = (
+        [e for e in events(r) if e["event"] == "round"] for r in (tmp_path / "sim", tmp_path / "run")
+    )
+    assert [e["round"] for e in dep_rounds] == [e["round"] for e in sim_rounds] == [1, 2, 3, 4]
+    for s, d in zip(sim_rounds, dep_rounds):
+        assert d["clients"] == d["replies"] == s["clients"] == s["replies"] == 3, (s, d)
+        for way in ("bytes_down", "bytes_up"):  # the model to and from each client, framing no larger than Ray's
+            assert 3 * model <= d[way] <= s[way], (way, model, s, d)
     assert left and not c.alive()  # the cluster ran, and nothing of it outlives it
 
 
@@ -106,6 +116,7 @@ def test_killed_supernode_rejoins_and_trains_its_silo(tmp_path: Path, silos: lis
     assert not c.alive()
 
 
+@pytest.mark.ci_slow  # CI's slow stage: the deployment killed (its SuperLink) and resumed
 def test_superlink_restart_resumes_to_identical_weights(tmp_path: Path, silos: list[Path]) -> None:
     """The SuperLink is killed after round 2 and restarted on its --database: the SuperNodes stay
     (no re-registration), the killed `flwr run` exits non-zero, and the resubmitted run resumes from

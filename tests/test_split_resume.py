@@ -174,6 +174,7 @@ def test_split_protocols_interrupted_resume_bit_for_bit(
 
 
 @pytest.mark.slow
+@pytest.mark.ci_slow  # CI's slow stage: the one split run killed for real (SIGKILL) and rerun
 def test_veil_split_killed_and_rerun_ends_on_the_uninterrupted_weights(tmp_path: Path) -> None:
     """`veil split` SIGKILLed after a random number of checkpoints, then the same command again
     (new processes: `split.secret=seeded`, so the keys of the three processes agree)."""
