@@ -16,6 +16,7 @@ import math
 import multiprocessing as mp
 import os
 import platform
+import statistics
 import sys
 import threading
 import time
@@ -282,6 +283,12 @@ def _reusable(path: Path) -> bool:
     return False
 
 
+def _quartiles(times: list[float], reference: list[float]) -> list[float]:
+    """The lower and upper quartile of the round-by-round ratios times / reference."""
+    q = statistics.quantiles([t / r for t, r in zip(times, reference)], n=4)
+    return [q[0], q[2]]
+
+
 def _overhead(task: Task, out: Path, seed: int) -> dict[str, float]:
     """Step time per defense relative to none, measured once per task and cached; none is
     measured beside the defenses even where the task does not train it (its step needs no run)."""
@@ -299,10 +306,12 @@ def _overhead(task: Task, out: Path, seed: int) -> dict[str, float]:
         models[label(d)] = (model, defenses)
     assert data is not None
     batch = private_batches(data.train, min(32, len(data.train["labels"])), 1, seed)[0]
-    seconds = step_overhead(models, batch)
+    rounds: dict[str, list[float]] = {}
+    seconds = step_overhead(models, batch, rounds=rounds)
     result = {
         "seconds": seconds,
         "ratio": {k: v / seconds["none"] for k, v in seconds.items() if k in trained},
+        "ratio_spread": {k: _quartiles(v, rounds["none"]) for k, v in rounds.items() if k in trained},
         "batch_size": len(batch["labels"]),
     }
     path.parent.mkdir(parents=True, exist_ok=True)

@@ -80,12 +80,17 @@ def run_cell(
 
 
 def step_overhead(
-    models: dict[str, tuple[VeilModel, list[Defense]]], batch: dict[str, Tensor], repeats: int = 15
+    models: dict[str, tuple[VeilModel, list[Defense]]],
+    batch: dict[str, Tensor],
+    repeats: int = 15,
+    rounds: dict[str, list[float]] | None = None,
 ) -> dict[str, float]:
     """Median seconds of one client step (forward, backward, defense, export) per defense,
     interleaved in one run so the machine's noise hits all alike (ratios are what count); the
-    order alternates each round so no defense always runs right after another."""
-    times: dict[str, list[float]] = {k: [] for k in models}
+    order alternates each round so no defense always runs right after another. `rounds`, if
+    given, receives every round's seconds per defense (for the spread of the ratios)."""
+    times: dict[str, list[float]] = {} if rounds is None else rounds
+    times.update({k: [] for k in models})
     for r in range(repeats + 1):
         for k, (m, ds) in list(models.items()) if r % 2 else list(models.items())[::-1]:
             m.train()

@@ -11,7 +11,9 @@ summary["tasks"][task]:
   skipped[attack]           why an attack did not apply (to the model: decided before training)
   blocked[defense][attack]  why an attack could not run on a defended update (e.g. AEGIS froze
                             the layer it reads): the defense closed that channel
-  overhead[defense]         step time relative to no defense; step_seconds[defense] absolute
+  overhead[defense]         step time relative to no defense (median over interleaved steps);
+                            overhead_spread[defense] the quartiles of the step-by-step ratios;
+                            step_seconds[defense] absolute
   attacker_knows[attack]    what each attack uses (its `knows`: naive, or which part of the mechanism)
   worst_case[defense]       the verdict: the attack that rebuilt the most (veil.metrics.leakage),
                             keys attack, knows, metric, value, region, score, beside, ranking, blocked
@@ -142,6 +144,7 @@ def build_summary(
             t["worst_case"][d] = worst_case(t["leakage"].get(d, {}), t["attacker_knows"], t["blocked"].get(d))
         t["overhead"] = overhead.get(task.name, {}).get("ratio", {})
         t["step_seconds"] = overhead.get(task.name, {}).get("seconds", {})
+        t["overhead_spread"] = overhead.get(task.name, {}).get("ratio_spread", {})
         tasks[task.name] = t
     return {
         "schema": SCHEMA,

@@ -39,7 +39,6 @@ class TaskSummary(TypedDict, total=False):
     blocked: dict[str, dict[str, str]]  # defense -> attack -> why the defense closed its channel
     overhead: dict[str, float]  # defense -> step time relative to no defense
     overhead_spread: dict[str, list[float]]  # defense -> quartiles of the step-by-step ratios
-    overhead_spread: dict[str, list[float]]  # defense -> quartiles of the step-by-step ratios
     step_seconds: dict[str, float]
     attacker_knows: dict[str, str]  # attack -> what it uses
     worst_case: dict[str, dict[str, Any]]  # defense -> the verdict (`veil.metrics.leakage.worst_case`)
