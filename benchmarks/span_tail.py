@@ -118,6 +118,8 @@ def summarise(rows: list[dict[str, Any]], args: argparse.Namespace, budget: dict
         f"--samples {args.samples} --seed {args.seed} --out OUT".replace("  ", " "),
         "batch": args.batch_size,
         "samples": len(rows),
+        "planned": args.samples,
+        "indices": [r["index"] for r in rows],
         "budget": budget,
         "wall_p50": quantile(wall, 0.5),
         "wall_p95": quantile(wall, 0.95),
@@ -151,13 +153,14 @@ def main() -> None:
         "--part", default="0/1", help="K/N: measure the batches i with i %% N == K (N processes side by side)"
     )
     ap.add_argument("--indices", default="", help="A-B: measure these batches (with --part K/N: summarise nothing)")
+    ap.add_argument("--report", action="store_true", help="measure nothing: summarise the batches in --rows so far")
     ap.add_argument("--write", action="store_true", help="splice the span-tail section into docs/results.md")
     ap.add_argument("overrides", nargs="*", help="config key=value and attack.KEY=VALUE, as veil attack takes them")
     args = ap.parse_args()
     args.overrides = ["model.dropout=0", *args.overrides]
     name = args.name or "-".join([f"b{args.batch_size}", f"n{args.samples}", *args.overrides[1:]])
     rows_path = Path(args.rows or f"/tmp/span_tail_{name.replace('/', '_')}.jsonl")
-    rows = run_rows(args, rows_path)
+    rows = sorted(read_rows(rows_path), key=lambda r: r["index"]) if args.report else run_rows(args, rows_path)
     if (
         args.part != "0/1" or args.indices
     ):  # one part of several: its rows are in the file; a run without --part summarises
@@ -166,7 +169,8 @@ def main() -> None:
     from veil.attacks import create_attack
     from veil.commands.attack import split_overrides
 
-    budget = create_attack("span", **split_overrides(args.overrides)[1]).budget()
+    o = create_attack("span", **split_overrides(args.overrides)[1]).options
+    budget = {"sentences_scored": o.budget, "block_rows": o.work * args.batch_size}  # per batch
     cell = summarise(rows, args, budget)
     print(json.dumps({k: v for k, v in cell.items() if k != "per_batch"}, indent=1))
     sys.path.insert(0, str(ROOT))

@@ -21,7 +21,7 @@ def _cell_rows(doc: dict[str, Any]) -> list[list[Any]]:
             [
                 name,
                 c["batch"],
-                c["samples"],
+                f"{c['samples']} of {c.get('planned', c['samples'])}",
                 f"{fmt(c['token_recovery'])} (sd {fmt(c['token_recovery_sd'])}, min {fmt(c['token_recovery_min'])})",
                 fmt(c["exact_recovery"], 2),
                 f"{c['cpu_p50']:.0f} / {c['cpu_p95']:.0f} / {c['cpu_max']:.0f}",
@@ -45,7 +45,7 @@ def _slowest(c: dict[str, Any], k: int = 5) -> str:
 
 
 def render(doc: dict[str, Any]) -> str:
-    header = ["cell", "batch", "draws", "token_recovery (mean, sd, min)", "exact", "CPU s p50 / p95 / max"]
+    header = ["cell", "batch", "draws measured", "token_recovery (mean, sd, min)", "exact", "CPU s p50 / p95 / max"]
     header += ["wall s p50 / p95 / max", "stopped by the budget", "wall > 300 s", "load average", "threads"]
     lines = [
         "### Span attack: seconds per batch and recovery over random draws (MiniLM, dropout 0)",
@@ -60,5 +60,13 @@ def render(doc: dict[str, Any]) -> str:
         "",
     ]
     for name, c in doc.items():
-        lines += [f"- `{name}`: `{c['cli']}` via `{c['command']}`; budget {c['budget']}. Slowest: {_slowest(c)}."]
+        stopped = [r for r in c["per_batch"] if r["budget_stopped"]]
+        exact = sum(r["exact_recovery"] == 1.0 for r in stopped)
+        idx = c.get("indices", [])
+        lines += [
+            f"- `{name}`: `{c['cli']}` via `{c['command']}`; budget {c['budget']}; draws measured (index in "
+            f"the seeded order): {', '.join(map(str, idx))}. Of the {len(stopped)} batches the budget stopped, "
+            f"{exact} came back exact all the same (the last sentence is the search's best guess, not verified "
+            f"by the exact test). Slowest by CPU s: {_slowest(c)}."
+        ]
     return "\n".join(lines)
