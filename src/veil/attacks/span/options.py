@@ -24,6 +24,11 @@ class SpanOptions(Options):
     tol_ln: float = option(1e-6, "cosine floor of the LayerNorm pins (MiniLM: true pins <= 6e-8, false >= 1e-5)")
     peel: bool = option(True, "encoder classifiers: peel one exact sentence at a time (needs the batch size)")
     tol_cls: float = option(1e-4, "last-block span distance below which a peeled sentence is exact")
+    tol_all: float = option(
+        1e-3,
+        "mean pooling: the exact test's tolerance on the largest of a sentence's last-block rows (float32 "
+        "rounding over every row of the sentence sits above tol_cls; one wrong token moves them far more)",
+    )
     cls_fill: float = option(
         0.875,
         "mean pooling: the exact test applies while the last block's Q-gradient span keeps at most this "

@@ -151,7 +151,8 @@ def search_stage(
     growth: Growth | None = None,
 ) -> list[int] | None:
     """Step the walkers by fair share of work until one sentence passes the exact check
-    (distance < `tol_cls`) or `budget` sentences are scored; returns that sentence or None.
+    (distance < `tol_cls`, with every row tested `tol_all`) or `budget` sentences are scored;
+    returns that sentence or None.
 
     Fair share: step the hypothesis whose work after this step would be the least (relative to its
     merit, `_merit`). Work = tokens scored + CALL_COST per scoring call; a first sweep's is estimated
@@ -171,7 +172,8 @@ def search_stage(
     else after prefix seeds that found nothing (`Growth.then`); docs/span.md tabulates this
     schedule and docs/results.md (span-scale, span-tail) what it recovers."""
     walkers, used = stage.walkers, stage.used
-    tol_cls, tol2, starts = stage.opts.tol_cls, stage.opts.tol2, stage.check_left + stage.opts.prefix_starts
+    tol_cls = stage.opts.tol_cls if stage.check.rows == "cls" else stage.opts.tol_all  # [CLS] row / every row
+    tol2, starts = stage.opts.tol2, stage.check_left + stage.opts.prefix_starts
     pending = [] if pending is None else pending
     for sent in list(pending):  # exact sentences a previous stage found beside the one it peeled
         pending.remove(sent)
