@@ -153,6 +153,7 @@ def main() -> None:
         "--part", default="0/1", help="K/N: measure the batches i with i %% N == K (N processes side by side)"
     )
     ap.add_argument("--indices", default="", help="A-B: measure these batches (with --part K/N: summarise nothing)")
+    ap.add_argument("--note", default="", help="what the cell's code differs in (rendered beside it)")
     ap.add_argument("--report", action="store_true", help="measure nothing: summarise the batches in --rows so far")
     ap.add_argument("--write", action="store_true", help="splice the span-tail section into docs/results.md")
     ap.add_argument("overrides", nargs="*", help="config key=value and attack.KEY=VALUE, as veil attack takes them")
@@ -172,6 +173,8 @@ def main() -> None:
     o = create_attack("span", **split_overrides(args.overrides)[1]).options
     budget = {"sentences_scored": o.budget, "block_rows": o.work * args.batch_size}  # per batch
     cell = summarise(rows, args, budget)
+    if args.note:
+        cell["note"] = args.note
     print(json.dumps({k: v for k, v in cell.items() if k != "per_batch"}, indent=1))
     sys.path.insert(0, str(ROOT))
     from veil.io import write_checked_text

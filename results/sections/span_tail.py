@@ -64,7 +64,8 @@ def render(doc: dict[str, Any]) -> str:
         exact = sum(r["exact_recovery"] == 1.0 for r in stopped)
         idx = c.get("indices", [])
         lines += [
-            f"- `{name}`: `{c['cli']}` via `{c['command']}`; budget {c['budget']}; draws measured (index in "
+            f"- `{name}`{' (' + c['note'] + ')' if c.get('note') else ''}: `{c['cli']}` via `{c['command']}`; "
+            f"budget {c['budget']}; draws measured (index in "
             f"the seeded order): {', '.join(map(str, idx))}. Of the {len(stopped)} batches the budget stopped, "
             f"{exact} came back exact all the same (the last sentence is the search's best guess, not verified "
             f"by the exact test). Slowest by CPU s: {_slowest(c)}."
