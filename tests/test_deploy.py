@@ -116,7 +116,6 @@ def test_killed_supernode_rejoins_and_trains_its_silo(tmp_path: Path, silos: lis
     assert not c.alive()
 
 
-@pytest.mark.ci_slow  # CI's slow stage: the deployment killed (its SuperLink) and resumed
 def test_superlink_restart_resumes_to_identical_weights(tmp_path: Path, silos: list[Path]) -> None:
     """The SuperLink is killed after round 2 and restarted on its --database: the SuperNodes stay
     (no re-registration), the killed `flwr run` exits non-zero, and the resubmitted run resumes from
