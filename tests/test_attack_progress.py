@@ -51,10 +51,9 @@ def test_span_shows_the_sentences_it_scored(capsys: pytest.CaptureFixture[str]) 
     assert "span" in err and "/3000" in err, err[-300:]
 
 
-def test_span_default_budget_is_a_fifth_of_the_old_one() -> None:
-    """MiniLM at batch 4 scored ~350 sentences a second in its first stages (issue 40's 7th update:
-    500,000 took tens of minutes); the default caps the search at 100,000, above what every
-    default-budget audit cell in docs/results.md spent (at most 25,000). It does not bound that
-    update's last stage, where the walkers score ~16 sentences a second: see the issue's note."""
-    assert create_attack("span").budget() == {"sentences_scored": 100_000}
-    assert create_attack("span-mjp").budget() == {"sentences_scored": 100_000}
+def test_span_default_budget_bounds_sentences_and_block_rows() -> None:
+    """The default caps the search at 100,000 scored sentences (a fifth of the old 500,000) and
+    at 400,000 block-rows per batch sentence: the second unit bounds the last stage of a slow
+    update, where each scored sentence costs a whole row of block 1 (docs/span.md)."""
+    for name in ("span", "span-mjp"):
+        assert create_attack(name).budget() == {"sentences_scored": 100_000, "block_rows": 400_000}
