@@ -182,8 +182,8 @@ ATTACKS: Registry[Attack] = Registry(
 #: model tuners a run applies after building its model (`train.lora`: `veil.models.lora`)
 TUNERS: Registry[Any] = Registry("tuner", modules=("veil.models.lora",))
 #: the protocols the audit engine hands a non-single-step task to (`veil.experiments.audit`): each
-#: registers an object with validate_task(task, s), run_task(task, s, out, progress) and
-#: report_blocks(t, out) (the report's blocks for its tasks)
+#: registers an object with validate_task(task, s) and run_task(task, s, out, progress), which
+#: returns the task's data; `veil.report.protocols` renders it
 PROTOCOLS: Registry[Any] = Registry(
     "protocol", modules=("veil.federated.fedavg.audit", "veil.federated.split.audit", "veil.experiments.dp_audit")
 )

@@ -270,7 +270,3 @@ class DPAuditProtocol:
 
     validate_task = staticmethod(validate_task)
     run_task = staticmethod(run_task)
-
-    @staticmethod
-    def report_blocks(t: dict[str, Any], out: Path) -> list[tuple]:
-        return []  # the report renders a task's dp_audit / membership tables itself (`veil.report.dp_audit`)

@@ -15,7 +15,6 @@ import yaml
 
 from veil.io import atomic_write_text
 from veil.metrics.leakage import cell_leakage, describe, fmt
-from veil.registry import PROTOCOLS
 from veil.report.census import census_blocks
 from veil.report.dp_audit import audit_blocks, claim_note
 from veil.report.figures import CAP_DB, defense_grid, privacy_utility
@@ -23,6 +22,7 @@ from veil.report.headline import IMAGE_BANDS, TEXT_BANDS, glance_blocks
 from veil.report.markup import to_html, to_markdown
 from veil.report.matrix import VERDICTS, attacks_of, cell_verdict, matrix_block
 from veil.report.numbers import knowledge_text, mean_std, metric, ratio, seconds, seeds_text
+from veil.report.protocols import protocol_blocks
 from veil.report.tables import SCORE_TEXT, attack_tables
 
 Block = tuple  # the kinds are listed in veil.report.markup (h1-h3, p, pre, table, img, tokens, glance)
@@ -63,8 +63,7 @@ def task_blocks(name: str, t: dict[str, Any], out: Path, examples: list[dict[str
         spread = (t.get("overhead_spread") or {}).get(d)
         rows.append([d, acc, ppl, ratio(t["overhead"].get(d), spread), seconds(t["step_seconds"].get(d))])
     blocks += worst_case_blocks(t)
-    if t["protocol"] != "single-step":  # per round / per protocol: the protocol's own blocks
-        blocks += PROTOCOLS.create(t["protocol"]).report_blocks(t, out)
+    blocks += protocol_blocks(name, t, out)  # per round (fedavg) / per protocol (split)
     blocks += audit_blocks(name, t, out)  # claimed epsilon vs epsilon-hat, membership inference (if measured)
     blocks.append(("h3", "Utility and cost"))
     blocks.append(

@@ -54,7 +54,7 @@ from veil.experiments.summary import budget_rollup, task_entry
 from veil.federated.fedavg.config import federated_config
 from veil.federated.fedavg.runner import federate
 from veil.federated.fedavg.task import spec_from_raw
-from veil.metrics.leakage import cell_leakage, fmt, leak_text, worst_case
+from veil.metrics.leakage import cell_leakage, worst_case
 from veil.registry import PROTOCOLS
 
 DEFAULTS = {"backend": "inline", "secret": "seeded"}
@@ -237,7 +237,8 @@ def run_task(task: Task, s: Scenario, out: Path, progress: bool = False) -> dict
     t["server_saw"] = sorted(
         {str(e["server_saw"]) for run in events for e in run if e.get("event") == "audit" and "server_saw" in e}
     )
-    t["figure"] = plot_rounds(t["rounds"], out / "figures" / f"{_slug(task.name)}_rounds.png", task.name)
+    # where the report draws its per-round figure (`veil.report.protocols`): the engine records data only
+    t["figure"] = str(Path("figures") / f"{_slug(task.name)}_rounds.png") if any(t["rounds"].values()) else None
     return t
 
 
@@ -258,120 +259,9 @@ def _slug(text: str) -> str:
     return "".join(c if c.isalnum() or c in "-." else "_" for c in text).strip("_")
 
 
-def plot_rounds(rounds: dict[str, list[dict[str, Any]]], path: Path, title: str) -> str | None:
-    """Accuracy and worst-case leakage per round, one line per defense; the path, relative to the audit folder."""
-    import matplotlib  # loads only when a report draws this figure (not on every fedavg import)
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    if not any(rounds.values()):
-        return None
-    fig, (acc, leak) = plt.subplots(1, 2, figsize=(9.5, 3.4 + 0.25 * len(rounds)))
-    ylab, top = "worst-case leakage", 0.0
-    for d, rows in rounds.items():
-        acc.plot([r["round"] for r in rows], [r["test_accuracy"] for r in rows], marker=".", label=d)
-        pts = [
-            (r["round"], min(float(r["worst_case"]["value"]), 100.0))
-            for r in rows
-            if r["worst_case"] and r["worst_case"]["attack"]
-        ]
-        if pts:
-            metrics = {r["worst_case"]["metric"] for r in rows if r["worst_case"] and r["worst_case"]["attack"]}
-            ylab = "worst-case " + "/".join(sorted(metrics))
-            leak.plot(*zip(*pts), marker="o", label=d)
-            top = max(top, max(v for _, v in pts))
-    acc.set(xlabel="round", ylabel="test accuracy", title=f"{title}: utility", ylim=(0, 1))
-    # from 0, so that rounding-level wobbles of a failed attack do not look like signal
-    leak.set(
-        xlabel="round",
-        ylabel=ylab,
-        title="leakage of the strongest attack (up = worse)",
-        ylim=(0, max(1.0, top * 1.15)),
-    )
-    handles, names = acc.get_legend_handles_labels()
-    fig.legend(handles, names, loc="lower center", ncol=1, fontsize=8, frameon=False)
-    fig.tight_layout(rect=(0, 0.07 * len(rounds), 1, 1))
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=100)
-    plt.close(fig)
-    return str(Path("figures") / path.name)
-
-
-def report_blocks(t: dict[str, Any], out: Path) -> list[tuple]:
-    """report.md / report.html: the federated settings, accuracy and worst case per round, bytes, per client."""
-    f = t.get("federated", {})
-    blocks: list[tuple] = [
-        ("h3", "Federated training, audited round by round"),
-        (
-            "p",
-            f"{f.get('mode')} with {f.get('strategy')} on Flower ({f.get('backend')} backend): {f.get('clients')} clients, "
-            f"{f.get('partition')} partition (alpha {f.get('alpha')}), {f.get('rounds')} rounds, local epochs "
-            f"{f.get('local_epochs')}, local steps {f.get('local_steps') or 'all batches'}; the server audits "
-            f"{f.get('audit_clients')} client(s) every {f.get('audit_every')} round(s) on the updates it received. "
-            "A FedAvg update mixes several local steps: single-gradient attacks read it as the pseudo-gradient "
-            "(w - w_k) / (lr s); `ig-fedavg` simulates the client's local steps (Geiping et al. 2020 sec. 5); "
-            "`multi-round` attacks a client's updates averaged over the rounds so far and `multi-round-global` the "
-            "difference of consecutive global models (one rebuild, scored against each audited client's samples). A low figure means these attacks, at "
-            "these budgets, failed on these updates, not that the updates are safe; a malicious server "
-            "(crafted weights) is not modelled.",
-        ),
-    ]
-    if t.get("server_saw"):
-        secure = (
-            " under Flower's SecAgg+ (`federated.secagg`): the server holds no individual update"
-            if f.get("secagg")
-            else ""
-        )
-        blocks.append(
-            (
-                "p",
-                f"Threat model of every figure below{secure}: the server saw {'; '.join(t['server_saw'])}. The worst "
-                "case per round is the strongest attack on that view, with what its attacker knows.",
-            )
-        )
-    if t.get("figure"):
-        blocks.append(
-            (
-                "img",
-                out / t["figure"],
-                "Accuracy (left) and the strongest attack's leakage (right) per round, one line per defense.",
-            )
-        )
-    rows = []
-    for d, rs in t["rounds"].items():
-        for r in rs:
-            wc = r["worst_case"]
-            leak = f"`{wc['attack']}`: {leak_text(wc)}" if wc and wc["attack"] else "—"
-            rows.append(
-                [
-                    d,
-                    r["round"],
-                    fmt(r["test_accuracy"]),
-                    fmt(r["train_loss"]) if r["train_loss"] is not None else "—",
-                    int(r["bytes_down"] + r["bytes_up"]),
-                    leak,
-                ]
-            )
-    blocks.append(
-        ("table", ["defense", "round", "test accuracy", "train loss", "bytes", "worst case this round"], rows)
-    )
-    rows = [[d, int(b["bytes_total"]), int(b["bytes_per_round"])] for d, b in t["bytes"].items()]
-    blocks.append(("table", ["defense", "bytes (all rounds, down + up)", "bytes per round"], rows))
-    rows = []
-    for d, by in t["clients"].items():
-        for c, att in by.items():
-            for a, m in att.items():
-                cl = cell_leakage(m)
-                rows.append([d, c, a, int(m.get("round", 0)), leak_text(cl) if cl else "no metric"])
-    blocks.append(("table", ["defense", "client", "attack", "most-leaking round", "leakage"], rows))
-    return blocks
-
-
 @PROTOCOLS.register("fedavg", "FedAvg / FedProx on Flower, audited round by round by the curious server")
 class FedAvgProtocol:
     """What the audit engine calls for a `protocol: fedavg` task (`veil.experiments.audit`)."""
 
     validate_task = staticmethod(validate_task)
     run_task = staticmethod(run_task)
-    report_blocks = staticmethod(report_blocks)

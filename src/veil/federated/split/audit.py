@@ -50,7 +50,7 @@ from veil.federated.split.compare import cached_run
 from veil.federated.split.feature_audit import attack_features, victim_view
 from veil.federated.split.spec import permutes, split_spec_from_raw
 from veil.io import atomic_write_text
-from veil.metrics.leakage import fmt, worst_case
+from veil.metrics.leakage import worst_case
 
 PROTOCOLS = ("sl", "festa", "pfesta", "fl", "central")
 SENDS_FEATURES = ("sl", "festa", "pfesta")
@@ -183,42 +183,6 @@ def split_entry(runs: list[dict[str, Any]]) -> dict[str, Any]:
     return out
 
 
-def report_blocks(t: dict[str, Any], out: Path) -> list[tuple]:
-    """report.md / report.html: each protocol's metrics and bytes, and the feature attacks' PSNR side by side."""
-    tasks = sorted({k for e in t["split"].values() for k in e["metrics"]})
-    attacks = sorted({a for leak in t["leakage"].values() for a in leak})
-    rows = []
-    for d, e in t["split"].items():
-        leak = t["leakage"].get(d, {})
-        rows.append(
-            [
-                d,
-                *[fmt(e["metrics"].get(k, "—")) for k in tasks],
-                fmt(e.get("bytes_per_client", "—")),
-                fmt(e.get("paper_bytes_per_client", "—")),
-                *[fmt(leak[a]["psnr"]) if a in leak else "—" for a in attacks],
-            ]
-        )
-    names = next(iter(t["split"].values()))["metric_names"] if t["split"] else {}
-    head = [
-        "protocol",
-        *[f"{k} ({names.get(k, '')})" for k in tasks],
-        "bytes per client",
-        "paper formula",
-        *[f"PSNR {a}" for a in attacks],
-    ]
-    return [
-        ("h3", "Split learning: protocols, bytes and feature-space attacks"),
-        (
-            "p",
-            "Each protocol trained over Flower messages (bytes measured from the serialised messages, beside the paper's formula); "
-            "the feature attacks rebuild a client's private images from the head features the server receives "
-            "(permuted under p-FeSTA when the permutation defense is on). PSNR in dB; FL and central send no features.",
-        ),
-        ("table", head, rows),
-    ]
-
-
 #: the rows of p-FeSTA's Tables IV-V, and the feature attacks of `veil.federated.split.feature_audit`
 TABLE_PROTOCOLS = ["central", "fl", "sl", "festa", "pfesta"]
 TABLE_ATTACKS: list[Any] = [row_entry(row, settings) for row, settings in SPLIT_ROWS.items()]
@@ -253,5 +217,4 @@ class SplitProtocol:
 
     validate_task = staticmethod(validate_task)
     run_task = staticmethod(run_task)
-    report_blocks = staticmethod(report_blocks)
     scenario_from_run_config = staticmethod(scenario_from_run_config)
