@@ -109,8 +109,9 @@ def headline(summary: dict[str, Any]) -> str:
 def timing(wall: float, load: float, note: str = "") -> str:
     """The README's timing line for one run of the quickstart command (`note`: how loaded the
     machine was while it ran, in words)."""
+    took = f"{wall / 60:.0f} minutes" if wall >= 120 else f"{wall:.0f} seconds"
     return (
-        f"On this machine ({os.cpu_count()} cores) `{COMMAND}` took **{wall / 60:.0f} minutes** ({wall:.0f} s wall, "
+        f"On this machine ({os.cpu_count()} cores) `{COMMAND}` took **{took}** ({wall:.0f} s wall, "
         f"`/usr/bin/time`), started at a one-minute load of {load:.1f}" + (f"; {note}" if note else "") + "."
     )
 
