@@ -10,7 +10,7 @@ from typing import Any
 
 from results.notes import notes
 from results.tables import table
-from veil.report.dp_audit import bound_text, fmt_claim, slug, verdict
+from veil.report.dp_audit import bound_text, fmt_claim, membership_figures, slug, verdict
 
 NOTES = notes(__name__)
 SOURCES = ("dp-audit", "dp-audit-minilm", "bench/dp-audit-flower")
@@ -73,16 +73,7 @@ def mia_rows(t: dict[str, Any]) -> list[list[str]]:
     for d, attacks in t["membership"].items():
         for a, m in attacks.items():
             name = a if a != "lira" else f"lira ({int(m.get('references', 0))} refs)"
-            rows.append(
-                [
-                    f"`{d}`",
-                    name,
-                    f"{100 * m['tpr_at_0.001']:.2f}",
-                    f"{100 * m['tpr_at_0.01']:.2f}",
-                    f"{m['auc']:.3f}",
-                    f"{int(m['members'])} / {int(m['nonmembers'])}",
-                ]
-            )
+            rows.append([f"`{d}`", name, *membership_figures(m)])
     return rows
 
 

@@ -102,9 +102,14 @@ class PresenceOptions(Options):
 
 
 class ReadsEmbeddingRows:
-    """Where an attack on the token-embedding rows applies (an untied, trained table) and what it reads."""
+    """Where an attack on the token-embedding rows applies (an untied, trained table), what it
+    observes and what it reads."""
 
     name: str
+    modality = "text"
+    observes = frozenset({"gradient", "delta"})
+    closed_form = "one pass over the embedding rows"
+    needs_untied_embedding = True
 
     def applies_to(self, model: VeilModel) -> str | None:
         reason = super().applies_to(model)  # type: ignore[misc]
@@ -122,10 +127,6 @@ class PresenceAttack(ReadsEmbeddingRows, Attack[PresenceOptions]):
     """Token bag from the embedding gradient's row norms (options: `PresenceOptions`)."""
 
     knows = "the token-embedding gradient and the public vocabulary; not the defense (naive)"
-    modality = "text"
-    observes = frozenset({"gradient", "delta"})
-    closed_form = "one pass over the embedding rows"
-    needs_untied_embedding = True
 
     def _reconstruct(self, obs: Observation, know: Knowledge) -> Reconstruction:
         rel_tol, abs_tol = self.options.rel_tol, self.options.abs_tol

@@ -80,10 +80,6 @@ class SparseRowsAttack(ReadsEmbeddingRows, Attack[SparseRowsOptions]):
     """Token bag of every client in an aggregate (options: `SparseRowsOptions`)."""
 
     knows = "the token-embedding rows of the update (one client's or the aggregate), weight decay and quantization noise as mechanisms"
-    modality = "text"
-    observes = frozenset({"gradient", "delta"})
-    closed_form = "one pass over the embedding rows"
-    needs_untied_embedding = True
 
     def _reconstruct(self, obs: Observation, know: Knowledge) -> Reconstruction:
         embedding_row_norms(obs)  # the one-line refusals: tied, frozen, not a table

@@ -83,17 +83,18 @@ def membership_rows(t: dict[str, Any]) -> list[list[str]]:
     for d, attacks in t.get("membership", {}).items():
         for a, m in attacks.items():
             name = a if a != "lira" else f"lira (offline, {int(m.get('references', 0))} references)"
-            rows.append(
-                [
-                    d,
-                    name,
-                    f"{100 * m['tpr_at_0.001']:.2f}",
-                    f"{100 * m['tpr_at_0.01']:.2f}",
-                    f"{m['auc']:.3f}",
-                    f"{int(m['members'])} / {int(m['nonmembers'])}",
-                ]
-            )
+            rows.append([d, name, *membership_figures(m)])
     return rows
+
+
+def membership_figures(m: dict[str, Any]) -> list[str]:
+    """One membership attack's TPR at 0.1 % and 1 % FPR (in %), its AUC and the members / non-members it scored."""
+    return [
+        f"{100 * m['tpr_at_0.001']:.2f}",
+        f"{100 * m['tpr_at_0.01']:.2f}",
+        f"{m['auc']:.3f}",
+        f"{int(m['members'])} / {int(m['nonmembers'])}",
+    ]
 
 
 def roc_figure(curves: dict[str, list[list[float]]], path: Path, title: str) -> Path:
