@@ -51,7 +51,7 @@ class SpanAttack(Attack[SpanOptions]):
         it and a binding budget is spent exactly. And the block-rows the peeling search computes
         (`veil.attacks.span.work`), `work` per sentence of the batch last attacked (one before
         any): a call that would pass it is not made."""
-        return {"sentences_scored": self.options.budget, "block_rows": self.options.work * self._batch}
+        return {"sentences_scored": self.options.sentences(self._batch), "block_rows": self.options.work * self._batch}
 
     def reads(self, model: VeilModel) -> list[str]:
         """The first two attention layers' Q/K/V and the last one's Q, the token embedding (its
@@ -84,7 +84,7 @@ class SpanAttack(Attack[SpanOptions]):
 
                 cands = candidates(span1)
                 specials = Specials.of(model, know)
-                found, budget, peeled = None, o.budget, 0
+                found, budget, peeled = None, o.sentences(self._batch), 0
                 if model.task != "lm" and o.layernorm_positions:  # encoders: both searches read the pins
                     pins = pin_positions(obs, cands, o.tol_ln)
                 if model.task != "lm" and o.peel and know.batch_size:
@@ -146,7 +146,10 @@ class SpanAttack(Attack[SpanOptions]):
             work["block_rows"] = int(info["block_rows"])
         stopped = [
             u
-            for u, spent in (("sentences_scored", scored >= o.budget), ("block_rows", info.get("work_stopped")))
+            for u, spent in (
+                ("sentences_scored", scored >= o.sentences(self._batch)),
+                ("block_rows", info.get("work_stopped")),
+            )
             if spent
         ]
         stats.update(work=work, budget_stopped=bool(stopped))

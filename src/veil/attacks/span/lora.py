@@ -156,6 +156,7 @@ def lora_reconstruct(options: Any, obs: Observation, know: Knowledge) -> Reconst
     if max_len > limit:
         raise VeilError(f"span: max_len {max_len} exceeds the model's {limit} positions")
     seed = know.seed if o.seed is None else o.seed
+    budget = o.sentences(know.batch_size or 1)
     was = model.training
     model.eval()
     try:
@@ -166,9 +167,9 @@ def lora_reconstruct(options: Any, obs: Observation, know: Knowledge) -> Reconst
                 cands = [token_candidates(model, span1, o.tol1)] * max_len
             inp = SearchInput(model, span2, cands, Specials.of(model, know), o.tol2, know.batch_size)
             if model.task == "lm":
-                seqs, info = decoder_search(inp, beam=o.beam, budget=o.budget)
+                seqs, info = decoder_search(inp, beam=o.beam, budget=budget)
             else:
-                seqs, info = encoder_search(inp, seed=seed, restarts=o.restarts, sweeps=o.sweeps, budget=o.budget)
+                seqs, info = encoder_search(inp, seed=seed, restarts=o.restarts, sweeps=o.sweeps, budget=budget)
                 info = {"search": "assignment", **info}
     finally:
         model.train(was)
@@ -183,7 +184,7 @@ def lora_reconstruct(options: Any, obs: Observation, know: Knowledge) -> Reconst
         **info,
     }
     scored = int(info.get("sentences_scored", info.get("prefixes_tested", 0)))
-    stats.update(work={"sentences_scored": scored}, budget_stopped=scored >= o.budget)
+    stats.update(work={"sentences_scored": scored}, budget_stopped=scored >= budget)
     if not seqs:
         seqs = [[] for _ in range(know.batch_size or 1)]
     return Reconstruction(token_ids=seqs, token_set={int(v) for c in cands for v in c.tolist()}, stats=stats)

@@ -31,7 +31,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor, nn
 
-from veil.attacks.span.checks import CLSCheck, row_span
+from veil.attacks.span.checks import CLSCheck, RowCheck, row_span
 from veil.attacks.span.core import ACT_FLOATS, Span, model_device, rows_per_call
 from veil.attacks.span.residual import Residual
 from veil.attacks.span.rowwise import block1_row
@@ -82,7 +82,7 @@ class MLPScore(SentenceScore):
         model: VeilModel,
         spans: list[tuple[nn.Module, Span]],
         span2: Span,
-        check: CLSCheck,
+        check: CLSCheck | RowCheck,
         with_cls: bool = False,
         prior: PositionPrior | None = None,
     ) -> None:

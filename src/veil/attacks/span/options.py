@@ -34,6 +34,14 @@ class SpanOptions(Options):
         "mean pooling: the exact test applies while the last block's Q-gradient span keeps at most this "
         "fraction of the width (every token's row reaches the loss, so its rank grows with B*T)",
     )
+    row_check: bool = option(
+        True,
+        "peeling: where the last block's span leaves no gap (mean pooling, B*T near the width), test a sentence by "
+        "its token-embedding gradient rows instead (span.checks.RowCheck)",
+    )
+    tol_row: float = option(
+        1e-4, "the embedding-row test: relative mismatch of a token's row below which a sentence is exact"
+    )
     prior_weight: float = option(0.2, "weight of the position prior where the layer-2 span is crowded")
     mlp_blocks: int = option(
         1,
@@ -55,7 +63,13 @@ class SpanOptions(Options):
     )
     restarts: int = option(4, "restarts of the encoder assignment search")
     sweeps: int = option(12, "coordinate sweeps per restart of the encoder assignment search")
-    budget: int = option(100_000, "candidate sentences scored, all searches together (counted work, never seconds)")
+    budget: int | None = option(
+        None,
+        "candidate sentences scored, all searches together (counted work, never seconds); "
+        "unset: budget_per_sentence x the batch size, at least budget_floor",
+    )
+    budget_per_sentence: int = option(50_000, "the default budget's candidate sentences per sentence of the batch")
+    budget_floor: int = option(100_000, "the default budget's least candidate sentences")
     work: int = option(
         WORK,
         "peeling: block-rows computed per batch sentence (one token through one block; a backward pass counts 2)",
@@ -74,6 +88,13 @@ class SpanOptions(Options):
     prefix_worst: int = option(8, "prefix seeds: positions a repair round revisits (the worst by layer-2 distance)")
     prefix_starts: int = option(4, "prefix seeds: first tokens grown per stage beyond the sentences left")
     seed: int | None = option(None, "seed of the searches; unset: the knowledge's seed")
+
+    def sentences(self, batch_size: int) -> int:
+        """The sentences-scored budget of a batch of `batch_size`: `budget` where set, else
+        `budget_per_sentence` per sentence of the batch and at least `budget_floor`."""
+        if self.budget is not None:
+            return self.budget
+        return max(self.budget_floor, self.budget_per_sentence * max(1, batch_size))
 
 
 #: the defaults, for the parts of the search built on their own (tests, benchmarks)

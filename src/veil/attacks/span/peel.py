@@ -33,7 +33,7 @@ import torch
 from torch import Tensor
 
 from veil.attacks.base import Observation, work_bar
-from veil.attacks.span.checks import CLSCheck
+from veil.attacks.span.checks import CLSCheck, RowCheck, exact_check
 from veil.attacks.span.core import Span, Specials, last_position
 from veil.attacks.span.mlp import MLPScore, mlp_exact, mlp_fill, mlp_spans, mlp_usable
 from veil.attacks.span.options import DEFAULTS, SpanOptions
@@ -53,7 +53,7 @@ class Stage:
     """One sentence's search on the current residual: its spans, candidates, objective and the
     walkers of its length hypotheses, with the work each has used."""
 
-    check: CLSCheck
+    check: CLSCheck | RowCheck
     rank1: int
     rank2: int
     crowded: bool  # the layer-2 span alone no longer pins positions (codimension < width / 8)
@@ -84,7 +84,7 @@ class Stage:
 
 def setup_stage(
     res: Residual,
-    check: CLSCheck,
+    check: CLSCheck | RowCheck,
     cands_of: Callable[[Span], list[Tensor]],
     specials: Specials,
     rng: np.random.Generator,
@@ -172,7 +172,7 @@ def search_stage(
     else after prefix seeds that found nothing (`Growth.then`); docs/span.md tabulates this
     schedule and docs/results.md (span-scale, span-tail) what it recovers."""
     walkers, used = stage.walkers, stage.used
-    tol_cls = stage.opts.tol_cls if stage.check.rows == "cls" else stage.opts.tol_all  # [CLS] row / every row
+    tol_cls = stage.check.tol
     tol2, starts = stage.opts.tol2, stage.check_left + stage.opts.prefix_starts
     pending = [] if pending is None else pending
     for sent in list(pending):  # exact sentences a previous stage found beside the one it peeled
@@ -342,7 +342,7 @@ def peel_search(
     per-position candidates of a layer-1 span. Returns None if the check does not apply.
 
     Work, never time, orders and bounds the search, so the result does not depend on the machine
-    or its load: `opts.budget` caps the candidate sentences scored (all stages together) and
+    or its load: `opts.sentences(B)` caps the candidate sentences scored (all stages together) and
     `opts.work` x the batch size the block-rows their scoring computed (`veil.attacks.span.work`: what tracks the time a
     search takes); a hypothesis' work is the tokens it scored plus `CALL_COST` per scoring call.
     Where that would be passed the stage stops there and the search returns what it has: the
@@ -364,7 +364,7 @@ def peel_search(
     grown: dict[int, int] = {}  # first tokens the prefix seeds grew from, and how often
     note = None
     growth = Growth(on=opts.suffix_seeds)
-    budget = opts.budget
+    budget = opts.sentences(res.batch_size)
     bar = work_bar(budget, "span")  # sentences scored, all stages; shown where `attack_progress` is on
     done = [0]  # sentences scored by the stages before the current one
     meter = Meter(limit=opts.work * res.batch_size)
@@ -373,7 +373,7 @@ def peel_search(
         bar.update(done[0] + s.scored - bar.n)
 
     while res.left > 0 and steps < budget:
-        check = CLSCheck(res, max_fill=opts.cls_fill)
+        check = exact_check(res, opts)
         if not check.usable:
             if not found:
                 return None

@@ -10,7 +10,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from veil.attacks.span.checks import CLSCheck, row_span
+from veil.attacks.span.checks import CLSCheck, RowCheck, row_span
 from veil.attacks.span.core import Span, qkv_modules
 from veil.models.base import linear_weight
 
@@ -72,16 +72,13 @@ class Residual:
             for n, g in zip(params, grads)
         }
 
-    def peel(self, ids: list[int], check: CLSCheck) -> tuple[int, float]:
-        """Subtract sentence `ids` with the label that leaves the check's gradient at `check.rank_after`."""
-        name = self.names[id(check.module.weight)]
-        scale = float(torch.linalg.svdvals(self.grads[name])[0])
+    def peel(self, ids: list[int], check: CLSCheck | RowCheck) -> tuple[int, float]:
+        """Subtract sentence `ids` with the label that passes the check: the one that leaves the
+        Q gradient at `check.rank_after` (`CLSCheck`), or whose token rows match (`RowCheck`)."""
         best: tuple[float, int, dict[str, Tensor]] | None = None
         for y in range(int(getattr(self.model.classifier(), "out_features", 2))):
             g = self.sentence_grads(ids, y)
-            sv = torch.linalg.svdvals(self.grads[name] - g[name])
-            k = check.rank_after(len(ids))
-            r = float(sv[k] / max(scale, 1e-300)) if 0 <= k < len(sv) else 0.0
+            r = self._label_miss(ids, check, g)
             if best is None or r < best[0]:
                 best = (r, y, g)
         assert best is not None
@@ -89,3 +86,14 @@ class Residual:
             self.grads[n] -= g
         self.left -= 1
         return best[1], best[0]
+
+    def _label_miss(self, ids: list[int], check: CLSCheck | RowCheck, g: dict[str, Tensor]) -> float:
+        """How far subtracting the sentence's gradients `g` (one label's) is from what the true
+        label leaves: the relative singular value past the expected rank, or the row mismatch."""
+        if isinstance(check, RowCheck):
+            return check.rows_missed(ids, g[self.names[id(self.model.token_embedding().weight)]])
+        name = self.names[id(check.module.weight)]
+        scale = float(torch.linalg.svdvals(self.grads[name])[0])
+        sv = torch.linalg.svdvals(self.grads[name] - g[name])
+        k = check.rank_after(len(ids))
+        return float(sv[k] / max(scale, 1e-300)) if 0 <= k < len(sv) else 0.0

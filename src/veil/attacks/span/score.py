@@ -9,9 +9,9 @@ from enum import StrEnum
 from typing import Any
 
 import torch
-from torch import Tensor, nn
+from torch import Tensor
 
-from veil.attacks.span.checks import CLSCheck
+from veil.attacks.span.checks import CLSCheck, RowCheck, label_grads
 from veil.attacks.span.core import ACT_FLOATS, Span, model_device, recording_inputs, rows_per_call
 from veil.attacks.span.options import DEFAULTS
 from veil.attacks.span.residual import Residual
@@ -61,7 +61,7 @@ class SentenceScore:
         self,
         model: VeilModel,
         span2: Span,
-        check: CLSCheck,
+        check: CLSCheck | RowCheck,
         with_cls: bool = True,
         cls_weight: float = DEFAULTS.cls_weight,
         tok_grad: Tensor | None = None,
@@ -127,42 +127,30 @@ class SentenceScore:
         return c
 
     def _with_gradient(self, ids: Tensor) -> tuple[Tensor, Tensor]:
-        model = self.model
-        ids = ids.to(model_device(model))
-        mask = torch.ones_like(ids)
-        batch = {"input_ids": ids, "attention_mask": mask}
-        with recording_inputs([self.q2, self.check.module]) as seen, torch.enable_grad():
-            tok = model.token_embedding().weight.detach()[ids].requires_grad_(True)
-            logits = model.forward_from_embeddings(model.assemble(tok, model.position_embeddings(tok), batch), batch)
-            target = self.tok_grad[ids]  # (N, T, D)
-            tnorm = target.norm(dim=-1).clamp_min(1e-30)
-            best: Tensor | None = None
-            C = logits.shape[-1]
-            if C == 2:  # dl/dx = (p_1 - y) d(logit_1 - logit_0)/dx: one backward pass for both labels
-                (jac,) = torch.autograd.grad((logits[:, 1] - logits[:, 0]).sum(), tok)
-                p1 = logits.detach().softmax(-1)[:, 1]
-                grads = [(p1 - y)[:, None, None] * jac for y in range(2)]
-            else:
-                grads = [
-                    torch.autograd.grad(
-                        nn.functional.cross_entropy(
-                            logits, torch.full((len(ids),), y, device=ids.device), reduction="sum"
-                        ),
-                        tok,
-                        retain_graph=y < C - 1,
-                    )[0]
-                    for y in range(C)
-                ]
-            for g in grads:
-                e = ((g / self.batch_size - target).norm(dim=-1) / tnorm).clamp_max(self.cap).detach()
-                best = e if best is None else torch.where((e.sum(1) < best.sum(1))[:, None], e, best)
+        ids = ids.to(model_device(self.model))
+        assert self.tok_grad is not None
+        with recording_inputs([self.q2, self.check.module]) as seen:
+            grads = label_grads(self.model, ids)
+        target = self.tok_grad[ids]  # (N, T, D)
+        tnorm = target.norm(dim=-1).clamp_min(1e-30)
+        best: Tensor | None = None
+        for g in grads:
+            e = ((g / self.batch_size - target).norm(dim=-1) / tnorm).clamp_max(self.cap).detach()
+            best = e if best is None else torch.where((e.sum(1) < best.sum(1))[:, None], e, best)
         d2 = self.span2.distance(seen[id(self.q2)].double()).float()
-        dc = self.check.distance(seen[id(self.check.module)])
+        if isinstance(self.check, RowCheck):
+            dc = self.check.from_grads(ids, grads)
+        else:
+            dc = self.check.distance(seen[id(self.check.module)])
         assert best is not None
         return (d2 + best).cpu(), dc.cpu()
 
     def cls(self, ids: Tensor) -> float:
-        """The largest distance of sentences `ids` to the last block's span (`CLSCheck`)."""
+        """The largest exact-test distance of sentences `ids`: to the last block's span
+        (`CLSCheck`), or of their embedding rows (`RowCheck`, a backward pass too)."""
+        if isinstance(self.check, RowCheck):
+            self.meter.charge(len(ids), ids.shape[1], 3 * self.depth)
+            return float(self.check.sentences(self.model, ids).max())
         self.meter.charge(len(ids), ids.shape[1], self.depth)
         with torch.no_grad():
             z = _probe(self.model, [self.check.module], self.check.module, ids, torch.ones_like(ids))[
