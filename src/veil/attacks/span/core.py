@@ -15,18 +15,18 @@ function of one token and its position, so every candidate token is tested at ev
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import Any
 
 import torch
 from torch import Tensor, nn
 
 from veil.attacks.base import Knowledge, Observation
 from veil.attacks.presence import embedding_row_norms, present_tokens, special_ids
+from veil.attacks.span.options import DEFAULTS
 from veil.errors import VeilError
-from veil.models.base import VeilModel, linear_weight
+from veil.models.base import AttentionHandles, VeilModel, linear_weight
 
 
 # ----------------------------------------------------------------------------- spans
@@ -56,7 +56,7 @@ class Span:
         return res.norm(dim=-1) / x.norm(dim=-1).clamp_min(1e-30)
 
 
-def layer_span(obs: Observation, layer: int, rank_tol: float = 1e-6) -> Span:
+def layer_span(obs: Observation, layer: int, rank_tol: float = DEFAULTS.rank_tol) -> Span:
     """The span of layer `layer`'s attention inputs from its Q/K/V weight gradients."""
     model = obs.model
     layers = model.attention_layers()
@@ -78,7 +78,9 @@ def span_reads(model: VeilModel) -> list[str]:
     from veil.attacks.base import param_names
 
     layers = model.attention_layers()
-    mods: list[Any] = [m for att in layers[:2] for m in qkv_modules(att)] + ([layers[-1].q] if layers else [])
+    mods: list[nn.Module | Tensor] = [m for att in layers[:2] for m in qkv_modules(att)] + (
+        [layers[-1].q] if layers else []
+    )
     mods.append(model.token_embedding())
     if model.absolute_positions:
         mods.append(model.position_table())
@@ -86,7 +88,7 @@ def span_reads(model: VeilModel) -> list[str]:
     return param_names(model, [m.weight if isinstance(m, nn.Module) and hasattr(m, "weight") else m for m in mods])
 
 
-def qkv_modules(att: Any) -> list[nn.Module]:
+def qkv_modules(att: AttentionHandles) -> list[nn.Module]:
     """The distinct Q, K, V projections of one attention layer (GPT-2: one fused c_attn)."""
     return list({id(m): m for m in (att.q, att.k, att.v)}.values())
 
@@ -135,7 +137,7 @@ def recording_inputs(mods: list[nn.Module], stop: nn.Module | None = None) -> It
     `stop`, the forward pass ends (quietly) as soon as `stop` receives its input."""
     seen: dict[int, Tensor] = {}
 
-    def hook_for(m: nn.Module) -> Any:
+    def hook_for(m: nn.Module) -> Callable[[nn.Module, tuple[Tensor, ...]], None]:
         def hook(_m: nn.Module, args: tuple[Tensor, ...]) -> None:
             seen[id(m)] = args[0].detach()
             if m is stop:
@@ -166,12 +168,17 @@ def layer_inputs(model: VeilModel, ids: Tensor, mask: Tensor | None = None, laye
     return seen[id(q)]
 
 
+#: (token, position) pairs per layer-1 scoring call: a bound on one call's memory, not a tunable
+#: of the search (which pairs pass is decided by `tol`)
+PAIRS_PER_CALL = 8192
+
+
 def position_candidates(
     model: VeilModel,
     span: Span,
     max_len: int,
     tol: float,
-    chunk: int = 8192,
+    chunk: int = PAIRS_PER_CALL,
     max_per_position: int | None = None,
     vocab: Tensor | None = None,
 ) -> tuple[list[Tensor], list[Tensor]]:
@@ -201,10 +208,11 @@ def position_candidates(
     return found, fd
 
 
-def vocabulary(obs: Observation, know: Knowledge) -> Tensor | None:
+def vocabulary(obs: Observation, know: Knowledge, rel_tol: float = DEFAULTS.presence_tol) -> Tensor | None:
     """The tokens worth testing: the batch's bag from the token-embedding gradient (`presence`) plus
     the special tokens (a causal LM's final [SEP] gets no gradient); None (whole vocabulary) if that
-    gradient is not exported or the embedding is tied to the LM head."""
+    gradient is not exported or the embedding is tied to the LM head. A token is in the bag where
+    its row norm passes `rel_tol` x the largest (`SpanOptions.presence_tol`)."""
     if not obs.has_grad(obs.model.token_embedding()):
         return None
     try:
@@ -212,7 +220,7 @@ def vocabulary(obs: Observation, know: Knowledge) -> Tensor | None:
     except VeilError:
         return None
     extra = torch.tensor(special_ids(obs.model, know.tokenizer), dtype=torch.long)
-    return torch.unique(torch.cat([present_tokens(norms, 1e-7).cpu(), extra]))
+    return torch.unique(torch.cat([present_tokens(norms, rel_tol).cpu(), extra]))
 
 
 @dataclass
@@ -231,7 +239,9 @@ class Specials:
 
 
 # ----------------------------------------------------------------------------- encoder positions
-def pin_positions(obs: Observation, cands: list[Tensor], floor: float) -> tuple[list[Tensor], dict[int, int]] | None:
+def pin_positions(
+    obs: Observation, cands: list[Tensor], floor: float, slack_max: float = DEFAULTS.ln_slack
+) -> tuple[list[Tensor], dict[int, int]] | None:
     """Narrow an encoder's per-position candidates with the embedding LayerNorm's Jacobian.
 
     For ``h = LN(x)``, ``x = E[v] + P[t] + s``, ``c = x - mean(x)``, the backward pass gives
@@ -240,8 +250,10 @@ def pin_positions(obs: Observation, cands: list[Tensor], floor: float) -> tuple[
     sentences), ``dL/dE[v] = J(v, t)^T g`` and ``|cos(dL/dE[v], c(v, t))| ~< eps / (var + eps)``,
     while at any other position the cosine is generic (~1/sqrt(width)). Such a token is pinned to
     t and removed from every other position's candidates; tokens with no orthogonal position
-    occur at several positions and keep their layer-1 candidates. Returns (candidates, pins) or
-    None if the model has no embedding LayerNorm or the gradients are not exported.
+    occur at several positions and keep their layer-1 candidates. The cosine threshold is `floor`
+    (`SpanOptions.tol_ln`) plus that leak where the leak is below `slack_max`
+    (`SpanOptions.ln_slack`). Returns (candidates, pins) or None if the model has no embedding
+    LayerNorm or the gradients are not exported.
     """
     model = obs.model
     emb = model.token_embedding()
@@ -251,26 +263,33 @@ def pin_positions(obs: Observation, cands: list[Tensor], floor: float) -> tuple[
     if not any(len(c) for c in cands):
         return None
     toks = torch.unique(torch.cat([c for c in cands if len(c)]))
-    D = emb.weight.shape[1]
-    table = model.position_table().reshape(-1, D)[:T].double()
-    on = toks.to(emb.weight.device)
-    x = emb.weight[on].double()[None] + table[:, None] + model.segment_row().double()
-    c = x - x.mean(-1, keepdim=True)
-    var = c.pow(2).mean(-1)
-    g = obs.grad(emb)[on].double()
-    cos = ((c * g).sum(-1).abs() / (c.norm(dim=-1) * g.norm(dim=-1)).clamp_min(1e-300)).cpu()  # (T, V)
-    var, g = var.cpu(), g.cpu()
+    cos, var, g = _centred_cosines(obs, toks, T)
     col = {int(v): j for j, v in enumerate(toks.tolist())}
     allowed = torch.zeros(T, len(toks), dtype=torch.bool)
     for t, ct in enumerate(cands):
         allowed[t, [col[int(v)] for v in ct.tolist()]] = True
     eps = float(getattr(model.embedding_norm(), "eps", 1e-5))
     slack = eps / (var + eps)  # the LayerNorm's leak along its own input; trusted only where it is tiny
-    ok = allowed & (cos < torch.where(slack < 1e-3, slack, torch.zeros_like(slack)) + floor) & (g.norm(dim=-1) > 0)
+    ok = allowed & (cos < torch.where(slack < slack_max, slack, torch.zeros_like(slack)) + floor) & (g.norm(dim=-1) > 0)
     single = (ok.sum(0) == 1) | (allowed.sum(0) == 1)
     where = torch.where(ok.sum(0) == 1, ok.double().argmax(0), allowed.double().argmax(0))
     pins = {int(toks[j]): int(where[j]) for j in torch.nonzero(single).flatten().tolist()}
     return apply_pins(cands, pins), pins
+
+
+def _centred_cosines(obs: Observation, toks: Tensor, T: int) -> tuple[Tensor, Tensor, Tensor]:
+    """For each position t < T and token of `toks`: ``|cos(dL/dE[v], c(v, t))|`` (T, V), the
+    variance of the centred embedding-LayerNorm input (T, V), and the gradient rows (V, width)."""
+    model = obs.model
+    emb = model.token_embedding()
+    table = model.position_table().reshape(-1, emb.weight.shape[1])[:T].double()
+    on = toks.to(emb.weight.device)
+    x = emb.weight[on].double()[None] + table[:, None] + model.segment_row().double()
+    c = x - x.mean(-1, keepdim=True)
+    var = c.pow(2).mean(-1)
+    g = obs.grad(emb)[on].double()
+    cos = ((c * g).sum(-1).abs() / (c.norm(dim=-1) * g.norm(dim=-1)).clamp_min(1e-300)).cpu()  # (T, V)
+    return cos, var.cpu(), g.cpu()
 
 
 def apply_pins(cands: list[Tensor], pins: dict[int, int]) -> list[Tensor]:

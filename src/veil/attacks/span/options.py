@@ -87,6 +87,21 @@ class SpanOptions(Options):
     prefix_rounds: int = option(3, "prefix seeds: repair rounds per repaired sentence")
     prefix_worst: int = option(8, "prefix seeds: positions a repair round revisits (the worst by layer-2 distance)")
     prefix_starts: int = option(4, "prefix seeds: first tokens grown per stage beyond the sentences left")
+    presence_tol: float = option(
+        1e-7, "presence filter: a token is in the bag where its embedding-gradient row norm passes this x the largest"
+    )
+    ln_slack: float = option(
+        1e-3, "LayerNorm pins: the norm's leak along its own input, eps / (var + eps), widens tol_ln only below this"
+    )
+    pinned_share: float = option(
+        0.5, "prefix_seeds unset: seed where the LayerNorm pins at least this share of the layer-1 candidate tokens"
+    )
+    kick_prior: float = option(0.5, "peeling: share of a walker's kicked positions drawn from the position prior")
+    kick_top: int = option(3, "peeling: a kick's prior draw picks among the position's this many best tokens")
+    layouts: int = option(6, "encoder assignment search: sentence-length hypotheses tried (shortest first)")
+    layout_reach: int = option(
+        3, "encoder assignment search: [SEP] positions each sentence's length may take, at or above its bound"
+    )
     seed: int | None = option(None, "seed of the searches; unset: the knowledge's seed")
 
     def sentences(self, batch_size: int) -> int:
