@@ -16,7 +16,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from veil.attacks.span.options import DEFAULTS
+from veil.attacks.span.options import DEFAULTS, SpanOptions
 from veil.attacks.span.score import PositionPrior, SentenceScore
 
 #: what one scoring call costs beyond its tokens, in token evaluations: a call's fixed cost is
@@ -25,6 +25,9 @@ CALL_COST = 150
 #: relative margin of every objective comparison: 2**10 float32 ulps (~1.2e-4), far above the
 #: rounding of a float32 sum over a sentence, far below a real move's change (one wrong token: >= 1e-2)
 IMPROVE = 1024 * float(torch.finfo(torch.float32).eps)
+#: candidate sentences per scoring call as the work counts them (`Walker.work`: one `CALL_COST`
+#: per call of this many): an accounting unit and a memory bound, not a tunable of the search
+CHUNK = 2048
 
 
 def margin(f: float) -> float:
@@ -57,9 +60,19 @@ class Walker:
     sweeps on the way there cost k instead of every candidate per position."""
 
     def __init__(
-        self, sets: list[Tensor], rng: np.random.Generator, kick: int = DEFAULTS.kick, chunk: int = 2048
+        self,
+        sets: list[Tensor],
+        rng: np.random.Generator,
+        kick: int | None = None,
+        chunk: int = CHUNK,
+        *,
+        opts: SpanOptions = DEFAULTS,
     ) -> None:
-        self.sets, self.rng, self.kick, self.chunk = sets, rng, kick, chunk
+        """`sets`: each position's allowed tokens; `kick` (unset: ``opts.kick``) and the kicks'
+        draws from the position prior (``opts.kick_prior``, ``opts.kick_top``) come from `opts`."""
+        self.sets, self.rng, self.chunk = sets, rng, chunk
+        self.kick = opts.kick if kick is None else kick
+        self.kick_prior, self.kick_top = opts.kick_prior, opts.kick_top
         self.n = len(sets)
         self.allowed = [set(s.tolist()) for s in sets]
         self.free = [t for t, s in enumerate(sets) if len(s) > 1]
@@ -75,15 +88,17 @@ class Walker:
         self._wide = False  # the next sweep tries every candidate (a narrow sweep stalled)
         self.stopped = False  # a step's `limit` ran out inside its sweep
         self.kicks = 0  # local minima left by a kick
+        self._until: int | None = None  # `steps` at which the current step's limit runs out (None: no limit)
 
     def random(self) -> Tensor:
         return torch.tensor([[int(s[self.rng.integers(len(s))]) for s in self.sets]])
 
     def _draw(self, t: int) -> int:
-        """A token for a kicked position: half the time one of the 3 best by the position prior."""
+        """A token for a kicked position: with probability `kick_prior` one of the `kick_top` best by
+        the position prior, else any allowed one."""
         s = self.sets[t]
-        if self.ranked is not None and self.rng.random() < 0.5:
-            top = self.ranked[t][:3]
+        if self.ranked is not None and self.rng.random() < self.kick_prior:
+            top = self.ranked[t][: self.kick_top]
             return int(top[self.rng.integers(len(top))])
         return int(s[self.rng.integers(len(s))])
 
@@ -177,37 +192,56 @@ class Walker:
         of it (the first candidates in the sweep's fixed order), and where nothing is left the sweep
         ends there (`stopped`; the current sentence becomes `best` if it is better), so a caller's
         budget is met exactly."""
-        start = self.steps
-
-        def room(n: int) -> int:  # of n candidates, how many this step may still score
-            return n if limit is None else max(0, min(n, limit - (self.steps - start)))
-
-        def spent() -> bool:
-            return limit is not None and self.steps - start >= limit
-
+        self._until = None if limit is None else self.steps + limit
         if self.cur is None:
-            if spent():
+            if self._spent():
                 self.stopped = True
                 return (float("inf"), float("inf"), self.x.clone())
             f, dc, self._pc = self._objective(score, self.x)
             self.cur = (float(f[0]), float(dc[0]))
+        moved = self._position_pass(score)
+        swapped = None if moved is None else self._swap_pass(score)
+        if moved is None or swapped is None:
+            return self._stop()
+        self.sweeps += 1
+        return self._settle(score, moved or swapped)
+
+    def _room(self, n: int) -> int:
+        """Of n candidates, how many this step may still score."""
+        return n if self._until is None else max(0, min(n, self._until - self.steps))
+
+    def _spent(self) -> bool:
+        return self._until is not None and self.steps >= self._until
+
+    def _position_pass(self, score: SentenceScore) -> bool | None:
+        """Coordinate descent over the free positions in a random order: whether it moved, None
+        where the step's limit ran out first."""
         improved = False
         for t in self.rng.permutation(self.free).tolist():
             moves = self._moves(t)
-            if spent():
-                return self._stop()
+            if self._spent():
+                return None
             var = self.x.repeat(len(moves), 1)
             var[:, t] = moves
-            improved = self._move_to_best(score, var[: room(len(var))]) or improved
+            improved = self._move_to_best(score, var[: self._room(len(var))]) or improved
+        return improved
+
+    def _swap_pass(self, score: SentenceScore) -> bool | None:
+        """The best swap of two positions' tokens: whether it moved, None where the step's limit
+        ran out before every swap was tried (then it is not a sweep)."""
         var = self._swaps()
-        if len(var) and spent():
-            return self._stop()
-        if len(var):
-            cut = room(len(var)) < len(var)
-            improved = self._move_to_best(score, var[: room(len(var))]) or improved
-            if cut:  # not every swap was tried: not a sweep
-                return self._stop()
-        self.sweeps += 1
+        if not len(var):
+            return False
+        if self._spent():
+            return None
+        cut = self._room(len(var)) < len(var)
+        moved = self._move_to_best(score, var[: self._room(len(var))])
+        return None if cut else moved
+
+    def _settle(self, score: SentenceScore, improved: bool) -> tuple[float, float, Tensor]:
+        """After a whole sweep: go on where it moved; a narrow sweep that did not move widens; a
+        wide one that did not move is a local minimum, kept if best, then kicked (`_kick`)."""
+        assert self.cur is not None
         out = (self.cur[0], self.cur[1], self.x.clone())
         if improved:
             self._wide = False
@@ -221,16 +255,22 @@ class Walker:
         if self.best is None or out[0] < self.best[0] - margin(self.best[0]):
             self.best = out
             self._best_pc = self._pc
-        self.x = self.best[2].clone()  # kick from the best local minimum, where the per-position cost is high
+        self._kick()
+        return out
+
+    def _kick(self) -> None:
+        """Restart from the best local minimum with `kick` positions redrawn (`_draw`), chosen in
+        proportion to their per-position cost there."""
+        assert self.best is not None
+        self.x = self.best[2].clone()
         if self.free:
-            w = self._best_pc[0, self.free].double().numpy() + 1e-12
+            w = self._best_pc[0, self.free].double().numpy() + 1e-12  # no position's chance exactly 0
             for t in self.rng.choice(
                 self.free, size=min(self.kick, len(self.free)), replace=False, p=w / w.sum()
             ).tolist():
                 self.x[0, t] = self._draw(t)
         self.cur = None
         self.kicks += 1
-        return out
 
     def hold(self) -> None:
         """The search stopped between or inside this walker's calls: keep its current sentence as
