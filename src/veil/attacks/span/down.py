@@ -25,7 +25,6 @@ tested) and the last token is the tokenizer's [SEP] where it has one.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
 
 import torch
 from torch import Tensor, nn
@@ -55,15 +54,22 @@ from veil.models.base import VeilModel
 class SpanDownOptions(Options):
     tol: float = option(0.01, "decoders: a grown prefix's new row passes below this distance to the span")
     head_candidates: int = option(2048, "decoders: the clean LM head gradient's largest rows tested (else all)")
-    beam: int | None = option(None, "decoders: prefixes kept per position; unset: 4 x batch size")
+    beam: int | None = option(None, "decoders: prefixes kept per position; unset: beam_per_sentence x batch size")
+    beam_per_sentence: int = option(4, "decoders: the default beam's prefixes per sentence of the batch")
     sweeps: int = option(4, "encoders: coordinate-descent sweeps per sentence")
     shortlist: int = option(8, "encoders: a position's best tokens by their own row, re-ranked by the sentence")
     narrow: int = option(
-        256, "encoders: sweeps after the second score only a position's best tokens of that sweep (0: all)"
+        256, "encoders: sweeps after the wide ones score only a position's best tokens of the last wide sweep (0: all)"
     )
+    wide_sweeps: int = option(2, "encoders: the first sweeps, which score the whole vocabulary at every position")
     budget: int = option(
         5_000_000, "candidate sentences scored at one position, all searches together (counted work, never seconds)"
     )
+
+
+#: singular values of the residual down-projection gradient below this x the largest are float
+#: rounding, not rank (the peeling's label choice counts the rank a sentence removes)
+RANK_TOL = 1e-6
 
 
 def down_modules(model: VeilModel) -> list[nn.Module]:
@@ -150,7 +156,7 @@ class SpanDownAttack(Attack[SpanDownOptions]):
         cands = head_rows(model, hg, o.head_candidates)
         vocab = torch.arange(model.token_embedding().weight.shape[0])
         scorer = RowScorer(model, spans[0][0], spans[0][1], o.budget)
-        found = prefix_search(scorer, vocab, cands, T, o.tol, o.beam or 4 * B)
+        found = prefix_search(scorer, vocab, cands, T, o.tol, o.beam or o.beam_per_sentence * B)
         # the most independent rows first (a repeated token's run passes with rank 1), then the closest
         ranks = [activation_rank(model, spans[0][0], p) for p, _ in found]
         found = [f for _, f in sorted(zip(ranks, found), key=lambda rf: (-rf[0], rf[1][1]))]
@@ -164,7 +170,7 @@ class SpanDownAttack(Attack[SpanDownOptions]):
         if not sentences:  # no first token lies in the span (a noised down-projection): the frame alone
             cls = getattr(know.tokenizer, "cls_id", None)
             sentences = [[int(cls) if cls is not None else int(vocab[0]), int(sep) if sep is not None else 0]] * B
-        stats: dict[str, Any] = {
+        stats = {
             "work": {"sentences_scored": scorer.scored},
             "budget_stopped": scorer.stopped,
             "scoring": scorer.mode,
@@ -198,13 +204,13 @@ class SpanDownAttack(Attack[SpanDownOptions]):
                 spans = [(m, row_span(_as_weight(m, resid[n]), k=k)) for (m, _), n in zip(spans, names)]
                 scorer.basis = spans[0][1].basis.float().to(scorer.basis.device)
             fixed = {t: v for t, v in ((0, cls), (L - 1, sep)) if v is not None}
-            ids, cost = coordinate_descent(model, spans, L, fixed, int(filler), o.sweeps, o.shortlist, scorer, o.narrow)
+            ids, cost = coordinate_descent(model, spans, L, fixed, int(filler), scorer, o)
             sentences.append(ids)
             costs.append(cost)
             lengths.append(L)
             if b + 1 < B:
                 _peel(model, resid, names, ids, labels, B, spans[0][0], names[0])
-        stats: dict[str, Any] = {
+        stats = {
             "work": {"sentences_scored": scorer.scored},
             "budget_stopped": scorer.stopped,
             "scoring": scorer.mode,
@@ -233,7 +239,7 @@ def _peel(
     """Subtract sentence `ids`'s gradient (/ B) with the label whose subtraction drops the first
     down-projection's residual rank by the sentence's length: the least energy left beyond it."""
     before = torch.linalg.svdvals(_as_weight(down, resid[name]))
-    r0 = int((before > 1e-6 * before[0]).sum()) if len(before) and before[0] > 0 else 0
+    r0 = int((before > RANK_TOL * before[0]).sum()) if len(before) and before[0] > 0 else 0
     keep = max(0, r0 - len(ids))
     best: tuple[float, dict[str, Tensor]] | None = None
     for g in peel_grads(model, names, ids, labels, B):

@@ -28,17 +28,25 @@ position-table gradient.
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any
+from typing import Protocol
 
 import torch
 from torch import Tensor, nn
 
+from veil.attacks.base import Observation
 from veil.attacks.span.core import Span, model_device, recording_inputs
 from veil.attacks.span.down_rows import MODES, row_activation
 from veil.models.base import VeilModel, linear_weight
 
-#: candidate sentences per scoring call
+#: candidate sentences per scoring call: a bound on one call's memory, not a tunable of the search
 CHUNK = 2048
+#: a row of the position-table gradient is zero (no token there) below this x the table's norm:
+#: float rounding of a real row's gradient is far above it, not a tunable of the search
+ZERO_ROW = 1e-4
+#: singular values below this x the largest are rounding of a prefix's activations, not rank
+RANK_REL = 1e-3
+#: the scoring modes agree with the full pass within float32 rounding of the block's activations
+AGREE = 1e-4
 
 
 def _distance(x: Tensor, basis: Tensor) -> Tensor:
@@ -85,7 +93,7 @@ class RowScorer:
             except (RuntimeError, ValueError, TypeError, ZeroDivisionError, IndexError):
                 continue
             got = a[:, 0] if a.shape[1] == 1 else a[:, t]
-            if got.shape == want.shape and bool(torch.allclose(got, want, atol=1e-4, rtol=1e-4)):
+            if got.shape == want.shape and bool(torch.allclose(got, want, atol=AGREE, rtol=AGREE)):
                 self.mode = mode
                 return plain
         self.mode = "plain"
@@ -106,21 +114,29 @@ def sentence_costs(model: VeilModel, spans: list[tuple[nn.Module, Span]], ids: T
 
 
 # ----------------------------------------------------------------------------- encoders
+class Descent(Protocol):
+    """The coordinate descent's settings (`SpanDownOptions` holds them)."""
+
+    sweeps: int
+    shortlist: int
+    narrow: int
+    wide_sweeps: int
+
+
 def coordinate_descent(
     model: VeilModel,
     spans: list[tuple[nn.Module, Span]],
     length: int,
     fixed: dict[int, int],
     filler: int,
-    sweeps: int,
-    shortlist: int,
     scorer: RowScorer,
-    narrow: int = 0,
+    o: Descent,
 ) -> tuple[list[int], float]:
     """The sentence of `length` tokens (those in `fixed` known) whose activations sit closest to
     the spans, by coordinate descent (module docstring); returns it and its mean distance. The
-    first two sweeps score the whole vocabulary at each position; with `narrow`, the later ones
-    only the `narrow` tokens the second ranked best there."""
+    first ``o.wide_sweeps`` sweeps score the whole vocabulary at each position; with ``o.narrow``,
+    the later ones only the ``o.narrow`` tokens the last of those ranked best there. It stops at
+    a sweep that changes nothing (the second at the earliest: the first starts from filler)."""
     vocab = model.token_embedding().weight.shape[0]
     ids = torch.full((length,), filler, dtype=torch.long)
     for t, v in fixed.items():
@@ -128,25 +144,43 @@ def coordinate_descent(
     free = [t for t in range(length) if t not in fixed]
     cost = float(sentence_costs(model, spans, ids[None])[0])
     ranked: dict[int, Tensor] = {}
-    for sweep in range(sweeps):
+    wide = max(1, o.wide_sweeps)  # the narrowed sweeps need a wide one's ranking
+    for sweep in range(o.sweeps):
         changed = False
+        rank_into = ranked if o.narrow and sweep == wide - 1 else None
         for t in free:
             if scorer.stopped:
                 break
-            pool = ranked[t] if narrow and sweep >= 2 else torch.arange(vocab)
-            cand = ids.expand(len(pool), length).clone()
-            cand[:, t] = pool
-            own = scorer(cand, t)
-            if narrow and sweep == 1:
-                ranked[t] = pool[own.topk(min(narrow, len(pool)), largest=False).indices]
-            top = own.topk(min(shortlist, len(pool)), largest=False).indices
-            full = sentence_costs(model, spans, cand[top])
-            best = int(pool[top[int(full.argmin())]])
-            if best != int(ids[t]) and float(full.min()) < cost:
-                ids[t], cost, changed = best, float(full.min()), True
+            pool = ranked[t] if o.narrow and sweep >= wide else torch.arange(vocab)
+            best, best_cost = _best_at(model, spans, ids, t, pool, scorer, o, rank_into)
+            if best != int(ids[t]) and best_cost < cost:
+                ids[t], cost, changed = best, best_cost, True
         if not changed and sweep >= 1:
             break
     return ids.tolist(), cost
+
+
+def _best_at(
+    model: VeilModel,
+    spans: list[tuple[nn.Module, Span]],
+    ids: Tensor,
+    t: int,
+    pool: Tensor,
+    scorer: RowScorer,
+    o: Descent,
+    rank_into: dict[int, Tensor] | None,
+) -> tuple[int, float]:
+    """The token of `pool` at position t whose sentence costs least, and that cost: every token
+    scored by its own row (`scorer`), the ``o.shortlist`` best re-ranked by the whole sentence
+    (`sentence_costs`). With `rank_into`, position t's ``o.narrow`` best by their own row go there."""
+    cand = ids.expand(len(pool), len(ids)).clone()
+    cand[:, t] = pool
+    own = scorer(cand, t)
+    if rank_into is not None:
+        rank_into[t] = pool[own.topk(min(o.narrow, len(pool)), largest=False).indices]
+    top = own.topk(min(o.shortlist, len(pool)), largest=False).indices
+    full = sentence_costs(model, spans, cand[top])
+    return int(pool[top[int(full.argmin())]]), float(full.min())
 
 
 def peel_grads(model: VeilModel, names: list[str], ids: list[int], labels: int, batch: int) -> list[dict[str, Tensor]]:
@@ -163,7 +197,7 @@ def peel_grads(model: VeilModel, names: list[str], ids: list[int], labels: int, 
     return out
 
 
-def last_nonzero_row(g: Tensor, scale: float, rel: float = 1e-4) -> int:
+def last_nonzero_row(g: Tensor, scale: float, rel: float = ZERO_ROW) -> int:
     """1 + the last row of `g` (rows, width) whose norm is above rel x scale (0 if none)."""
     rows = torch.nonzero(g.reshape(g.shape[0], -1).norm(dim=1) > rel * scale).flatten()
     return int(rows[-1]) + 1 if len(rows) else 0
@@ -201,7 +235,7 @@ def prefix_search(
     return sorted(done, key=lambda pt: pt[1])
 
 
-def activation_rank(model: VeilModel, down: nn.Module, prefix: list[int], rel: float = 1e-3) -> int:
+def activation_rank(model: VeilModel, down: nn.Module, prefix: list[int], rel: float = RANK_REL) -> int:
     """The rank of a prefix's activations at `down`: a true sentence's rows are independent, while
     a run of one repeated token (RoPE: every row the same) passes the span test with rank 1."""
     ids = torch.tensor([prefix], device=model_device(model))
@@ -248,7 +282,7 @@ def last_tokens(
     return out
 
 
-def weight_grad(obs: Any, module: nn.Module) -> Tensor:
+def weight_grad(obs: Observation, module: nn.Module) -> Tensor:
     """The (out, in) weight gradient of a linear or Conv1D module."""
     return linear_weight(module, obs.grad(module))
 
