@@ -8,8 +8,10 @@ import numpy as np
 import torch
 
 from veil.attacks.span.mlp import mlp_exact
-from veil.attacks.span.peel import _lowest, extend_seed
+from veil.attacks.span.options import DEFAULTS, SpanOptions
+from veil.attacks.span.prefix import PrefixSeeds
 from veil.attacks.span.walker import Walker
+from veil.attacks.span.walks import _lowest, extend_seed
 
 
 def _walkers(lengths: list[int]) -> list[Walker]:
@@ -26,7 +28,7 @@ def test_a_new_lowest_best_restarts_the_neighbouring_lengths_first() -> None:
     for v in ws:
         v.cur = (1.0, 1.0)  # mid-walk
     used = [5.0, 9.0, 7.0, 8.0, 6.0]
-    extend_seed(w, ws, used)
+    extend_seed(w, ws, used, DEFAULTS.extend_lengths)
     # lengths 5, 7 and 8 restart from the content (8 keeps its own best token at its last free position)
     assert ws[0].x[0].tolist() == [1, 11, 12, 13, 2]
     assert ws[2].x[0].tolist()[:5] == [1, 11, 12, 13, 14]
@@ -65,34 +67,39 @@ class _Score:
 
 
 class _Stage:
-    def __init__(self, target: list[int], width: int) -> None:
+    """A stand-in stage view: `starts` first tokens grown per stage (none left to peel but this)."""
+
+    def __init__(self, target: list[int], width: int, starts: int, seeds: PrefixSeeds) -> None:
         tokens = torch.arange(10, 10 + width)
         self.cands = [torch.tensor([1]), *[tokens] * (len(target) + 1)]
         self.prior = type("NoPrior", (), {"cost": None})()
-        self.score, self.walkers, self.seeder, self.objective = _Score(target), [], None, "mlp-graded"
+        self.score, self.objective, self.lengths = _Score(target), "mlp-graded", []
+        self.left, self.tol, self.gate, self.opts = 0, 1e-4, float("inf"), SpanOptions(prefix_starts=starts)
+        self.seeds = seeds
 
     @property
     def scored(self) -> int:
-        return self.seeder.steps if self.seeder is not None else 0
+        return self.seeds.steps
 
 
 def test_one_turn_of_prefix_seeds_grows_one_first_token_each_once() -> None:
-    """A turn (`limit=1`) grows from the next first token not grown on this stage, in the prior's
-    order (here the vocabulary's), and `left` counts those still to grow; once none is left a turn
-    grows nothing. Where a sentence passes the exact check, the turn returns it."""
-    from veil.attacks.span.prefix import prefix_seed
-
+    """A turn grows from the next first token not grown on this stage, in the prior's order (here
+    the vocabulary's), and `left` counts those still to grow; once none is left a turn grows
+    nothing. Where a sentence passes the exact check, the turn returns it."""
     specials = type("Specials", (), {"cls": 1, "sep": 2, "pad": 0})()
-    stage = _Stage([1, 12, 15, 11, 2], width=3)
+    seeds = PrefixSeeds(specials, on=True)
+    stage = _Stage([1, 12, 15, 11, 2], width=3, starts=3, seeds=seeds)
     stage.score.cls = lambda ids: 1.0  # nothing passes: the turns' bookkeeping alone
-    grown: dict[int, int] = {}
+    seeds.begin(stage)
     steps = []
     for done, left in (({10}, 2), ({10, 11}, 1), ({10, 11, 12}, 0), ({10, 11, 12}, 0)):
-        assert prefix_seed(stage, specials, 10**6, float("inf"), 1e-4, 3, grown, limit=1) == []
-        assert stage.seeder.done == done and stage.seeder.left == left
-        steps.append(stage.seeder.steps)
+        assert seeds.turn(stage, 10**6).hits == []
+        assert seeds.seeder.done == done and seeds.seeder.left == left and seeds.more == (left > 0)
+        steps.append(seeds.seeder.steps)
     assert steps[0] > 0 and steps[1] > steps[0] and steps[2] > steps[1] and steps[3] == steps[2]
-    assert grown == {10: 1, 11: 1, 12: 1}
+    assert seeds.fresh == {10: 1, 11: 1, 12: 1} and seeds.grown == {}  # a turn's first tokens: this stage's
     target = [1, 12, 15, 11, 2]
-    found = _Stage(target, width=6)
-    assert prefix_seed(found, specials, 10**6, float("inf"), 1e-4, 6, {}, limit=1) == [target]
+    other = PrefixSeeds(specials, on=True)
+    found = _Stage(target, width=6, starts=6, seeds=other)
+    other.begin(found)
+    assert other.turn(found, 10**6).hits == [target]

@@ -16,7 +16,7 @@ from veil.attacks.span.checks import CLSCheck
 from veil.attacks.span.core import Specials, position_candidates, vocabulary
 from veil.attacks.span.options import DEFAULTS
 from veil.attacks.span.peel import setup_stage
-from veil.attacks.span.prefix import prefix_seed
+from veil.attacks.span.prefix import PrefixSeeds
 from veil.attacks.span.residual import Residual
 from veil.build import build_run
 from veil.config import load_config
@@ -37,6 +37,7 @@ def test_prefix_seeds_rebuild_a_minilm_batch_8_sentence_where_layer_1_admits_the
     with torch.no_grad():
         cands = position_candidates(model, res.layer_span(0, 1e-6), 32, 1e-3, vocab=vocab)[0]
         assert min(len(c) for c in cands[1:30]) > 0.9 * len(vocab)  # layer 1 narrows nothing
+        seeds = PrefixSeeds(Specials.of(model, know), on=True)
         stage = setup_stage(
             res,
             CLSCheck(res),
@@ -45,8 +46,11 @@ def test_prefix_seeds_rebuild_a_minilm_batch_8_sentence_where_layer_1_admits_the
             np.random.default_rng(0),
             {},
             DEFAULTS,
+            (seeds,),
         )
-        hits = prefix_seed(stage, Specials.of(model, know), 40_000, 1e-3, 1e-4, 12, {})
+        # a layer-2 stage: gate 1e-3, the [CLS] test at 1e-4, 8 + 4 first tokens grown
+        assert stage.gate == 1e-3 and stage.tol == 1e-4 and stage.left + DEFAULTS.prefix_starts == 12
+        hits = seeds.propose(stage, 40_000).hits
     true = [batch["input_ids"][b, : int(n)].tolist() for b, n in enumerate(batch["attention_mask"].sum(1))]
     assert hits and all(h in true for h in hits), (hits, stage.scored)
     assert stage.scored <= 40_000

@@ -11,8 +11,10 @@ import torch
 from test_span_mlp import _minilm_span, _scene
 from veil.attacks.span.checks import CLSCheck
 from veil.attacks.span.mlp import MLPScore, mlp_spans
-from veil.attacks.span.score import SentenceScore
-from veil.attacks.span.suffix import Growth, SuffixSeeder, reads_previous, suffix_seed
+from veil.attacks.span.options import DEFAULTS
+from veil.attacks.span.schedule import SCHEDULE, Member, Regime, regime
+from veil.attacks.span.score import Objective, SentenceScore
+from veil.attacks.span.suffix import SuffixGrowth, SuffixSeeder, reads_previous, suffix_seed
 from veil.attacks.span.walker import Walker
 
 CLS, SEP = 1, 2
@@ -64,7 +66,12 @@ class _Stage:
         self.score = _PairScore(target)
         rng = np.random.default_rng(0)
         self.walkers = [Walker([torch.tensor([CLS]), *[tokens] * (n - 2), torch.tensor([SEP])], rng) for n in lengths]
-        self.grower = None
+        self.grower = None  # what counts this stage's scored sentences (a seeder or the growth member)
+        self.objective, self.tol, self.opts = Objective.MLP, 1e-4, DEFAULTS
+
+    @property
+    def lengths(self) -> list[int]:
+        return [w.n for w in self.walkers]
 
     @property
     def scored(self) -> int:
@@ -82,8 +89,11 @@ def test_a_sentence_is_grown_from_its_end_and_the_other_lengths_restart_their_wa
     target = [CLS, 13, 17, 11, SEP]
     stage = _Stage(target, [4, 5, 6])
     before = stage.walkers[1].x.clone()
-    hits = suffix_seed(stage, _Specials(), budget=10_000, tol_cls=1e-4)
-    assert hits == [target]
+    seeder = stage.grower = SuffixSeeder(stage, _Specials(), tol_cls=1e-4)
+    out = suffix_seed(stage, seeder, budget=10_000)
+    assert out.hits == [target] and [n for n, _ in out.restarts] == [4, 6]
+    for n, content in out.restarts:  # what the stage's search loop does with a proposal's restarts
+        next(w for w in stage.walkers if w.n == n).restart(content)
     # 12 content candidates at each grown position, then the next sweep at the positions a change
     # left within reach: length 4 re-scores position 2 (its left neighbour changed after it), length
     # 6 positions 4 and 3; the exact length 5 stops after its first sweep
@@ -138,9 +148,9 @@ def test_repairs_run_only_where_a_position_reads_the_token_before_it() -> None:
         stage.grower = seeder
         assert reads_previous(seeder, 12) is reads
         assert seeder.steps == 2 * 7 * 5  # two offsets at positions 4, 5, .., 10, the first 5 candidates each
-    growth = Growth()
-    suffix_seed(stage, _Specials(), budget=10_000, tol_cls=1e-4, growth=growth)
-    assert growth.reads_previous is False and stage.grower.steps == 70 + 12 * 10  # one sweep of 10 positions
+    growth = stage.grower = SuffixGrowth(_Specials(), on=True)
+    growth.propose(stage, budget=10_000)
+    assert growth.reads_previous is False and growth.steps == 70 + 12 * 10  # one sweep of 10 positions
 
 
 def test_the_growth_stops_at_the_budget() -> None:
@@ -152,12 +162,32 @@ def test_the_growth_stops_at_the_budget() -> None:
 
 
 def test_a_search_grows_first_near_the_rank_limit_and_once_it_has_met_the_graded_objective() -> None:
-    g = Growth()
-    assert not g.first("mlp", 315 / 383) and g.then("mlp")  # well below the rank limit: the prefix seeds first
-    assert g.first("mlp", 341 / 383) and not g.past  # within NEAR of it: growth first, the search not marked
-    assert g.first("mlp-graded") and g.first("mlp") and not g.first("layer2")  # began at the limit: growth first
-    off = Growth(on=False)
-    assert not off.first("mlp-graded") and not off.then("mlp")
+    """The schedule (`veil.attacks.span.schedule`): on an exact MLP objective well below its rank
+    limit the prefix seeds run before the growth, within `suffix_near` of it the growth first; once
+    a search has met the graded objective (where the growth runs first) it grows first on every
+    MLP stage, never first on layer 2; a growth that is off proposes nothing."""
+
+    def growth_first(r: Regime) -> bool:
+        before = SCHEDULE[r].before
+        return Member.SUFFIX in before and (
+            Member.PREFIX not in before or before.index(Member.SUFFIX) < before.index(Member.PREFIX)
+        )
+
+    near = DEFAULTS.suffix_near
+    assert regime(Objective.MLP, False, near <= 315 / 383) == Regime.MLP and not growth_first(Regime.MLP)
+    assert Member.SUFFIX in SCHEDULE[Regime.MLP].before  # then, after prefix seeds that found none
+    assert regime(Objective.MLP, False, near <= 341 / 383) == Regime.MLP_NEAR and growth_first(Regime.MLP_NEAR)
+    stage = _Stage([CLS, 13, 17, 11, SEP], [5])
+    g = stage.grower = SuffixGrowth(_Specials(), on=True)
+    g.propose(stage, budget=10_000)
+    assert not g.past  # an exact MLP stage does not mark the search
+    stage.objective = Objective.MLP_GRADED
+    g.propose(stage, budget=10_000)
+    assert g.past and regime(Objective.MLP, False, g.past) == Regime.MLP_NEAR and growth_first(Regime.MLP_GRADED)
+    assert regime(Objective.LAYER2, False, g.past) == Regime.LAYER2 and not growth_first(Regime.LAYER2)
+    off = stage.grower = SuffixGrowth(_Specials(), on=False)
+    out = off.propose(stage, budget=10_000)
+    assert not out.hits and not out.restarts and off.steps == 0 and off.hits is None
 
 
 def _one_column_varied():

@@ -61,6 +61,22 @@ class SpanOptions(Options):
         "peeling on the MLP objective: grow every length's sentence from its end, first where the span is at or "
         "near its rank limit, else after prefix seeds that found none (span.suffix)",
     )
+    suffix_near: float = option(
+        0.85,
+        "peeling on an exact MLP objective: the suffix growth runs before the prefix seeds where the span's rank is "
+        "at least this fraction of its limit (span.schedule)",
+    )
+    suffix_sweeps: int = option(6, "suffix growth: right-to-left sweeps per grown sentence at most")
+    suffix_reach: int = option(
+        2, "suffix growth: a changed token sends the positions this close to it through the next sweep"
+    )
+    suffix_local: float = option(
+        2.5,
+        "suffix growth: the repair sweeps run where a position's cost moves this many times more with the token "
+        "before it than with one three before (block 1 reads the previous token)",
+    )
+    suffix_probes: int = option(8, "suffix growth: positions probed for reading the previous token")
+    suffix_alts: int = option(4, "suffix growth: other candidates tried per probed position")
     restarts: int = option(4, "restarts of the encoder assignment search")
     sweeps: int = option(12, "coordinate sweeps per restart of the encoder assignment search")
     budget: int | None = option(
@@ -81,6 +97,16 @@ class SpanOptions(Options):
     cls_weight: float = option(10.0, "peeling, crowded objective: weight of the [CLS] distance in a walker's objective")
     grad_cap: float = option(0.1, "peeling, crowded objective: cap of a position's embedding-gradient mismatch")
     kick: int = option(3, "peeling: positions a walker's kick redraws at a local minimum")
+    merit_floor: float = option(
+        0.02, "peeling, crowded objective: a walk's merit is its share / max(best objective per position, this)"
+    )
+    share_floor: float = option(
+        0.1, "peeling: a length's work share, this + the position prior's [SEP] coefficient at its last position"
+    )
+    extend_lengths: tuple[int, ...] = option(
+        (-1, 1, 2), "peeling, graded objective: the lengths (offsets) a walk's new lowest best restarts"
+    )
+    cross_every: int = option(2, "peeling, uncrowded: every this many kicks a walk restarts from another length's best")
     prefix_width: int = option(24, "prefix seeds on layer 2: each position's candidates, the prior's likeliest")
     prefix_beam: int = option(4, "prefix seeds: prefixes kept per step")
     prefix_ends: int = option(2, "prefix seeds: lengths of a grown path repaired (its closest closed sentences)")

@@ -20,17 +20,13 @@ the full context fixing the early tokens) a few times. Counted work throughout, 
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
 import torch
 from torch import Tensor
 
 from veil.attacks.span.core import Specials
-from veil.attacks.span.options import DEFAULTS
 from veil.attacks.span.score import Objective, PositionPrior
-
-if TYPE_CHECKING:
-    from veil.attacks.span.peel import Stage
+from veil.attacks.span.strategy import Proposal, StageView
+from veil.attacks.span.work import WorkSpent
 
 
 def ranked_tokens(cands: list[Tensor], prior: PositionPrior, special: set[int]) -> list[list[int]]:
@@ -49,19 +45,19 @@ class PrefixSeeder:
     """Beam-grown prefixes and their whole-sentence repair (`prefix_seed`), with the counted work.
     `hits`: the sentences that passed the exact check, in the order found."""
 
-    def __init__(self, stage: Stage, specials: Specials) -> None:
-        self.stage, self.specials = stage, specials
+    def __init__(self, view: StageView, specials: Specials) -> None:
+        self.view, self.specials = view, specials
         # the search's shape (`SpanOptions.prefix_*`): candidates per position (the position prior's
         # likeliest tokens), prefixes kept per step, lengths of a grown path repaired (its closest
         # closed sentences), repair rounds, and the positions a repair round revisits
-        o = getattr(stage, "opts", DEFAULTS)
+        o = view.opts
         self.beam, self.ends, self.rounds, self.worst = o.prefix_beam, o.prefix_ends, o.prefix_rounds, o.prefix_worst
         special = {v for v in (specials.sep, specials.cls, specials.pad) if v is not None}
-        self.ranked = ranked_tokens(stage.cands, stage.prior, special)
+        self.ranked = ranked_tokens(view.cands, view.prior, special)
         self.content = [torch.tensor(r, dtype=torch.long) for r in self.ranked]
         # on the MLP objective (`veil.attacks.span.mlp`, batches past layer 2's reach) every candidate: the position
         # prior has lost its order there, and its likeliest tokens often miss the true one
-        mlp = getattr(stage, "objective", Objective.LAYER2) in (Objective.MLP, Objective.MLP_GRADED)
+        mlp = view.objective in (Objective.MLP, Objective.MLP_GRADED)
         self.width: int | None = None if mlp else o.prefix_width
         self.steps = 0  # sentences scored
         self.hits: list[list[int]] = []
@@ -70,14 +66,14 @@ class PrefixSeeder:
         self.left = 0  # first tokens of this stage not grown yet (after the last `prefix_seed`)
 
     def _score(self, ids: Tensor) -> Tensor:
-        pc, _ = self.stage.score(ids)
+        pc, _ = self.view.score(ids)
         self.steps += len(ids)
         return pc
 
     def _exact(self, ids: list[int], pc: Tensor, tol2: float, tol_cls: float) -> bool:
         if float(pc.max()) >= tol2 or ids in self.hits:
             return False
-        return self.stage.score.cls(torch.tensor([ids])) < tol_cls
+        return self.view.score.cls(torch.tensor([ids])) < tol_cls
 
     def grow(self, first: int, budget: int, tol2: float, tol_cls: float) -> tuple[list[int], list[tuple[float, int]]]:
         """A beam of `beam` prefixes from ``[CLS] first``, each step extended by every position's
@@ -89,7 +85,7 @@ class PrefixSeeder:
         beam: list[tuple[float, list[int], list[tuple[float, int]]]] = [(0.0, [cls, first], [])]
         for k in range(2, len(self.ranked)):
             opts = self.ranked[k][: self.width]
-            if not opts or self.stage.scored + len(beam) * (len(opts) + 1) > budget:
+            if not opts or self.view.scored + len(beam) * (len(opts) + 1) > budget:
                 break
             var = torch.tensor([p + [v] for _, p, _ in beam for v in [*opts, sep]])
             d = self._score(var).view(len(beam), len(opts) + 1, k + 1)
@@ -117,7 +113,7 @@ class PrefixSeeder:
         `rounds` rounds. An exact result goes to `hits`; returns the repaired sentence."""
         x = torch.tensor([sent])
         n = len(sent)
-        if self.stage.scored + 1 > budget:
+        if self.view.scored + 1 > budget:
             return sent
         pc = self._score(x)[0]
         f = float(pc.sum())
@@ -129,7 +125,7 @@ class PrefixSeeder:
             moved = False
             for t in order.tolist():
                 opts = self.content[t] if t < len(self.content) else torch.zeros(0, dtype=torch.long)
-                if not len(opts) or self.stage.scored + len(opts) > budget:
+                if not len(opts) or self.view.scored + len(opts) > budget:
                     continue
                 var = x.repeat(len(opts), 1)
                 var[:, t] = opts
@@ -145,41 +141,82 @@ class PrefixSeeder:
         return x[0].tolist()
 
 
+class PrefixSeeds:
+    """The prefix seeds as a member of the search (`veil.attacks.span.strategy`): a whole pass
+    (`propose`), or one first token's growth per turn with the walkers (`turn`, the graded MLP
+    objective's schedule). Keeps the first tokens grown: over the search for whole passes, over the
+    stage for turns (each stage grows from the prior's likeliest first tokens again)."""
+
+    def __init__(self, specials: Specials, on: bool) -> None:
+        self.specials, self.on = specials, on
+        self.grown: dict[int, int] = {}  # first tokens whole passes grew from, over the search, and how often
+        self.fresh: dict[int, int] = {}  # the same for this stage's turns
+        self.seeder: PrefixSeeder | None = None  # this stage's, made on first use
+
+    @property
+    def steps(self) -> int:
+        return self.seeder.steps if self.seeder is not None else 0
+
+    @property
+    def more(self) -> bool:
+        """Whether a turn is left: first tokens of this stage not grown yet."""
+        return self.seeder is not None and self.seeder.left > 0
+
+    def begin(self, view: StageView) -> None:
+        self.seeder, self.fresh = None, {}
+
+    def propose(self, view: StageView, budget: int) -> Proposal:
+        """A whole pass (`prefix_seed`) where the seeds are on."""
+        return self._seed(view, budget, self.grown, None) if self.on else Proposal()
+
+    def turn(self, view: StageView, budget: int) -> Proposal:
+        """One first token's growth (`prefix_seed` with `limit` 1)."""
+        return self._seed(view, budget, self.fresh, 1)
+
+    def _seed(self, view: StageView, budget: int, grown: dict[int, int], limit: int | None) -> Proposal:
+        if self.specials.cls is None or self.specials.sep is None or len(view.cands) < 3:
+            return Proposal()
+        if self.seeder is None:
+            self.seeder = PrefixSeeder(view, self.specials)
+        return prefix_seed(view, self.seeder, budget, grown, limit)
+
+
 def prefix_seed(
-    stage: Stage,
-    specials: Specials,
-    budget: int,
-    tol2: float,
-    tol_cls: float,
-    starts: int,
-    grown: dict[int, int],
-    limit: int | None = None,
-) -> list[list[int]]:
-    """Grow beam paths from the position prior's `starts` likeliest first tokens (those grown on
-    fewer earlier stages first, `grown` counting them; at most `limit` of them per call, each once
-    per stage) and repair each path's likeliest lengths (module docstring), until a sentence passes
-    the exact check or the stage's scored sentences reach `budget`; returns the sentences that
-    passed (the stage's walkers of the repaired lengths start from the repaired sentences)."""
-    if specials.cls is None or specials.sep is None or len(stage.cands) < 3:
-        return []
-    if stage.seeder is None:
-        stage.seeder = PrefixSeeder(stage, specials)
-    sd = stage.seeder
-    by_len = {w.n: w for w in stage.walkers}
+    view: StageView, sd: PrefixSeeder, budget: int, grown: dict[int, int], limit: int | None = None
+) -> Proposal:
+    """Grow beam paths from the position prior's likeliest first tokens (`view.left` +
+    `prefix_starts` of them; those grown on fewer earlier stages first, `grown` counting them; at
+    most `limit` per call, each once per stage) and repair each path's likeliest lengths (module
+    docstring), until a sentence passes the exact test or the stage's scored sentences reach
+    `budget`. Proposes the sentences that passed and the repaired sentences as restarts of their
+    lengths' walkers."""
+    out = Proposal()
+    starts = view.left + view.opts.prefix_starts
     first = [v for v in (sd.ranked[1][:starts] if len(sd.ranked) > 1 else []) if v not in sd.done]
     for k, v in enumerate(sorted(first, key=lambda v: grown.get(v, 0))):  # stable: the prior's order among equals
-        if stage.scored >= budget or sd.hits or (limit is not None and k >= limit):
+        if view.scored >= budget or sd.hits or (limit is not None and k >= limit):
             break
         grown[v] = grown.get(v, 0) + 1
         sd.done.add(v)
-        path, closed = sd.grow(v, budget, tol2, tol_cls)
-        for _, n in sorted(closed)[: sd.ends]:
-            sent = path[: n - 1] + [specials.sep]
-            if sd.hits or sent in sd.repaired or stage.scored >= budget:
-                break
-            sd.repaired.append(sent)
-            fixed = sd.repair(sent, budget, tol2, tol_cls)
-            if n in by_len and fixed not in sd.hits:
-                by_len[n].restart(fixed[1 : n - 1])  # scored afresh: the walk may be mid-sweep
+        try:
+            _repair_path(view, sd, v, budget, out)
+        except WorkSpent:
+            out.spent = True
+            return out
     sd.left = len([v for v in first if v not in sd.done])
-    return list(sd.hits)
+    out.hits = list(sd.hits)
+    return out
+
+
+def _repair_path(view: StageView, sd: PrefixSeeder, first: int, budget: int, out: Proposal) -> None:
+    """Grow the beam path from `first` and repair its `ends` likeliest lengths, each once per
+    stage; a repaired sentence that did not pass restarts its length's walker (`out.restarts`)."""
+    path, closed = sd.grow(first, budget, view.gate, view.tol)
+    for _, n in sorted(closed)[: sd.ends]:
+        sent = path[: n - 1] + [sd.specials.sep]
+        if sd.hits or sent in sd.repaired or view.scored >= budget:
+            break
+        sd.repaired.append(sent)
+        fixed = sd.repair(sent, budget, view.gate, view.tol)
+        if n in view.lengths and fixed not in sd.hits:
+            out.restarts.append((n, fixed[1 : n - 1]))  # scored afresh: the walk may be mid-sweep
