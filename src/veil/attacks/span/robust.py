@@ -57,7 +57,6 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Any
 
 import torch
 from torch import Tensor, nn
@@ -71,6 +70,43 @@ from veil.attacks.span.core import Span, Specials, layer_span, qkv_modules, span
 from veil.attacks.span.robust_search import decoder_assign, encoder_assign
 from veil.errors import VeilError
 from veil.models.base import VeilModel, linear_weight
+
+
+@dataclass(frozen=True)
+class SpanRobustOptions(Options):
+    p: float | None = option(None, "the client's dropout rate; unset: the model config's")
+    tol1: float = option(0.02, "robust layer-1 residual below which a (token, position) pair passes")
+    per_position: int | None = option(
+        None, "most tokens kept per position; unset: per_sentence x batch size (x unknown_batch without it)"
+    )
+    per_sentence: int = option(4, "the default per_position's tokens per sentence of the batch")
+    unknown_batch: int = option(8, "the batch size the default per_position assumes where none is granted")
+    drop_sigmas: float = option(
+        5.0, "most coordinates a dropout mask zeroes: p x width + this many binomial standard deviations"
+    )
+    irls: int = option(20, "iteratively reweighted least-squares steps of the robust fit")
+    hard: int = option(4, "hard drop-and-refit steps of the robust fit")
+    max_len: int | None = option(None, "longest sentence searched; unset: the knowledge's seq_len, else the model's")
+    max_pairs: int = option(200_000, "layer-1 budget in (token, position) pairs")
+    presence_tol: float = option(
+        1e-7, "the bag of tokens: a token is in it where its embedding-gradient row norm passes this x the largest"
+    )
+    rank_tol: float = option(1e-6, "layer-2 singular values below rank_tol x the largest are not in the span")
+    restarts: int = option(1, "restarts of the encoder assignment search")
+    sweeps: int = option(12, "coordinate sweeps per restart of the encoder assignment search")
+    refine: int = option(20, "rounds of the pairwise refinement")
+    layouts: int = option(6, "encoder assignment search: sentence-length hypotheses tried (shortest first)")
+    layout_pool: int = option(
+        64, "encoder assignment search: length hypotheses drawn before those ending at every passing [SEP] are kept"
+    )
+    seed: int | None = option(None, "seed of the search; unset: the knowledge's seed")
+
+
+#: the defaults, for the parts of the attack used on their own (tests)
+DEFAULTS = SpanRobustOptions()
+#: candidate (token, position) pairs per robust fit: each holds a (rank x rank) system, so this
+#: bounds one call's memory; not a tunable of the test
+FIT_CHUNK = 192
 
 
 # ----------------------------------------------------------------------------- the dropped span
@@ -87,7 +123,7 @@ def dropout_rate(model: VeilModel, given: float | None = None) -> float:
     return p
 
 
-def max_dropped(width: int, p: float, sigmas: float = 5.0) -> int:
+def max_dropped(width: int, p: float, sigmas: float = DEFAULTS.drop_sigmas) -> int:
     """Most coordinates a dropout mask of rate p zeroes (mean + `sigmas` binomial std devs)."""
     if p <= 0:
         return 0
@@ -123,7 +159,9 @@ def clean_inputs(model: VeilModel, ids: Tensor, positions: Tensor) -> Tensor:
 
 
 # ----------------------------------------------------------------------------- the robust test
-def robust_residuals(y: Tensor, basis: Tensor, k_max: int, irls: int = 20, hard: int = 4) -> Tensor:
+def robust_residuals(
+    y: Tensor, basis: Tensor, k_max: int, irls: int = DEFAULTS.irls, hard: int = DEFAULTS.hard
+) -> Tensor:
     """r(y) of every row of `y` (C, D) against the span of `basis` (D, N), allowing <= k_max
     coordinates to be dropped (module docstring). float64; vectorised over the rows."""
     y = y.double()
@@ -160,14 +198,14 @@ def robust_residuals(y: Tensor, basis: Tensor, k_max: int, irls: int = 20, hard:
 
 
 def layer1_residuals(
-    model: VeilModel, span: Span, vocab: Tensor, max_len: int, k_max: int, chunk: int = 192, **fit: Any
+    model: VeilModel, span: Span, vocab: Tensor, max_len: int, k_max: int, o: SpanRobustOptions, chunk: int = FIT_CHUNK
 ) -> Tensor:
     """r(x(v, t)) for every position t < max_len and token v of `vocab`: (max_len, len(vocab))."""
     pairs = torch.cartesian_prod(torch.arange(max_len), torch.arange(len(vocab)))  # (P*V, 2)
     out = torch.empty(len(pairs), dtype=torch.float64)
     for i in range(0, len(pairs), chunk):
         t, j = pairs[i : i + chunk].T
-        out[i : i + chunk] = robust_residuals(clean_inputs(model, vocab[j], t), span.basis, k_max, **fit)
+        out[i : i + chunk] = robust_residuals(clean_inputs(model, vocab[j], t), span.basis, k_max, o.irls, o.hard)
     return out.view(max_len, len(vocab))
 
 
@@ -182,22 +220,6 @@ def position_sets(res: Tensor, vocab: Tensor, tol: float, per_position: int) -> 
 
 
 # ----------------------------------------------------------------------------- the attack
-@dataclass(frozen=True)
-class SpanRobustOptions(Options):
-    p: float | None = option(None, "the client's dropout rate; unset: the model config's")
-    tol1: float = option(0.02, "robust layer-1 residual below which a (token, position) pair passes")
-    per_position: int | None = option(None, "most tokens kept per position; unset: 4 x batch size (32 without it)")
-    irls: int = option(20, "iteratively reweighted least-squares steps of the robust fit")
-    hard: int = option(4, "hard drop-and-refit steps of the robust fit")
-    max_len: int | None = option(None, "longest sentence searched; unset: the knowledge's seq_len, else the model's")
-    max_pairs: int = option(200_000, "layer-1 budget in (token, position) pairs")
-    rank_tol: float = option(1e-6, "layer-2 singular values below rank_tol x the largest are not in the span")
-    restarts: int = option(1, "restarts of the encoder assignment search")
-    sweeps: int = option(12, "coordinate sweeps per restart of the encoder assignment search")
-    refine: int = option(20, "rounds of the pairwise refinement")
-    seed: int | None = option(None, "seed of the search; unset: the knowledge's seed")
-
-
 @ATTACKS.register(
     "span-robust", help="DAGER-style span attack that survives client dropout (robust layer-1 test, layer-2 ranking)"
 )
@@ -227,46 +249,18 @@ class SpanRobustAttack(Attack[SpanRobustOptions]):
         model, o = obs.model, self.options
         B = int(know.batch_size) if know.batch_size else None
         width = model.position_table().shape[-1]
-        limit = model.position_table().reshape(-1, width).shape[0]
-        max_len = int(o.max_len or know.seq_len or limit)
-        if max_len > limit:
-            raise VeilError(f"span-robust: max_len {max_len} exceeds the model's {limit} positions")
+        max_len = _max_len(model, o, know)
         p = dropout_rate(model, o.p)
-        k_max = max_dropped(width, p)
+        k_max = max_dropped(width, p, o.drop_sigmas)
         was = model.training
         model.eval()
         try:
             with torch.no_grad():
                 span1 = first_span(obs, max_rank=B * max_len if B else None)
-                vocab = vocabulary(obs, know)
-                if vocab is None:
-                    vocab = torch.arange(model.token_embedding().weight.shape[0])
-                max_pairs = o.max_pairs
-                if len(vocab) * max_len > max_pairs:
-                    raise VeilError(
-                        f"span-robust: {len(vocab)} tokens x {max_len} positions exceed max_pairs={max_pairs}; "
-                        "raise it or export the token-embedding gradient (the bag filter)"
-                    )
-                res = layer1_residuals(model, span1, vocab, max_len, k_max, irls=o.irls, hard=o.hard)
-                cands = position_sets(res, vocab, o.tol1, o.per_position or 4 * (B or 8))
+                vocab, res, cands = self._layer1(obs, know, span1, max_len, k_max)
                 B = B or max([len(c) for c in cands] + [1])  # not granted: the most pairs passing at one position
-                specials = Specials.of(model, know)
                 span2 = layer_span(obs, 1, o.rank_tol)
-                seed = know.seed if o.seed is None else o.seed
-                if model.task == "lm":
-                    seqs, info = decoder_assign(model, span2, cands, specials, B)
-                else:
-                    seqs, info = encoder_assign(
-                        model,
-                        span2,
-                        cands,
-                        specials,
-                        B,
-                        seed=seed,
-                        restarts=o.restarts,
-                        sweeps=o.sweeps,
-                        rounds=o.refine,
-                    )
+                seqs, info = self._layer2(model, know, span2, cands, B)
         finally:
             model.train(was)
         stats = {
@@ -280,9 +274,43 @@ class SpanRobustAttack(Attack[SpanRobustOptions]):
             "candidates_per_position": [len(c) for c in cands],
             **info,
         }
-        if not seqs:
-            seqs = [[] for _ in range(B or 1)]
-        bag = {int(v) for c in cands for v in c.tolist()} - set(
-            special_ids(model, know.tokenizer)
-        )  # as `presence` scores it
-        return Reconstruction(token_ids=seqs, token_set=bag, stats=stats)
+        bag = {int(v) for c in cands for v in c.tolist()} - set(special_ids(model, know.tokenizer))  # as `presence`
+        return Reconstruction(token_ids=seqs or [[] for _ in range(B or 1)], token_set=bag, stats=stats)
+
+    def _layer1(
+        self, obs: Observation, know: Knowledge, span1: Span, max_len: int, k_max: int
+    ) -> tuple[Tensor, Tensor, list[Tensor]]:
+        """The robust layer-1 test of every (token, position) pair of the bag (the vocabulary
+        without it, up to `max_pairs`): the bag, the residuals and each position's passing tokens."""
+        model, o = obs.model, self.options
+        vocab = vocabulary(obs, know, o.presence_tol)
+        if vocab is None:
+            vocab = torch.arange(model.token_embedding().weight.shape[0])
+        if len(vocab) * max_len > o.max_pairs:
+            raise VeilError(
+                f"span-robust: {len(vocab)} tokens x {max_len} positions exceed max_pairs={o.max_pairs}; "
+                "raise it or export the token-embedding gradient (the bag filter)"
+            )
+        res = layer1_residuals(model, span1, vocab, max_len, k_max, o)
+        B = know.batch_size or o.unknown_batch
+        return vocab, res, position_sets(res, vocab, o.tol1, o.per_position or o.per_sentence * B)
+
+    def _layer2(
+        self, model: VeilModel, know: Knowledge, span2: Span, cands: list[Tensor], B: int
+    ) -> tuple[list[list[int]], dict[str, object]]:
+        """The passing pairs ordered into sentences by layer 2: left to right (decoders) or the
+        assignment search (encoders)."""
+        specials = Specials.of(model, know)
+        if model.task == "lm":
+            return decoder_assign(model, span2, cands, specials, B)
+        seed = know.seed if self.options.seed is None else self.options.seed
+        return encoder_assign(model, span2, cands, specials, B, seed=seed, o=self.options)
+
+
+def _max_len(model: VeilModel, o: SpanRobustOptions, know: Knowledge) -> int:
+    """The longest sentence searched: the option, else the knowledge's length, else the model's."""
+    limit = model.position_table().reshape(-1, model.position_table().shape[-1]).shape[0]
+    max_len = int(o.max_len or know.seq_len or limit)
+    if max_len > limit:
+        raise VeilError(f"span-robust: max_len {max_len} exceeds the model's {limit} positions")
+    return max_len

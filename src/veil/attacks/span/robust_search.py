@@ -10,18 +10,19 @@ an assignment instead of a threshold). Every passing pair is a true pair, so eac
 from __future__ import annotations
 
 import itertools
-from typing import Any
+from typing import Protocol
 
 import numpy as np
 import torch
 from torch import Tensor
 
-from veil.attacks.span.core import Span, last_position
+from veil.attacks.span.core import Span, Specials, last_position
+from veil.attacks.span.search import _Layout as Layout
 from veil.attacks.span.search import assign, initial_ids, length_layouts, sentence_costs, sweep
 from veil.models.base import VeilModel
 
 
-def coverage_pins(cands: list[Tensor], specials: Any) -> dict[int, int]:
+def coverage_pins(cands: list[Tensor], specials: Specials) -> dict[int, int]:
     """Every content token that passed the robust layer-1 test is a true (token, position) pair,
     so each must be used by some sentence: the encoder search's pins (each pinned token is
     assigned to at least one sentence wherever it is a candidate; the counts of pinned tokens per
@@ -36,6 +37,12 @@ def coverage_pins(cands: list[Tensor], specials: Any) -> dict[int, int]:
 
 
 # ----------------------------------------------------------------------------- layer-2 refinement
+#: sentences per layer-2 scoring call of the refinement: a bound on one call's memory, not a tunable
+COST_CHUNK = 256
+#: a refinement move must lower the summed layer-2 distance by more than float rounding
+MIN_GAIN = 1e-9
+
+
 def _pad(seqs: list[list[int]], pad: int) -> tuple[Tensor, Tensor]:
     T = max(len(x) for x in seqs)
     ids = torch.full((len(seqs), T), pad, dtype=torch.long)
@@ -46,7 +53,7 @@ def _pad(seqs: list[list[int]], pad: int) -> tuple[Tensor, Tensor]:
     return ids, mask
 
 
-def _costs(model: VeilModel, span2: Span, seqs: list[list[int]], pad: int, chunk: int = 256) -> Tensor:
+def _costs(model: VeilModel, span2: Span, seqs: list[list[int]], pad: int, chunk: int = COST_CHUNK) -> Tensor:
     """Summed layer-2 span distance of each sentence (the clean model's layer-2 input)."""
     out = []
     for i in range(0, len(seqs), chunk):
@@ -55,9 +62,7 @@ def _costs(model: VeilModel, span2: Span, seqs: list[list[int]], pad: int, chunk
     return torch.cat(out)
 
 
-def refine(
-    model: VeilModel, span2: Span, seqs: list[list[int]], pad: int, sweeps: int = 20
-) -> tuple[list[list[int]], int]:
+def refine(model: VeilModel, span2: Span, seqs: list[list[int]], pad: int, sweeps: int) -> tuple[list[list[int]], int]:
     """Pairwise moves the position-wise assignment search cannot make: for two sentences and a
     cut t, exchange their tails from t on, or exchange their tokens at t alone. Each keeps the
     tokens at every position (the layer-1 pairs), so only layer 2 decides; the move that lowers
@@ -85,7 +90,7 @@ def refine(
         base = torch.tensor([float(cost[a] + cost[b]) for a, b in moves[::2]], dtype=torch.float64)
         gain = base - c
         j = int(gain.argmax())
-        if float(gain[j]) <= 1e-9:
+        if float(gain[j]) <= MIN_GAIN:
             break
         a, b = moves[2 * j]
         seqs[a], seqs[b] = pairs[2 * j], pairs[2 * j + 1]
@@ -93,53 +98,45 @@ def refine(
     return seqs, scored
 
 
-def sentence_layouts(cands: list[Tensor], specials: Any, B: int, pins: dict[int, int], limit: int = 6) -> list[Any]:
-    """Length hypotheses (`veil.attacks.span_search.length_layouts`, shortest first) that end a
-    sentence at every position where [SEP] passed layer 1 (those pairs are true); all of them if
-    none does."""
+class Assignment(Protocol):
+    """The encoder assignment search's settings (`SpanRobustOptions` holds them)."""
+
+    restarts: int
+    sweeps: int
+    refine: int
+    layouts: int
+    layout_pool: int
+
+
+def sentence_layouts(
+    cands: list[Tensor], specials: Specials, B: int, pins: dict[int, int], o: Assignment
+) -> list[Layout]:
+    """Length hypotheses (`veil.attacks.span.search.length_layouts`, shortest first; the first
+    ``o.layout_pool``, each sentence's length at any [SEP] position) that end a sentence at every
+    position where [SEP] passed layer 1 (those pairs are true); all of them if none does; the
+    first ``o.layouts`` of them."""
     sets = [c.tolist() for c in cands]
-    lays = length_layouts(sets, specials.sep, B, pins, limit=64, reach=B)
+    lays = length_layouts(sets, specials.sep, B, pins, limit=o.layout_pool, reach=B)
     seps = {t + 1 for t, c in enumerate(sets) if specials.sep in c}
     full = [lay for lay in lays if seps <= set(lay.lengths)]
-    return (full or lays)[:limit]
+    return (full or lays)[: o.layouts]
 
 
 def encoder_assign(
-    model: VeilModel,
-    span2: Span,
-    cands: list[Tensor],
-    specials: Any,
-    B: int,
-    *,
-    seed: int,
-    restarts: int = 1,
-    sweeps: int = 12,
-    rounds: int = 20,
-) -> tuple[list[list[int]], dict[str, Any]]:
+    model: VeilModel, span2: Span, cands: list[Tensor], specials: Specials, B: int, *, seed: int, o: Assignment
+) -> tuple[list[list[int]], dict[str, object]]:
     """Sentences of a bidirectional encoder from the layer-1 pairs: per length hypothesis
-    (`sentence_layouts`) and restart, position-wise assignment sweeps
-    (`veil.attacks.span.search.sweep`, every passing pair used), then `refine`; the lowest mean
-    layer-2 distance wins."""
+    (`sentence_layouts`) and restart (``o.restarts``, round robin), position-wise assignment
+    sweeps (`veil.attacks.span.search.sweep`, every passing pair used), then `refine`; the lowest
+    mean layer-2 distance wins."""
     cands = cands[: last_position(cands)]
-    sep, pad = specials.sep, specials.pad if specials.pad is not None else 0
     pins = coverage_pins(cands, specials)
-    sets = [c.tolist() for c in cands]
-    content = [[v for v in x if v != sep] for x in sets]
     rng = np.random.default_rng(seed)
     best: tuple[float, list[list[int]]] | None = None
-    scored, lays = 0, sentence_layouts(cands, specials, B, pins)
-    for lay in (lay for _ in range(max(1, restarts)) for lay in lays):
-        mask = (torch.arange(max(lay.lengths))[None] < torch.tensor(lay.lengths)[:, None]).long()
-        ids = initial_ids(lay, content, sets, sep, pad, rng)
-        for _ in range(sweeps):
-            changed, n = sweep(model, span2, ids, mask, lay, content, rng, set(pins), set())
-            scored += n
-            if not changed:
-                break
-        seqs = [ids[b, :n].tolist() for b, n in enumerate(lay.lengths)]
-        seqs, n = refine(model, span2, seqs, pad, rounds)
+    scored, lays = 0, sentence_layouts(cands, specials, B, pins, o)
+    for lay in (lay for _ in range(max(1, o.restarts)) for lay in lays):
+        score, seqs, n = _assign_layout(model, span2, cands, specials, lay, pins, rng, o)
         scored += n
-        score = float(_costs(model, span2, seqs, pad).sum()) / sum(lay.lengths)
         if best is None or score < best[0]:
             best = (score, seqs)
     if best is None:
@@ -147,9 +144,39 @@ def encoder_assign(
     return best[1], {"sentences_scored": scored, "layouts": len(lays), "mean_layer2_distance": best[0]}
 
 
+def _assign_layout(
+    model: VeilModel,
+    span2: Span,
+    cands: list[Tensor],
+    specials: Specials,
+    lay: Layout,
+    pins: dict[int, int],
+    rng: np.random.Generator,
+    o: Assignment,
+) -> tuple[float, list[list[int]], int]:
+    """One restart on one length hypothesis: a random start, up to ``o.sweeps`` assignment sweeps
+    (until one changes nothing), ``o.refine`` rounds of `refine`; returns the sentences' mean
+    layer-2 distance, the sentences and how many sentences were scored."""
+    sep, pad = specials.sep, specials.pad if specials.pad is not None else 0
+    sets = [c.tolist() for c in cands]
+    content = [[v for v in x if v != sep] for x in sets]
+    mask = (torch.arange(max(lay.lengths))[None] < torch.tensor(lay.lengths)[:, None]).long()
+    ids = initial_ids(lay, content, sets, sep, pad, rng)
+    scored = 0
+    for _ in range(o.sweeps):
+        changed, n = sweep(model, span2, ids, mask, lay, content, rng, set(pins), set())
+        scored += n
+        if not changed:
+            break
+    seqs = [ids[b, :n].tolist() for b, n in enumerate(lay.lengths)]
+    seqs, n = refine(model, span2, seqs, pad, o.refine)
+    score = float(_costs(model, span2, seqs, pad).sum()) / sum(lay.lengths)
+    return score, seqs, scored + n
+
+
 def decoder_assign(
-    model: VeilModel, span2: Span, cands: list[Tensor], specials: Any, B: int
-) -> tuple[list[list[int]], dict[str, Any]]:
+    model: VeilModel, span2: Span, cands: list[Tensor], specials: Specials, B: int
+) -> tuple[list[list[int]], dict[str, object]]:
     """Sentences of a causal decoder from the layer-1 pairs, left to right (DAGER alg. 1 with a
     ranking instead of a threshold): layer 2's input at t depends only on tokens <= t, so at each
     position the passing tokens are assigned to the live prefixes by the layer-2 distance of the
