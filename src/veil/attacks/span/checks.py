@@ -26,16 +26,32 @@ single as peeling subtracts the sentences found.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING
 
 import torch
 from torch import Tensor, nn
 
 from veil.attacks.span.core import Span, model_device
+from veil.attacks.span.options import DEFAULTS, SpanOptions
 from veil.models.base import VeilModel
 
+if TYPE_CHECKING:
+    from veil.attacks.span.residual import Residual
 
-def row_span(g: Tensor, k: int | None = None, tol: float = 1e-6, region: float = 1e-4, min_drop: float = 3.0) -> Span:
+#: relative singular value above which a direction of the last block's Q gradient counts toward its
+#: rank: float64 SVD of a float32 gradient, whose rounding sits orders of magnitude below it
+RANK_GAP = 1e-5
+
+#: `row_span`'s spectrum cut: drops searched only below this relative singular value (the float32
+#: noise floor of a gradient sits just below its weakest real directions), and only a drop of at
+#: least `MIN_DROP` x counts as the floor
+REGION = 1e-4
+MIN_DROP = 3.0
+
+
+def row_span(
+    g: Tensor, k: int | None = None, tol: float = DEFAULTS.rank_tol, region: float = REGION, min_drop: float = MIN_DROP
+) -> Span:
     """Orthonormal basis of the row space of `g`: its top `k` right singular vectors, else those
     above the largest drop (at least `min_drop` x) of the singular values below `region` x the
     largest (the float32 noise floor of a gradient sits just below its weakest real directions,
@@ -60,7 +76,13 @@ class CLSCheck:
     last block's Q gradient has rank <= left (a [CLS]-pooled classifier), else "all" (every
     token's row reaches the loss, e.g. mean pooling); `usable` says whether the span leaves a gap."""
 
-    def __init__(self, res: Any, rank_gap: float = 1e-5, max_fill: float = 7 / 8, tol: float = 1e-4) -> None:
+    def __init__(
+        self,
+        res: Residual,
+        rank_gap: float = RANK_GAP,
+        max_fill: float = DEFAULTS.cls_fill,
+        tol: float = DEFAULTS.tol_cls,
+    ) -> None:
         model = res.model
         self.module = model.attention_layers()[-1].q
         k = res.left
@@ -116,7 +138,7 @@ class RowCheck:
 
     rows = "grad"
 
-    def __init__(self, res: Any, tol: float = 1e-3) -> None:
+    def __init__(self, res: Residual, tol: float = DEFAULTS.tol_row) -> None:
         g = res.token_grad()
         self.target = g.float() if g is not None else None
         self.batch_size = res.batch_size
@@ -149,7 +171,7 @@ class RowCheck:
         return float(miss.min())
 
 
-def exact_check(res: Any, opts: Any) -> CLSCheck | RowCheck:
+def exact_check(res: Residual, opts: SpanOptions) -> CLSCheck | RowCheck:
     """The residual's exact test: the last block's span where it leaves a gap (a forward pass per
     candidate), else the embedding rows (a backward pass too); check `.usable`."""
     check = CLSCheck(res, max_fill=opts.cls_fill)

@@ -33,6 +33,7 @@ from torch import Tensor, nn
 
 from veil.attacks.span.checks import CLSCheck, RowCheck, row_span
 from veil.attacks.span.core import ACT_FLOATS, Span, model_device, rows_per_call
+from veil.attacks.span.options import DEFAULTS
 from veil.attacks.span.residual import Residual
 from veil.attacks.span.rowwise import block1_row
 from veil.attacks.span.score import ROW_BLOCKS, PositionPrior, SentenceScore, _probe
@@ -51,7 +52,7 @@ def mlp_spans(res: Residual, blocks: int) -> list[tuple[nn.Module, Span]]:
     return out
 
 
-def mlp_usable(spans: list[tuple[nn.Module, Span]], max_fill: float = 0.5) -> bool:
+def mlp_usable(spans: list[tuple[nn.Module, Span]], max_fill: float = DEFAULTS.mlp_max_fill) -> bool:
     """Whether the MLP spans leave room: each keeps at most `max_fill` of its hidden width (its
     rank is at most the model's width, a quarter of a 4x MLP), so a wrong sentence's activations
     have room to leave it."""
@@ -70,6 +71,11 @@ def mlp_fill(spans: list[tuple[nn.Module, Span]]) -> float:
     """How full the MLP spans are: the largest rank / rank limit (`mlp_exact`'s limit, the
     projection's output width less one); 0 without spans."""
     return max((sp.rank / max(1, int(getattr(m, "out_features", sp.width)) - 1) for m, sp in spans), default=0.0)
+
+
+#: tolerance of the shared-rows self-check (`MLPScore.at`): float32 rounding of two orders of the
+#: same sums, far below what a wrong row would differ by
+SAME = 1e-4
 
 
 class MLPScore(SentenceScore):
@@ -136,7 +142,7 @@ class MLPScore(SentenceScore):
             return self._scores(ids)[0][:, t]
         if self.rows_shared is None:  # first use: the shared rows must give the plain path's rows
             plain = block1_row(self.model, ids, t, down, shared=False)
-            self.rows_shared = plain.shape == a.shape and bool(torch.allclose(a, plain, atol=1e-4, rtol=1e-4))
+            self.rows_shared = plain.shape == a.shape and bool(torch.allclose(a, plain, atol=SAME, rtol=SAME))
             a = plain
         return _distance(a[:, 0], self.bases[0]).cpu()
 

@@ -47,6 +47,11 @@ class SpanOptions(Options):
         1,
         "peeling, where the layer-2 span is crowded: search on the first k blocks' MLP down-projection spans (span.mlp; 0: off)",
     )
+    mlp_max_fill: float = option(
+        0.5,
+        "peeling: the MLP objective applies while each MLP down-projection span keeps at most this fraction of its "
+        "hidden width (its rank is at most the model's width, a quarter of a 4x MLP)",
+    )
     mlp_codim: float = option(
         0.4, "peeling: the MLP objective also where layer 2's span leaves less than this fraction of the width"
     )

@@ -101,7 +101,9 @@ def _objective(
     crowded = gap < span2.width * opts.crowded
     tight = gap < opts.mlp_codim * span2.width  # layer 2's gap is narrow
     mlp = mlp_spans(res, opts.mlp_blocks) if (crowded or tight) and opts.mlp_blocks > 0 else []
-    if mlp_usable(mlp):  # the MLP down-projections still pin positions: searched as an uncrowded span
+    if mlp_usable(
+        mlp, opts.mlp_max_fill
+    ):  # the MLP down-projections still pin positions: searched as an uncrowded span
         objective = Objective.MLP if mlp_exact(mlp) else Objective.MLP_GRADED
         return MLPScore(res.model, mlp, span2, check), objective, False, mlp_fill(mlp)
     score = SentenceScore(
@@ -137,34 +139,36 @@ def setup_stage(
     prior = PositionPrior(res, len(cands), weight=opts.prior_weight)
     score, objective, crowded, fill = _objective(res, check, span2, prior, opts)
     plan = SCHEDULE[regime(objective, crowded, past or fill >= opts.suffix_near)]
+    walks = _walks(cands, specials, rng, carried, prior, not crowded, plan, opts)
+    gate = float("inf") if objective != Objective.LAYER2 else opts.tol2
+    ranks = (span1.rank, span2.rank)
+    stage = Stage(check, *ranks, crowded, prior, score, cands, res.left, objective, gate, plan, walks, opts, members)
+    for m in members:
+        m.begin(stage)
+    return stage
+
+
+def _walks(
+    cands: list[Tensor],
+    specials: Specials,
+    rng: np.random.Generator,
+    carried: dict[int, list[int]],
+    prior: PositionPrior,
+    narrow: bool,
+    plan: Plan,
+    opts: SpanOptions,
+) -> Walks:
+    """One walker per length hypothesis, started at the position prior's best tokens, or where the
+    previous stage's walk of that length stood; `narrow`: sweeps try the prior's `narrow` likeliest
+    tokens first (not on the crowded objective)."""
     walkers = length_walkers(cands, specials, rng, opts)
     for w in walkers:
         w.start_at(prior)
         if w.n in carried:  # the walk of the stage before, at this length, resumes where it stood
             w.seed(carried[w.n][1:-1])
-        if not crowded and opts.narrow > 0:
+        if narrow and opts.narrow > 0:
             w.narrow = opts.narrow
-    walks = Walks(walkers, prior, specials.sep, set(carried), opts, plan.reseed, plan.merit)
-    gate = float("inf") if objective != Objective.LAYER2 else opts.tol2
-    stage = Stage(
-        check,
-        span1.rank,
-        span2.rank,
-        crowded,
-        prior,
-        score,
-        cands,
-        res.left,
-        objective,
-        gate,
-        plan,
-        walks,
-        opts,
-        members,
-    )
-    for m in members:
-        m.begin(stage)
-    return stage
+    return Walks(walkers, prior, specials.sep, set(carried), opts, plan.reseed, plan.merit)
 
 
 def search_stage(

@@ -41,6 +41,11 @@ def ranked_tokens(cands: list[Tensor], prior: PositionPrior, special: set[int]) 
     return out
 
 
+#: relative decrease of a repaired sentence's summed layer-2 distance that counts as a move: above
+#: float32 rounding of the sum, below what one token put right changes
+REPAIR_MARGIN = 1e-4
+
+
 class PrefixSeeder:
     """Beam-grown prefixes and their whole-sentence repair (`prefix_seed`), with the counted work.
     `hits`: the sentences that passed the exact check, in the order found."""
@@ -131,7 +136,7 @@ class PrefixSeeder:
                 var[:, t] = opts
                 d = self._score(var)
                 j = int(d.sum(1).argmin())
-                if float(d[j].sum()) < f - 1e-4 * max(f, 1.0):
+                if float(d[j].sum()) < f - REPAIR_MARGIN * max(f, 1.0):
                     x, pc, f, moved = var[j : j + 1].clone(), d[j], float(d[j].sum()), True
             if not moved:
                 break

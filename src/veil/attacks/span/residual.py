@@ -5,11 +5,10 @@ so a found sentence's own gradient / B is subtracted exactly; what is left belon
 
 from __future__ import annotations
 
-from typing import Any
-
 import torch
-from torch import Tensor
+from torch import Tensor, nn
 
+from veil.attacks.base import Observation
 from veil.attacks.span.checks import CLSCheck, RowCheck, row_span
 from veil.attacks.span.core import Span, qkv_modules
 from veil.models.base import linear_weight
@@ -27,7 +26,7 @@ class Residual:
     ([CLS] pooling), or by the sentence's length (mean pooling).
     """
 
-    def __init__(self, obs: Any, batch_size: int) -> None:
+    def __init__(self, obs: Observation, batch_size: int) -> None:
         self.model = obs.model
         self.names = {id(p): n for n, p in self.model.named_parameters()}
         layers = self.model.attention_layers()
@@ -40,7 +39,7 @@ class Residual:
         self.batch_size = batch_size
         self.left = batch_size
 
-    def weight_grad(self, module: Any) -> Tensor:
+    def weight_grad(self, module: nn.Module) -> Tensor:
         return linear_weight(module, self.grads[self.names[id(module.weight)]])
 
     def token_grad(self) -> Tensor | None:

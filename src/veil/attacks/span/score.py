@@ -6,10 +6,9 @@ the last block's span (`CLSCheck`), and the position prior read off the two embe
 from __future__ import annotations
 
 from enum import StrEnum
-from typing import Any
 
 import torch
-from torch import Tensor
+from torch import Tensor, nn
 
 from veil.attacks.span.checks import CLSCheck, RowCheck, label_grads
 from veil.attacks.span.core import ACT_FLOATS, Span, model_device, recording_inputs, rows_per_call
@@ -33,8 +32,19 @@ class Objective(StrEnum):
 #: attention over the varied columns, its MLP on one row): about a fifth of block 1 over every token
 ROW_BLOCKS = 0.25
 
+#: tolerances of the one-row self-check (`SentenceScore.at`): float32 rounding of the same row
+#: computed alone and in the full pass, far below what a wrong row would differ by
+ROW_ATOL, ROW_RTOL = 1e-4, 1e-3
 
-def _probe(model: VeilModel, mods: list[Any], stop: Any, ids: Tensor, mask: Tensor) -> dict[int, Tensor]:
+#: a token-table gradient row is in the bag above this fraction of the largest row: peeled rows
+#: leave ~1e-7 of float32 residue
+BAG_FLOOR = 1e-4
+
+#: prior costs this close count as a tie (float32 least squares; the first in order wins)
+TIE = 1e-4
+
+
+def _probe(model: VeilModel, mods: list[nn.Module], stop: nn.Module, ids: Tensor, mask: Tensor) -> dict[int, Tensor]:
     """The inputs of `mods` for sentences `ids`, stopping the forward pass at `stop`'s input."""
     dev = model_device(model)
     with recording_inputs(mods, stop=stop) as seen:
@@ -122,7 +132,7 @@ class SentenceScore:
             c = c + self.prior(ids)[:, t]
         if self.row_ok is None:
             full = self(ids)[0][:, t]
-            self.row_ok = bool(torch.allclose(c, full, atol=1e-4, rtol=1e-3))
+            self.row_ok = bool(torch.allclose(c, full, atol=ROW_ATOL, rtol=ROW_RTOL))
             c = full
         return c
 
@@ -177,7 +187,7 @@ class PositionPrior:
     objective, and the prior's cost on repeated tokens would move its minimum off it.
     """
 
-    def __init__(self, res: Residual, length: int, weight: float = 0.2) -> None:
+    def __init__(self, res: Residual, length: int, weight: float = DEFAULTS.prior_weight) -> None:
         self.weight = weight
         self.cost: Tensor | None = None
         G, P = res.token_grad(), res.position_grad()
@@ -185,7 +195,7 @@ class PositionPrior:
             return
         G, P = G.cpu(), P.cpu()  # a small least-squares fit: on the CPU, where the searches read it
         norms = G.norm(dim=1)
-        bag = torch.nonzero(norms > 1e-4 * float(norms.max())).flatten()  # peeled rows leave ~1e-7 of float32 residue
+        bag = torch.nonzero(norms > BAG_FLOOR * float(norms.max())).flatten()
         if not len(bag):
             return
         T = min(length, P.shape[0])
@@ -208,4 +218,4 @@ class PositionPrior:
         if self.cost is None or t >= self.cost.shape[0]:
             return None
         c = self.cost[t, allowed]
-        return int(allowed[int(torch.nonzero(c <= c.min() + 1e-4).flatten()[0])])  # near-ties: the first in order
+        return int(allowed[int(torch.nonzero(c <= c.min() + TIE).flatten()[0])])  # near-ties: the first in order
