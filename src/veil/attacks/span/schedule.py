@@ -55,14 +55,14 @@ class Plan:
 
 SCHEDULE: dict[Regime, Plan] = {
     Regime.LAYER2: Plan(
-        when="layer 2's span leaves >= `mlp_codim` of the width free",
+        when="layer 2's span leaves >= `crowded` of the width free, and >= `mlp_codim` or no usable MLP span",
         cost="layer-2 span distance (1 block)",
         before=(Member.PENDING, Member.PREFIX, Member.SUFFIX),
         loop=Member.WALKERS,
         reseed=(Member.CROSS,),
     ),
     Regime.CROWDED: Plan(
-        when="gap < `crowded` of the width and no usable MLP span",
+        when="layer 2 leaves < `crowded` of the width free and no usable MLP span",
         cost="layer-2 distance + embedding-gradient match + `prior_weight` x position prior "
         "+ `cls_weight` x exact-test distance (every block, forward and backward)",
         before=(Member.PENDING,),
@@ -71,21 +71,21 @@ SCHEDULE: dict[Regime, Plan] = {
         merit=True,
     ),
     Regime.MLP: Plan(
-        when="layer 2 crowded or tight, block-1 MLP span below `suffix_near` of its rank limit",
+        when="layer 2 leaves < `mlp_codim` free; the MLP span usable (<= `mlp_max_fill`), below `suffix_near` of its rank limit",
         cost="block-1 MLP down-projection input distance",
         before=(Member.PENDING, Member.PREFIX, Member.SUFFIX),
         loop=Member.WALKERS,
         reseed=(Member.CROSS,),
     ),
     Regime.MLP_NEAR: Plan(
-        when="as `mlp`, the span within `suffix_near` of its limit, or the search began at the limit",
+        when="as `mlp`, the span at >= `suffix_near` of its rank limit, or the search met `mlp-graded` before",
         cost="as `mlp`",
         before=(Member.PENDING, Member.SUFFIX, Member.PREFIX),
         loop=Member.WALKERS,
         reseed=(Member.CROSS,),
     ),
     Regime.MLP_GRADED: Plan(
-        when="the MLP span at its rank limit",
+        when="layer 2 leaves < `mlp_codim` free; the MLP span usable but at its rank limit",
         cost="as `mlp`, graded",
         before=(Member.PENDING, Member.SUFFIX),
         loop=Member.TURNS,
