@@ -35,7 +35,8 @@ import torch
 from torch import Tensor, nn
 
 from veil.attacks.base import Knowledge, Observation, Reconstruction
-from veil.attacks.span.core import Span, Specials, model_device, position_candidates, qkv_modules
+from veil.attacks.span.core import PAIRS_PER_CALL, Span, Specials, model_device, position_candidates, qkv_modules
+from veil.attacks.span.options import DEFAULTS, SpanOptions
 from veil.attacks.span.search import SearchInput, decoder_search, encoder_search
 from veil.errors import VeilError
 from veil.models.base import NoPositionTable, VeilModel
@@ -72,6 +73,11 @@ class AdapterSpan(Span):
 ONE_FREE_WEIGHT = 1e3
 
 
+#: two positions' layer inputs are the same where they differ by less than this relative norm (float
+#: rounding of identical inputs; a different token moves it by O(1))
+SAME = 1e-6
+
+
 def free_dims(span: Span, a: Tensor) -> int:
     """Dimensions the adapter's span leaves free in the space A maps into (rank min(r, in))."""
     return min(a.shape) - span.rank
@@ -84,7 +90,7 @@ def no_repeats(x: Tensor, d: Tensor) -> Tensor:
     layer-2 input at every position (attention averages identical values), so it passes wherever
     ``v`` is the true first token and would outscore the sentence. Every other extension adds an
     input of its own; one that adds none carries no evidence and is dropped."""
-    same = (x[:, 1:] - x[:, :-1]).norm(dim=-1) <= 1e-6 * x[:, 1:].norm(dim=-1)
+    same = (x[:, 1:] - x[:, :-1]).norm(dim=-1) <= SAME * x[:, 1:].norm(dim=-1)
     out = d.clone()
     out[:, 1:] = torch.where(same, torch.ones_like(d[:, 1:]), d[:, 1:])
     return out
@@ -98,7 +104,7 @@ def lora_layers(model: VeilModel) -> bool:
         return False
 
 
-def adapter_span(obs: Observation, layer: int, rank_tol: float = 1e-6) -> Span:
+def adapter_span(obs: Observation, layer: int, rank_tol: float = DEFAULTS.rank_tol) -> AdapterSpan:
     """The span of attention layer `layer`'s inputs, projected by its adapters' A (see the module
     docstring): each exported dL/dB's row space with its A."""
     layers = obs.model.attention_layers()
@@ -127,7 +133,7 @@ def adapter_span(obs: Observation, layer: int, rank_tol: float = 1e-6) -> Span:
     )
 
 
-def token_candidates(model: VeilModel, span: Span, tol: float, chunk: int = 8192) -> Tensor:
+def token_candidates(model: VeilModel, span: Span, tol: float, chunk: int = PAIRS_PER_CALL) -> Tensor:
     """Tokens v whose first-layer input ``h0(v)`` passes, for a model without a position table
     (its first-layer input does not depend on the position)."""
     emb = model.token_embedding().weight
@@ -141,21 +147,12 @@ def token_candidates(model: VeilModel, span: Span, tol: float, chunk: int = 8192
     return torch.cat(found)
 
 
-def lora_reconstruct(options: Any, obs: Observation, know: Knowledge) -> Reconstruction:
+def lora_reconstruct(options: SpanOptions, obs: Observation, know: Knowledge) -> Reconstruction:
     """The span attack of the module docstring with `options` (`SpanOptions`: tol1, tol2, rank_tol,
     max_len, max_per_position, restarts, sweeps, budget, beam, seed)."""
     model, o = obs.model, options
     span1, span2 = adapter_span(obs, 0, o.rank_tol), adapter_span(obs, 1, o.rank_tol)
-    try:
-        limit = model.position_table().reshape(-1, span1.width).shape[0]
-        table = True
-    except NoPositionTable:
-        limit, table = model.max_positions(), False
-        span2.distinct = True
-    max_len = int(o.max_len or know.seq_len or limit)
-    if max_len > limit:
-        raise VeilError(f"span: max_len {max_len} exceeds the model's {limit} positions")
-    seed = know.seed if o.seed is None else o.seed
+    max_len, table = _max_len(model, span1, span2, o, know)
     budget = o.sentences(know.batch_size or 1)
     was = model.training
     model.eval()
@@ -165,12 +162,9 @@ def lora_reconstruct(options: Any, obs: Observation, know: Knowledge) -> Reconst
                 cands = position_candidates(model, span1, max_len, o.tol1, max_per_position=o.max_per_position)[0]
             else:
                 cands = [token_candidates(model, span1, o.tol1)] * max_len
-            inp = SearchInput(model, span2, cands, Specials.of(model, know), o.tol2, know.batch_size)
-            if model.task == "lm":
-                seqs, info = decoder_search(inp, beam=o.beam, budget=budget)
-            else:
-                seqs, info = encoder_search(inp, seed=seed, restarts=o.restarts, sweeps=o.sweeps, budget=budget)
-                info = {"search": "assignment", **info}
+            seqs, info = _search(
+                SearchInput(model, span2, cands, Specials.of(model, know), o.tol2, know.batch_size), o, know, budget
+            )
     finally:
         model.train(was)
     stats = {
@@ -185,9 +179,34 @@ def lora_reconstruct(options: Any, obs: Observation, know: Knowledge) -> Reconst
     }
     scored = int(info.get("sentences_scored", info.get("prefixes_tested", 0)))
     stats.update(work={"sentences_scored": scored}, budget_stopped=scored >= budget)
-    if not seqs:
-        seqs = [[] for _ in range(know.batch_size or 1)]
+    seqs = seqs or [[] for _ in range(know.batch_size or 1)]
     return Reconstruction(token_ids=seqs, token_set={int(v) for c in cands for v in c.tolist()}, stats=stats)
+
+
+def _max_len(
+    model: VeilModel, span1: AdapterSpan, span2: AdapterSpan, o: SpanOptions, know: Knowledge
+) -> tuple[int, bool]:
+    """The longest sentence searched and whether the model has a position table; without one
+    (RoPE) layer 2 refuses repeated inputs (`AdapterSpan.distinct`)."""
+    try:
+        limit = model.position_table().reshape(-1, span1.width).shape[0]
+        table = True
+    except NoPositionTable:
+        limit, table = model.max_positions(), False
+        span2.distinct = True
+    max_len = int(o.max_len or know.seq_len or limit)
+    if max_len > limit:
+        raise VeilError(f"span: max_len {max_len} exceeds the model's {limit} positions")
+    return max_len, table
+
+
+def _search(inp: SearchInput, o: SpanOptions, know: Knowledge, budget: int) -> tuple[list[list[int]], dict[str, Any]]:
+    """Layer 2 on the adapters' span: left to right (decoders) or the assignment search (encoders)."""
+    if inp.model.task == "lm":
+        return decoder_search(inp, beam=o.beam, budget=budget)
+    seed = know.seed if o.seed is None else o.seed
+    seqs, info = encoder_search(inp, seed=seed, restarts=o.restarts, sweeps=o.sweeps, budget=budget)
+    return seqs, {"search": "assignment", **info}
 
 
 __all__ = ["AdapterSpan", "adapter_span", "lora_layers", "lora_reconstruct", "token_candidates"]
