@@ -44,8 +44,9 @@ Without MJP (no ``mjp`` in the knowledge, gamma 0, a model without ``E_unk``, or
 stats. veil's MJP refuses causal LMs, so on decoders span-mjp is the span attack.
 
 Options (`SpanMJPOptions`): ``corpus`` (``sst2-train``, ``agnews-train``, or ``none`` for no
-reordering), ``order``, ``discount``, ``beam`` (the reordering's), ``zero_tol`` (relative norm of a
-zero position-gradient row); every other option is the span attack's and goes to it.
+reordering), ``corpus_len`` (tokens kept per public sentence), ``order``, ``discount``, ``beam`` (the
+reordering's), ``zero_tol`` (relative norm of a zero position-gradient row); every other option is
+the span attack's and goes to it.
 """
 
 from __future__ import annotations
@@ -65,14 +66,34 @@ from veil.attacks.ngram import NGram, order_bag
 from veil.attacks.options import option
 from veil.attacks.span.attack import SpanAttack, SpanOptions
 from veil.attacks.span.core import span_reads
+from veil.data.tokenizers import Tokenizer
 from veil.errors import VeilError
 from veil.models.base import VeilModel
 
 CORPORA = ("sst2-train", "agnews-train", "none")
-_LM_CACHE: weakref.WeakKeyDictionary[Any, dict[tuple[Any, ...], NGram]] = weakref.WeakKeyDictionary()
+_LM_CACHE: weakref.WeakKeyDictionary[Tokenizer, dict[tuple[str, int, float, int], NGram]] = weakref.WeakKeyDictionary()
 
 
-def selected_slots(obs: Observation, zero_tol: float = 1e-12) -> tuple[Tensor, int]:
+@dataclass(frozen=True)
+class SpanMJPOptions(SpanOptions):
+    corpus: Literal["sst2-train", "agnews-train", "none"] = option(
+        "sst2-train", "public text of the n-gram word-order prior (none: no reordering)"
+    )
+    corpus_len: int = option(128, "tokens kept of each public sentence the n-gram prior is counted on")
+    order: int = option(3, "n-gram order of the word-order prior")
+    discount: float = option(0.75, "Kneser-Ney discount of the n-gram model")
+    beam: int | None = option(
+        256, "beam of the n-gram reordering of the shuffled tokens (not the span search's); unset: the default's"
+    )
+    zero_tol: float = option(1e-12, "relative norm below which a position-gradient row is zero (an E_unk slot)")
+
+
+#: SpanMJPOptions' own fields (beam: the reordering's); the others go to the span attack
+OWN = frozenset({"corpus", "corpus_len", "order", "discount", "beam", "zero_tol"})
+DEFAULTS = SpanMJPOptions()
+
+
+def selected_slots(obs: Observation, zero_tol: float = DEFAULTS.zero_tol) -> tuple[Tensor, int]:
     """(T,) bool of the slots MJP gave ``E_unk`` (zero rows of the position-table gradient before
     the last non-zero row), and the sentence length (last non-zero row + 1)."""
     model = obs.model
@@ -115,12 +136,19 @@ def public_text(name: str) -> list[str]:
     raise VeilError(f"span-mjp corpus {name!r} is not known; choose one of: {', '.join(CORPORA)}")
 
 
-def public_ngram(name: str, tokenizer: Any, order: int = 3, discount: float = 0.75) -> NGram:
-    """The n-gram model of corpus `name` in `tokenizer`'s ids (cached while the tokenizer lives)."""
+def public_ngram(
+    name: str,
+    tokenizer: Tokenizer,
+    order: int = DEFAULTS.order,
+    discount: float = DEFAULTS.discount,
+    max_len: int = DEFAULTS.corpus_len,
+) -> NGram:
+    """The n-gram model of corpus `name` in `tokenizer`'s ids, each sentence cut at `max_len`
+    tokens (cached while the tokenizer lives)."""
     cache = _LM_CACHE.setdefault(tokenizer, {})
-    key = (name, order, discount)
+    key = (name, order, discount, max_len)
     if key not in cache:
-        ids, mask = tokenizer.encode(public_text(name), 128)
+        ids, mask = tokenizer.encode(public_text(name), max_len)
         sents = [row[m.bool()].tolist() for row, m in zip(ids, mask)]
         cache[key] = NGram(sents, tokenizer.vocab_size, bos=tokenizer.cls_id, order=order, discount=discount)
     return cache[key]
@@ -132,17 +160,6 @@ def reorder(lm: NGram, sentence: list[int], selected: Tensor, beam: int) -> tupl
     template = [None if s else v for v, s in zip(sentence, sel)]
     bag = [v for v, s in zip(sentence, sel) if s]
     return order_bag(lm, template, bag, beam=beam)
-
-
-@dataclass(frozen=True)
-class SpanMJPOptions(SpanOptions):
-    corpus: Literal["sst2-train", "agnews-train", "none"] = option(
-        "sst2-train", "public text of the n-gram word-order prior (none: no reordering)"
-    )
-    order: int = option(3, "n-gram order of the word-order prior")
-    discount: float = option(0.75, "Kneser-Ney discount of the n-gram model")
-    beam: int | None = option(256, "beam of the n-gram reordering of the shuffled tokens (not the span search's)")
-    zero_tol: float = option(1e-12, "relative norm below which a position-gradient row is zero (an E_unk slot)")
 
 
 @ATTACKS.register(
@@ -168,8 +185,7 @@ class SpanMJPAttack(Attack[SpanMJPOptions]):
         return self._span().budget()
 
     def _span(self) -> SpanAttack:
-        own = {"corpus", "order", "discount", "beam", "zero_tol"}  # SpanMJPOptions' own (beam: the reordering's)
-        return SpanAttack(**{k: v for k, v in self.settings.items() if k not in own})
+        return SpanAttack(**{k: v for k, v in self.settings.items() if k not in OWN})
 
     def reads(self, model: VeilModel) -> list[str]:
         """The first two attention layers' Q/K/V and the last one's Q, the token embedding (its
@@ -202,8 +218,9 @@ class SpanMJPAttack(Attack[SpanMJPOptions]):
                 "batch > 1: only slots every sentence shuffled are known; the others' shuffled tokens match no position"
             )
         if corpus != "none" and know.tokenizer is not None and rec.token_ids:
-            lm = public_ngram(corpus, know.tokenizer, o.order, o.discount)
-            out = [reorder(lm, list(seq), selected, int(o.beam or 256)) for seq in rec.token_ids]
+            lm = public_ngram(corpus, know.tokenizer, o.order, o.discount, o.corpus_len)
+            beam = int(o.beam or DEFAULTS.beam)  # type: ignore[arg-type]  # the default is set
+            out = [reorder(lm, list(seq), selected, beam) for seq in rec.token_ids]
             rec.token_ids = [o[0] for o in out]
             stats.update(ngram_sentences=lm.sentences, ngram_logprob=[round(o[1], 2) for o in out])
         elif corpus != "none":
@@ -213,7 +230,8 @@ class SpanMJPAttack(Attack[SpanMJPOptions]):
 
 
 def _not_applied(mjp: dict[str, Any], unk: Tensor | None) -> str | None:
-    """Why MJP's E_unk cannot be used (None when it can)."""
+    """Why MJP's E_unk cannot be used (None when it can); `mjp`: MJP's `describe()` record from
+    `Knowledge.defense` (free-form, as every defense's)."""
     if not mjp:
         return "no MJP in the knowledge: plain span attack"
     if not mjp.get("gamma"):
