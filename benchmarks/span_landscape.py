@@ -127,7 +127,7 @@ def main() -> None:
                 var[:, t] = cands[t]
                 f = score(var)[0].sum(1)
                 ranks.append(int((f < f[cands[t] == s[t]].min()).sum()))
-            walker = next(w for w in stage.walkers if w.n == n)
+            walker = next(w for w in stage.walks.walkers if w.n == n)
             basin = {}
             for k in map(int, args.basin.split(",")):
                 back = 0

@@ -40,7 +40,8 @@ for the dropped coordinates, and recovers such updates.
 
 The package, bottom up: `core` (spans, layer inputs, layer-1 candidates, LayerNorm pins), `checks`
 (the peeling search's exact sentence test), `search` (decoder extension, encoder assignment),
-`residual` / `score` / `mlp` / `walker` / `prefix` / `suffix` / `peel` (the peeling search), `robust_search` / `robust`
+`residual` / `score` / `mlp` / `walker` / `strategy` / `schedule` / `prefix` / `suffix` / `walks` / `peel`
+(the peeling search), `robust_search` / `robust`
 (``span-robust``), and one module per registered attack: `attack` (``span``), `mjp`
 (``span-mjp``), `robust` (``span-robust``). Nothing imports upward.
 """

@@ -267,7 +267,7 @@ class Peeling:
     def __init__(self, res: Residual, specials: Specials, opts: SpanOptions, seed: int, seeds: bool) -> None:
         self.res, self.specials, self.opts = res, specials, opts
         self.rng = np.random.default_rng(seed)
-        self.members = Members(Pending(), PrefixSeeds(specials, seeds), SuffixGrowth(specials, opts.suffix_seeds, opts))
+        self.members = Members(Pending(), PrefixSeeds(specials, seeds), SuffixGrowth(specials, opts.suffix_seeds))
         self.found: list[list[int]] = []
         self.labels: list[int] = []
         self.steps = self.rounds = 0

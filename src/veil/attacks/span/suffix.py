@@ -31,7 +31,6 @@ import torch
 from torch import Tensor
 
 from veil.attacks.span.core import Specials
-from veil.attacks.span.options import DEFAULTS, SpanOptions
 from veil.attacks.span.score import Objective
 from veil.attacks.span.strategy import Proposal, StageView
 from veil.attacks.span.walker import IMPROVE
@@ -48,8 +47,8 @@ class SuffixGrowth:
     and whether the model's block 1 reads the token before each position (`reads_previous`,
     tested on the search's first growth: the repair sweeps run only then)."""
 
-    def __init__(self, specials: Specials, on: bool, opts: SpanOptions = DEFAULTS) -> None:
-        self.specials, self.on, self.opts = specials, on, opts
+    def __init__(self, specials: Specials, on: bool) -> None:
+        self.specials, self.on = specials, on
         self.past = False
         self.reads_previous: bool | None = None
         self.seeder: SuffixSeeder | None = None  # this stage's, where it ran
@@ -72,7 +71,7 @@ class SuffixGrowth:
         sp = self.specials
         if not self.on or sp.cls is None or sp.sep is None or len(view.cands) < 3:
             return Proposal()
-        sd = self.seeder = SuffixSeeder(view, sp, view.tol, self.opts)
+        sd = self.seeder = SuffixSeeder(view, sp, view.tol)
         if self.reads_previous is None:
             self.reads_previous = reads_previous(sd, view.lengths[-1]) if view.lengths else False
         return suffix_seed(view, sd, budget, sweeps=None if self.reads_previous else 1)
@@ -83,8 +82,8 @@ class SuffixSeeder:
     (`steps`: sentences scored, part of the stage's); `hits`: sentences that passed the exact
     check, in the order found."""
 
-    def __init__(self, view: StageView, specials: Specials, tol_cls: float = 0.0, opts: SpanOptions = DEFAULTS) -> None:
-        self.view, self.specials, self.tol_cls, self.opts = view, specials, tol_cls, opts
+    def __init__(self, view: StageView, specials: Specials, tol_cls: float = 0.0) -> None:
+        self.view, self.specials, self.tol_cls, self.opts = view, specials, tol_cls, view.opts
         special = {v for v in (specials.sep, specials.cls, specials.pad) if v is not None}
         self.content = [torch.tensor([v for v in c.tolist() if v not in special], dtype=torch.long) for c in view.cands]
         self.filler = [self._filler(t) for t in range(len(self.content))]
