@@ -199,5 +199,5 @@ def length_walkers(
             continue
         first = torch.tensor([cls if cls is not None else int(cands[0][0])])
         last = torch.tensor([sep]) if sep is not None else cands[n - 1]
-        out.append(Walker([first, *content, last], rng, kick=opts.kick))
+        out.append(Walker([first, *content, last], rng, opts=opts))
     return out
