@@ -107,6 +107,14 @@ DEFAULTS = SpanRobustOptions()
 #: candidate (token, position) pairs per robust fit: each holds a (rank x rank) system, so this
 #: bounds one call's memory; not a tunable of the test
 FIT_CHUNK = 192
+#: numerical guards of the fits, not tunables: a LayerNorm gain this close to 0 is held at it (the
+#: division stays finite), singular values below `BASIS_TOL` x the largest are rounding of the
+#: LayerNorm basis, IRLS weights are capped at 1 / (`IRLS_FLOOR` x the row's largest entry), and
+#: `RIDGE` keeps each normal-equation system positive definite
+GAIN_FLOOR = 1e-12
+BASIS_TOL = 1e-10
+IRLS_FLOOR = 1e-7
+RIDGE = 1e-12
 
 
 # ----------------------------------------------------------------------------- the dropped span
@@ -146,9 +154,9 @@ def first_span(obs: Observation, max_rank: int | None = None) -> Span:
         return span
     gamma = norm.weight.detach().double() if norm.weight is not None else torch.ones(span.width, dtype=torch.float64)
     beta = norm.bias.detach().double() if norm.bias is not None else torch.zeros(span.width, dtype=torch.float64)
-    gamma = torch.where(gamma.abs() < 1e-12, torch.full_like(gamma, 1e-12), gamma)
+    gamma = torch.where(gamma.abs() < GAIN_FLOOR, torch.full_like(gamma, GAIN_FLOOR), gamma)
     vecs = torch.cat([span.basis.T / gamma, (beta / gamma)[None], torch.ones(1, span.width, dtype=torch.float64)])
-    return row_span(vecs, tol=1e-10)
+    return row_span(vecs, tol=BASIS_TOL)
 
 
 def clean_inputs(model: VeilModel, ids: Tensor, positions: Tensor) -> Tensor:
@@ -171,11 +179,11 @@ def robust_residuals(
     n = Q.shape[1]
     eye = torch.eye(n, dtype=torch.float64)
     outer = (Q[:, :, None] * Q[:, None, :]).reshape(len(Q), n * n)  # row d: q_d q_d^T, so W @ outer = Q^T diag(w) Q
-    floor = 1e-7 * y.abs().amax(1, keepdim=True).clamp_min(1e-300)
+    floor = IRLS_FLOOR * y.abs().amax(1, keepdim=True).clamp_min(1e-300)
     w = torch.ones_like(y)
 
     def fit(weights: Tensor) -> Tensor:
-        m = (weights @ outer).view(-1, n, n) + 1e-12 * eye  # (C, N, N), symmetric positive definite
+        m = (weights @ outer).view(-1, n, n) + RIDGE * eye  # (C, N, N), symmetric positive definite
         rhs = ((y * weights) @ Q).unsqueeze(-1)
         chol, info = torch.linalg.cholesky_ex(m)
         a = torch.cholesky_solve(rhs, chol)
