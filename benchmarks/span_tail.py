@@ -11,9 +11,12 @@ side by side (`--part K/N`) share the file; a run without `--part` then summaris
 
     python benchmarks/span_tail.py --batch-size 4 --samples 64 [--seed 0] [key=value ...] [--write]
     python benchmarks/span_tail.py --batch-size 16 --samples 4 --name span-mean16 model.pooling=mean
+    python benchmarks/span_tail.py --config configs/scale/gpt2_small_sst2.yaml --batch-size 16 --samples 8 \
+        --seed 1 --name NAME --json docs/results/bench/span-decoder.json --section span-decoder --write train.threads=1
 
 Results: docs/results/bench/NAME.json (hashed as the results book reads it; key = the cell), and
-with `--write` the `span-tail` section of docs/results.md (`results/sections/span_tail.py`).
+with `--write` the `span-tail` section of docs/results.md (`results/sections/span_tail.py`; `--section`
+names another, e.g. `span-decoder`, rendered by `results/sections/span_decoder.py` from its `--json`).
 """
 
 from __future__ import annotations
@@ -106,6 +109,11 @@ def run_rows(args: argparse.Namespace, rows_path: Path) -> list[dict[str, Any]]:
     return sorted(done, key=lambda r: r["index"])
 
 
+def config_flag(args: argparse.Namespace) -> str:
+    """` --config PATH` where the run's config is not the default one, else nothing."""
+    return f" --config {args.config}" if args.config != CONFIG else ""
+
+
 def summarise(rows: list[dict[str, Any]], args: argparse.Namespace, budget: dict[str, int]) -> dict[str, Any]:
     """The cell: the command, its draws, seconds (p50 / p95 / max) and recovery (mean, spread)."""
     wall, cpu = [r["wall_s"] for r in rows], [r["cpu_s"] for r in rows]
@@ -113,7 +121,7 @@ def summarise(rows: list[dict[str, Any]], args: argparse.Namespace, budget: dict
     over = " ".join(args.overrides)
     return {
         "command": f"python benchmarks/span_tail.py --batch-size {args.batch_size} --samples {args.samples} "
-        f"--seed {args.seed} {' '.join(args.overrides[1:])}".strip(),
+        f"--seed {args.seed}{config_flag(args)} {' '.join(args.overrides[1:])}".strip(),
         "cli": f"veil attack {args.config} {over} --attack span --batch-size {args.batch_size} "
         f"--samples {args.samples} --seed {args.seed} --out OUT".replace("  ", " "),
         "batch": args.batch_size,
@@ -155,7 +163,9 @@ def main() -> None:
     ap.add_argument("--indices", default="", help="A-B: measure these batches (with --part K/N: summarise nothing)")
     ap.add_argument("--note", default="", help="what the cell's code differs in (rendered beside it)")
     ap.add_argument("--report", action="store_true", help="measure nothing: summarise the batches in --rows so far")
-    ap.add_argument("--write", action="store_true", help="splice the span-tail section into docs/results.md")
+    ap.add_argument("--write", action="store_true", help="splice the section (--section) into docs/results.md")
+    ap.add_argument("--section", default="span-tail", help="the section --write splices (results/sections/NAME.py)")
+    ap.add_argument("--compare", default="", help="a cell of the same JSON to set this one's CPU s against per draw")
     ap.add_argument("overrides", nargs="*", help="config key=value and attack.KEY=VALUE, as veil attack takes them")
     args = ap.parse_args()
     args.overrides = ["model.dropout=0", *args.overrides]
@@ -175,6 +185,8 @@ def main() -> None:
     cell = summarise(rows, args, budget)
     if args.note:
         cell["note"] = args.note
+    if args.compare:
+        cell["compare"] = args.compare
     print(json.dumps({k: v for k, v in cell.items() if k != "per_batch"}, indent=1))
     sys.path.insert(0, str(ROOT))
     from veil.io import write_checked_text
@@ -185,12 +197,14 @@ def main() -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
     write_checked_text(path, json.dumps(doc, indent=1) + "\n")
     if args.write:
+        from importlib import import_module
+
         from results import splice
-        from results.sections.span_tail import render
         from veil.io import atomic_write_text
 
+        render = import_module(f"results.sections.{args.section.replace('-', '_')}").render
         docs = ROOT / "docs" / "results.md"
-        atomic_write_text(docs, splice(docs.read_text(), "span-tail", render(doc).strip()))
+        atomic_write_text(docs, splice(docs.read_text(), args.section, render(doc).strip()))
 
 
 if __name__ == "__main__":

@@ -5,6 +5,8 @@ running the first block on a candidate sentence.
 
 Decoder (causal; DAGER alg. 1): h1 at position t depends only on tokens <= t, so prefixes are
 extended greedily one position at a time; an extension survives if its last h1 is in the span.
+That row alone is computed, through block 1 with the prefix's keys and values computed once
+(`veil.attacks.span.causal`).
 A prefix with no surviving extension has ended. A causal LM's last token ([SEP]) is never
 scored, so it gets no gradient: the attacker appends the tokenizer's [SEP] to every ended prefix.
 
@@ -31,6 +33,7 @@ import torch
 from scipy.optimize import linear_sum_assignment
 from torch import Tensor
 
+from veil.attacks.span.causal import LastRowScorer
 from veil.attacks.span.core import ACT_FLOATS, Span, last_position, layer_inputs, rows_per_call
 from veil.models.base import VeilModel
 
@@ -74,6 +77,7 @@ def decoder_search(
         return [], {"prefixes_tested": 0, "note": "no token passes layer 1 (dropout or noise? raise tol1)"}
     B = inp.batch_size or max((len(c) for c in cands), default=1)
     beam = int(beam or 4 * B)
+    score = LastRowScorer(model, span2)  # the last position's layer-2 distance, one row through block 1
     active: list[list[int]] = [[]]
     scores: list[float] = [0.0]
     finished: list[tuple[list[int], float]] = []
@@ -83,8 +87,7 @@ def decoder_search(
         ext = [p + [v] for p in active for v in toks][: budget - tested]  # never past the budget
         if not ext:
             break
-        ids = torch.tensor(ext)
-        d = sentence_costs(model, span2, ids, torch.ones_like(ids))[:, -1]
+        d = score(torch.tensor(active, dtype=torch.long), cands[t], len(ext))
         tested += len(ext)
         parent = torch.arange(len(active)).repeat_interleave(len(toks))
         keep = torch.nonzero(d < tol2).flatten()
