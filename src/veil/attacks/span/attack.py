@@ -101,9 +101,7 @@ class SpanAttack(Attack[SpanOptions]):
         cands = first.pins[0] if first.pins is not None else first.cands  # encoders: the pins applied
         pins = first.pins[1] if first.pins else None
         search = SearchInput(model, first.span2, cands, specials, o.tol2, know.batch_size)
-        seqs, info = encoder_search(
-            search, seed=first.seed, restarts=o.restarts, sweeps=o.sweeps, pins=pins, budget=budget
-        )
+        seqs, info = encoder_search(search, o, seed=first.seed, pins=pins, budget=budget)
         return _Found(seqs, {"search": "assignment", **info}, cands, peeled)
 
     def _peel(

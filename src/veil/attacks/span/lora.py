@@ -205,7 +205,7 @@ def _search(inp: SearchInput, o: SpanOptions, know: Knowledge, budget: int) -> t
     if inp.model.task == "lm":
         return decoder_search(inp, beam=o.beam, budget=budget)
     seed = know.seed if o.seed is None else o.seed
-    seqs, info = encoder_search(inp, seed=seed, restarts=o.restarts, sweeps=o.sweeps, budget=budget)
+    seqs, info = encoder_search(inp, o, seed=seed, budget=budget)
     return seqs, {"search": "assignment", **info}
 
 

@@ -17,8 +17,7 @@ import torch
 from torch import Tensor
 
 from veil.attacks.span.core import Span, Specials, last_position
-from veil.attacks.span.search import _Layout as Layout
-from veil.attacks.span.search import assign, initial_ids, length_layouts, sentence_costs, sweep
+from veil.attacks.span.search import Layout, assign, initial_ids, length_layouts, sentence_costs, sweep
 from veil.models.base import VeilModel
 
 

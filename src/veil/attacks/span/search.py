@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import itertools
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
@@ -34,7 +34,8 @@ from scipy.optimize import linear_sum_assignment
 from torch import Tensor
 
 from veil.attacks.span.causal import LastRowScorer
-from veil.attacks.span.core import ACT_FLOATS, Span, last_position, layer_inputs, rows_per_call
+from veil.attacks.span.core import ACT_FLOATS, Span, Specials, last_position, layer_inputs, rows_per_call
+from veil.attacks.span.options import SpanOptions
 from veil.models.base import VeilModel
 
 
@@ -47,7 +48,7 @@ class SearchInput:
     model: VeilModel
     span2: Span
     cands: list[Tensor]
-    specials: Any
+    specials: Specials
     tol2: float
     batch_size: int | None
 
@@ -106,7 +107,7 @@ def decoder_search(
 
 # ----------------------------------------------------------------------------- encoder
 @dataclass
-class _Layout:
+class Layout:
     """A length hypothesis: per sentence its length and whether its last slot holds [SEP]."""
 
     lengths: list[int]
@@ -118,8 +119,8 @@ class _Layout:
 
 
 def length_layouts(
-    sets: list[list[int]], sep: int | None, B: int, pins: dict[int, int] | None = None, limit: int = 6, reach: int = 3
-) -> list[_Layout]:
+    sets: list[list[int]], sep: int | None, B: int, pins: dict[int, int] | None, *, limit: int, reach: int
+) -> list[Layout]:
     """Plausible sentence lengths, shortest first. The longest sentence ends at the last position
     with candidates (later positions get no gradient). A token pinned to position t (see
     `veil.attacks.span.core.pin_positions`) is content of a sentence longer than t + 1, so the k-th
@@ -128,7 +129,7 @@ def length_layouts(
     [SEP] positions at or above its bound; combinations are ranked by total extension."""
     T = len(sets)
     if sep is None or B < 1:
-        return [_Layout([T] * max(B, 1), [False] * max(B, 1))]
+        return [Layout([T] * max(B, 1), [False] * max(B, 1))]
     need = np.zeros(T, dtype=np.int64)
     for v, t in (pins or {}).items():
         if v != sep and t < T:
@@ -136,7 +137,7 @@ def length_layouts(
     bound = [max([t + 2 for t in range(T) if need[t] >= k] + [2]) for k in range(1, B + 1)]
     ends = [t + 1 for t in range(T) if sep in sets[t]]
     if not ends:
-        return [_Layout([T] * B, [False] * B)]
+        return [Layout([T] * B, [False] * B)]
     longest = T if T in ends else ends[-1]
     options = [[e for e in ends if e >= bound[k]][:reach] or [longest] for k in range(1, B)]
     layouts = []
@@ -149,12 +150,12 @@ def length_layouts(
     for _, lengths in sorted(layouts):
         if tuple(lengths) not in seen:
             seen.add(tuple(lengths))
-            out.append(_Layout(lengths, [True] * B))
+            out.append(Layout(lengths, [True] * B))
     return out[:limit]
 
 
 def initial_ids(
-    lay: _Layout, content: list[list[int]], sets: list[list[int]], sep: int | None, pad: int, rng: np.random.Generator
+    lay: Layout, content: list[list[int]], sets: list[list[int]], sep: int | None, pad: int, rng: np.random.Generator
 ) -> Tensor:
     B, T = len(lay.lengths), max(lay.lengths)
     ids = torch.full((B, T), pad, dtype=torch.long)
@@ -193,7 +194,7 @@ def sweep(
     span2: Span,
     ids: Tensor,
     mask: Tensor,
-    lay: _Layout,
+    lay: Layout,
     content: list[list[int]],
     rng: np.random.Generator,
     pinned: set[int],
@@ -235,7 +236,7 @@ def solved_rows(model: VeilModel, span2: Span, ids: Tensor, mask: Tensor, tol2: 
     return set(torch.nonzero(sentence_costs(model, span2, ids, mask).amax(1) < tol2).flatten().tolist())
 
 
-def carry(ids: Tensor, lay: _Layout, kept: list[list[int]]) -> set[int]:
+def carry(ids: Tensor, lay: Layout, kept: list[list[int]]) -> set[int]:
     """Copy already solved sentences into rows of the same length; returns those rows."""
     rows: set[int] = set()
     for sent in kept:
@@ -248,59 +249,107 @@ def carry(ids: Tensor, lay: _Layout, kept: list[list[int]]) -> set[int]:
 
 def encoder_search(
     inp: SearchInput,
+    opts: SpanOptions,
     *,
     seed: int,
-    restarts: int = 4,
-    sweeps: int = 12,
     pins: dict[int, int] | None = None,
-    budget: int = 500_000,
+    budget: int,
 ) -> tuple[list[list[int]], dict[str, Any]]:
-    """Length hypotheses x restarts x coordinate sweeps; solved sentences are frozen and carried
-    across restarts and layouts (see the module docstring). `budget` caps the candidate sentences
-    scored (counted work, never time: the result does not depend on the machine's load)."""
-    model, span2, cands, specials, tol2 = inp.model, inp.span2, inp.cands, inp.specials, inp.tol2
+    """Length hypotheses (``opts.layouts``, each length at one of ``opts.layout_reach`` [SEP]
+    positions) x restarts (``opts.restarts``, round robin) x coordinate sweeps (``opts.sweeps``);
+    solved sentences are frozen and carried across restarts and layouts (see the module
+    docstring). `budget` caps the candidate sentences scored (counted work, never time: the
+    result does not depend on the machine's load)."""
     start = time.perf_counter()
-    T = last_position(cands)
+    T = last_position(inp.cands)
     if T == 0:
         return [], {"sentences_scored": 0, "note": "no token passes layer 1 (dropout or noise? raise tol1)"}
-    sets = [c.tolist() for c in cands[:T]]
-    sep, pad = specials.sep, specials.pad if specials.pad is not None else 0
-    B = inp.batch_size or max([len(s) for s in sets] + [1])
-    rng = np.random.default_rng(seed)
-    pinned = set(pins or {})
-    content = [sorted((v for v in s if v != sep), key=lambda v: v not in pinned) for s in sets]  # pinned first
+    run = _Restarts.of(inp, T, seed, pins, budget)
+    layouts = length_layouts(run.sets, run.sep, run.B, pins, limit=opts.layouts, reach=opts.layout_reach)
+    for lay in (lay for _ in range(max(1, opts.restarts)) for lay in layouts):  # one restart per layout, round robin
+        if run.restart(lay, opts.sweeps):
+            break  # an exact solution (every position of every sentence in the layer-2 span), or the budget spent
+    return run.result(start)
+
+
+@dataclass
+class _Restarts:
+    """What the encoder search's restarts share: each position's candidates (`sets`; `content`
+    without [SEP], pinned tokens first), the batch size, the draws, the solved sentences carried
+    over (`kept`), the best assignment so far (fewest unsolved sentences, then the least mean
+    layer-2 distance) and the sentences scored against `budget`."""
+
+    inp: SearchInput
+    sets: list[list[int]]
+    content: list[list[int]]
+    pinned: set[int]
+    B: int
+    rng: np.random.Generator
+    budget: int
+    kept: list[list[int]] = field(default_factory=list)
     best: tuple[tuple[int, float], Tensor, Tensor] | None = None
-    kept: list[list[int]] = []
-    scored = tries = 0
-    layouts = length_layouts(sets, sep, B, pins)
-    for lay in (lay for _ in range(max(1, restarts)) for lay in layouts):  # one restart per layout, round robin
+    scored: int = 0
+    tries: int = 0
+
+    @classmethod
+    def of(cls, inp: SearchInput, T: int, seed: int, pins: dict[int, int] | None, budget: int) -> _Restarts:
+        sets = [c.tolist() for c in inp.cands[:T]]
+        B = inp.batch_size or max([len(s) for s in sets] + [1])
+        rng = np.random.default_rng(seed)
+        pinned = set(pins or {})
+        sep = inp.specials.sep
+        content = [sorted((v for v in s if v != sep), key=lambda v: v not in pinned) for s in sets]  # pinned first
+        return cls(inp, sets, content, pinned, B, rng, budget)
+
+    @property
+    def sep(self) -> int | None:
+        return self.inp.specials.sep
+
+    @property
+    def pad(self) -> int:
+        return self.inp.specials.pad if self.inp.specials.pad is not None else 0
+
+    def restart(self, lay: Layout, sweeps: int) -> bool:
+        """One restart on length hypothesis `lay`: a random start with the kept sentences carried
+        in, up to `sweeps` sweeps; True where every sentence is solved or the budget is spent."""
+        model, span2 = self.inp.model, self.inp.span2
         mask = (torch.arange(max(lay.lengths))[None] < torch.tensor(lay.lengths)[:, None]).long()
-        ids = initial_ids(lay, content, sets, sep, pad, rng)
-        frozen = carry(ids, lay, kept)
-        tries += 1
-        for _ in range(sweeps):
-            changed, n = sweep(model, span2, ids, mask, lay, content, rng, pinned, frozen, budget - scored)
-            scored += n
-            frozen |= solved_rows(model, span2, ids, mask, tol2)
-            if not changed or len(frozen) == B or scored >= budget:
-                break
+        ids = initial_ids(lay, self.content, self.sets, self.sep, self.pad, self.rng)
+        frozen = carry(ids, lay, self.kept)
+        self.tries += 1
+        self._sweeps(ids, mask, lay, frozen, sweeps)
         solved = [ids[b, : lay.lengths[b]].tolist() for b in sorted(frozen)]
-        kept += [x for x in solved if x not in kept]
+        self.kept += [x for x in solved if x not in self.kept]
         dist = sentence_costs(model, span2, ids, mask)
         key = (-len(frozen), float(dist.sum() / mask.sum()))
-        if best is None or key < best[0]:
-            best = (key, ids.clone(), mask)
-        if len(frozen) == B or scored >= budget:
-            break  # an exact solution: every position of every sentence lies in the layer-2 span
-    if best is None:
-        return [], {"sentences_scored": 0}
-    (_, score), ids, mask = best
-    seqs = [ids[b, : int(mask[b].sum())].tolist() for b in range(ids.shape[0])]
-    return seqs, {
-        "sentences_scored": scored,
-        "restarts_run": tries,
-        "mean_layer2_distance": score,
-        "sentences_exact": len(solved_rows(model, span2, ids, mask, tol2)),
-        "batch_size_used": B,
-        "search_seconds": time.perf_counter() - start,
-    }
+        if self.best is None or key < self.best[0]:
+            self.best = (key, ids.clone(), mask)
+        return len(frozen) == self.B or self.scored >= self.budget
+
+    def _sweeps(self, ids: Tensor, mask: Tensor, lay: Layout, frozen: set[int], sweeps: int) -> None:
+        """Coordinate sweeps until one changes nothing, every sentence is solved (`frozen`, grown
+        in place) or the budget is spent."""
+        model, span2 = self.inp.model, self.inp.span2
+        for _ in range(sweeps):
+            left = self.budget - self.scored
+            changed, n = sweep(model, span2, ids, mask, lay, self.content, self.rng, self.pinned, frozen, left)
+            self.scored += n
+            frozen |= solved_rows(model, span2, ids, mask, self.inp.tol2)
+            if not changed or len(frozen) == self.B or self.scored >= self.budget:
+                break
+
+    def result(self, start: float) -> tuple[list[list[int]], dict[str, Any]]:
+        """The best assignment's sentences and the search's stats."""
+        if self.best is None:
+            return [], {"sentences_scored": 0}
+        (_, score), ids, mask = self.best
+        model, span2 = self.inp.model, self.inp.span2
+        seqs = [ids[b, : int(mask[b].sum())].tolist() for b in range(ids.shape[0])]
+        return seqs, {
+            "sentences_scored": self.scored,
+            "restarts_run": self.tries,
+            "mean_layer2_distance": score,
+            "sentences_exact": len(solved_rows(model, span2, ids, mask, self.inp.tol2)),
+            "batch_size_used": self.B,
+            "search_seconds": time.perf_counter() - start,
+        }
