@@ -118,7 +118,7 @@ class SpanAttack(Attack[SpanOptions]):
         res = Residual(obs, know.batch_size or 1)
         return peel_search(obs, res, pinned_candidates, specials, o, seed=first.seed, seeds=seeds)
 
-    def _account(self, found: _Found) -> dict[str, Any]:
+    def _account(self, found: _Found) -> dict[str, object]:
         """The work done in its units, whether a budget stopped the search, and a note saying so."""
         info, o = found.info, self.options
         scored = found.peeled + int(info.get("sentences_scored", info.get("prefixes_tested", 0)))
@@ -127,7 +127,7 @@ class SpanAttack(Attack[SpanOptions]):
             work["block_rows"] = int(info["block_rows"])
         spent = (("sentences_scored", scored >= o.sentences(self._batch)), ("block_rows", info.get("work_stopped")))
         stopped = [u for u, out in spent if out]
-        out: dict[str, Any] = {"work": work, "budget_stopped": bool(stopped)}
+        out: dict[str, object] = {"work": work, "budget_stopped": bool(stopped)}
         if stopped:
             out["note"] = (
                 f"stopped at budget ({', '.join(stopped)}): the exact sentences found, best guesses for the rest"
@@ -169,7 +169,7 @@ class _Layer1:
         if obs.model.task != "lm" and o.layernorm_positions:  # encoders: both searches read the pins
             self.pins = pin_positions(obs, self.cands, o.tol_ln, o.ln_slack)
 
-    def stats(self) -> dict[str, Any]:
+    def stats(self) -> dict[str, object]:
         width = self.span1.width
         return {
             "rank1": self.span1.rank,
