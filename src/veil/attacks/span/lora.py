@@ -48,9 +48,14 @@ class AdapterSpan(Span):
     """The spans of one layer's adapters, each in its own r-dimensional space (``blocks``: (span
     of dL/dB's rows, A)); ``basis`` is their block-diagonal sum (its rank: the stats). A layer
     input x is tested as ``min_m w_m d_m(A_m x)`` over the blocks that leave room, weighted by
-    the room they leave (`free_dims`, `ONE_FREE_WEIGHT`)."""
+    the room they leave (`free_dims`, ``one_free_weight``: `SpanOptions.one_free_weight`)."""
 
     blocks: list[tuple[Span, Tensor]] = field(default_factory=list)
+    #: a block whose span leaves one free dimension puts a random candidate within relative distance t
+    #: of it with probability ~t (two free dimensions: ~t^2): at the default tolerance 1e-3 one wrong
+    #: candidate in a thousand passes, so its distances count this many times over (at the default,
+    #: a tolerance of 1e-6 there; true inputs sit at the float32 floor, ~1e-7)
+    one_free_weight: float = DEFAULTS.one_free_weight
     #: sentences (N, T, width): a position whose input equals the previous one's fails (see `no_repeats`)
     distinct: bool = False
 
@@ -61,16 +66,9 @@ class AdapterSpan(Span):
             d = x.new_zeros(x.shape[:-1])
         else:
             d = torch.stack(
-                [span.distance(x @ a.to(x.dtype).T) * (ONE_FREE_WEIGHT if f == 1 else 1.0) for span, a, f in used]
+                [span.distance(x @ a.to(x.dtype).T) * (self.one_free_weight if f == 1 else 1.0) for span, a, f in used]
             ).amin(0)
         return no_repeats(x, d) if self.distinct and x.ndim == 3 else d
-
-
-#: a block whose span leaves one free dimension puts a random candidate within relative distance t
-#: of it with probability ~t (two free dimensions: ~t^2): at the default tolerance 1e-3 one wrong
-#: candidate in a thousand passes, so its distances count this many times over (a tolerance of 1e-6
-#: there; true inputs sit at the float32 floor, ~1e-7)
-ONE_FREE_WEIGHT = 1e3
 
 
 #: two positions' layer inputs are the same where they differ by less than this relative norm (float
@@ -104,7 +102,9 @@ def lora_layers(model: VeilModel) -> bool:
         return False
 
 
-def adapter_span(obs: Observation, layer: int, rank_tol: float = DEFAULTS.rank_tol) -> AdapterSpan:
+def adapter_span(
+    obs: Observation, layer: int, rank_tol: float = DEFAULTS.rank_tol, one_free_weight: float = DEFAULTS.one_free_weight
+) -> AdapterSpan:
     """The span of attention layer `layer`'s inputs, projected by its adapters' A (see the module
     docstring): each exported dL/dB's row space with its A."""
     layers = obs.model.attention_layers()
@@ -129,7 +129,11 @@ def adapter_span(obs: Observation, layer: int, rank_tol: float = DEFAULTS.rank_t
         )
     blocks = [(Span(basis=b, singular=s, width=a.shape[0]), a) for b, s, a in zip(bases, sings, projs)]
     return AdapterSpan(
-        basis=torch.block_diag(*bases), singular=torch.cat(sings), width=projs[0].shape[1], blocks=blocks
+        basis=torch.block_diag(*bases),
+        singular=torch.cat(sings),
+        width=projs[0].shape[1],
+        blocks=blocks,
+        one_free_weight=one_free_weight,
     )
 
 
@@ -151,7 +155,8 @@ def lora_reconstruct(options: SpanOptions, obs: Observation, know: Knowledge) ->
     """The span attack of the module docstring with `options` (`SpanOptions`: tol1, tol2, rank_tol,
     max_len, max_per_position, restarts, sweeps, budget, beam, seed)."""
     model, o = obs.model, options
-    span1, span2 = adapter_span(obs, 0, o.rank_tol), adapter_span(obs, 1, o.rank_tol)
+    span1 = adapter_span(obs, 0, o.rank_tol, o.one_free_weight)
+    span2 = adapter_span(obs, 1, o.rank_tol, o.one_free_weight)
     max_len, table = _max_len(model, span1, span2, o, know)
     budget = o.sentences(know.batch_size or 1)
     was = model.training

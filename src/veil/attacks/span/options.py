@@ -133,6 +133,11 @@ class SpanOptions(Options):
     layout_reach: int = option(
         3, "encoder assignment search: [SEP] positions each sentence's length may take, at or above its bound"
     )
+    one_free_weight: float = option(
+        1e3,
+        "LoRA updates: an adapter span that leaves one free dimension counts its distances this many times over "
+        "(a random input passes it within tol1 with probability ~tol1)",
+    )
     seed: int | None = option(None, "seed of the searches; unset: the knowledge's seed")
 
     def sentences(self, batch_size: int) -> int:
