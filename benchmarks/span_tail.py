@@ -181,7 +181,7 @@ def main() -> None:
     from veil.commands.attack import split_overrides
 
     o = create_attack("span", **split_overrides(args.overrides)[1]).options
-    budget = {"sentences_scored": o.budget, "block_rows": o.work * args.batch_size}  # per batch
+    budget = {"sentences_scored": o.sentences(args.batch_size), "block_rows": o.work * args.batch_size}  # per batch
     cell = summarise(rows, args, budget)
     if args.note:
         cell["note"] = args.note
