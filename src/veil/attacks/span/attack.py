@@ -96,7 +96,7 @@ class SpanAttack(Attack[SpanOptions]):
                 budget, peeled = budget - scored, scored
         if model.task == "lm":
             search = SearchInput(model, first.span2, first.cands, specials, o.tol2, know.batch_size)
-            seqs, info = decoder_search(search, beam=o.beam, budget=budget)
+            seqs, info = decoder_search(search, beam=o.beam, per_sentence=o.beam_per_sentence, budget=budget)
             return _Found(seqs, info, first.cands, peeled)
         cands = first.pins[0] if first.pins is not None else first.cands  # encoders: the pins applied
         pins = first.pins[1] if first.pins else None

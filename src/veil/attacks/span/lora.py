@@ -208,7 +208,7 @@ def _max_len(
 def _search(inp: SearchInput, o: SpanOptions, know: Knowledge, budget: int) -> tuple[list[list[int]], dict[str, Any]]:
     """Layer 2 on the adapters' span: left to right (decoders) or the assignment search (encoders)."""
     if inp.model.task == "lm":
-        return decoder_search(inp, beam=o.beam, budget=budget)
+        return decoder_search(inp, beam=o.beam, per_sentence=o.beam_per_sentence, budget=budget)
     seed = know.seed if o.seed is None else o.seed
     seqs, info = encoder_search(inp, o, seed=seed, budget=budget)
     return seqs, {"search": "assignment", **info}

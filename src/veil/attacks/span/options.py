@@ -95,7 +95,10 @@ class SpanOptions(Options):
         WORK,
         "peeling: block-rows computed per batch sentence (one token through one block; a backward pass counts 2)",
     )
-    beam: int | None = option(None, "prefixes kept per position by the decoder search; unset: 4 x batch size")
+    beam: int | None = option(
+        None, "prefixes kept per position by the decoder search; unset: beam_per_sentence x batch size"
+    )
+    beam_per_sentence: int = option(4, "the decoder search's unset beam: prefixes kept per batch sentence")
     crowded: float = option(
         0.125, "peeling: layer 2's span is crowded where it leaves less than this fraction of the width free"
     )

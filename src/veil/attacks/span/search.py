@@ -68,16 +68,17 @@ def sentence_costs(model: VeilModel, span2: Span, ids: Tensor, mask: Tensor) -> 
 
 # ----------------------------------------------------------------------------- decoder
 def decoder_search(
-    inp: SearchInput, *, beam: int | None = None, budget: int = 500_000
+    inp: SearchInput, *, beam: int | None, per_sentence: int, budget: int
 ) -> tuple[list[list[int]], dict[str, Any]]:
-    """Greedy left-to-right extension of prefixes (see the module docstring); stops extending once
-    `budget` prefixes are scored (a position's extensions are cut at what is left of it)."""
+    """Greedy left-to-right extension of prefixes (see the module docstring), keeping `beam`
+    prefixes per position (None: `per_sentence` per batch sentence); stops extending once `budget`
+    prefixes are scored (a position's extensions are cut at what is left of it)."""
     model, span2, cands, specials, tol2 = inp.model, inp.span2, inp.cands, inp.specials, inp.tol2
     T = last_position(cands)
     if T == 0:
         return [], {"prefixes_tested": 0, "note": "no token passes layer 1 (dropout or noise? raise tol1)"}
     B = inp.batch_size or max((len(c) for c in cands), default=1)
-    beam = int(beam or 4 * B)
+    beam = int(beam or per_sentence * B)
     score = LastRowScorer(model, span2)  # the last position's layer-2 distance, one row through block 1
     active: list[list[int]] = [[]]
     scores: list[float] = [0.0]
