@@ -9,6 +9,7 @@ from __future__ import annotations
 import statistics
 from typing import Any
 
+from results.sections.span_tail import measured, recovery
 from results.tables import fmt, table
 
 #: a benchmark's JSON, beside (not among) the audits' collected summaries
@@ -27,8 +28,8 @@ def _cell_rows(doc: dict[str, Any]) -> list[list[Any]]:
             [
                 name,
                 _seed(c),
-                f"{c['samples']} of {c.get('planned', c['samples'])}",
-                f"{fmt(c['token_recovery'])} (sd {fmt(c['token_recovery_sd'])}, min {fmt(c['token_recovery_min'])})",
+                measured(c),
+                recovery(c),
                 fmt(c["exact_recovery"], 3),
                 sum(r["exact_recovery"] == 1.0 for r in c["per_batch"]),
                 f"{c['cpu_p50']:.1f} / {c['cpu_max']:.1f}",

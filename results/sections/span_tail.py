@@ -14,6 +14,16 @@ from results.tables import fmt, table
 SOURCES = ("bench/span-tail",)
 
 
+def measured(c: dict[str, Any]) -> str:
+    """A cell's draws measured of those planned."""
+    return f"{c['samples']} of {c.get('planned', c['samples'])}"
+
+
+def recovery(c: dict[str, Any]) -> str:
+    """A cell's token recovery: mean, spread and worst draw."""
+    return f"{fmt(c['token_recovery'])} (sd {fmt(c['token_recovery_sd'])}, min {fmt(c['token_recovery_min'])})"
+
+
 def _cell_rows(doc: dict[str, Any]) -> list[list[Any]]:
     rows = []
     for name, c in doc.items():
@@ -21,8 +31,8 @@ def _cell_rows(doc: dict[str, Any]) -> list[list[Any]]:
             [
                 name,
                 c["batch"],
-                f"{c['samples']} of {c.get('planned', c['samples'])}",
-                f"{fmt(c['token_recovery'])} (sd {fmt(c['token_recovery_sd'])}, min {fmt(c['token_recovery_min'])})",
+                measured(c),
+                recovery(c),
                 fmt(c["exact_recovery"], 2),
                 f"{c['cpu_p50']:.0f} / {c['cpu_p95']:.0f} / {c['cpu_max']:.0f}",
                 f"{c['wall_p50']:.0f} / {c['wall_p95']:.0f} / {c['wall_max']:.0f}",

@@ -21,7 +21,9 @@ class SpanOptions(Options):
     presence_filter: bool = option(True, "test only the tokens the embedding gradient shows (and the specials)")
     max_per_position: int | None = option(None, "keep at most this many layer-1 candidates per position")
     layernorm_positions: bool = option(True, "pin encoder tokens to their position by the embedding LayerNorm")
-    tol_ln: float = option(1e-6, "cosine floor of the LayerNorm pins (MiniLM: true pins <= 6e-8, false >= 1e-5)")
+    tol_ln: float = option(
+        1e-6, "cosine floor of the LayerNorm pins (a true pin sits at float rounding, a false one far above)"
+    )
     peel: bool = option(True, "encoder classifiers: peel one exact sentence at a time (needs the batch size)")
     tol_cls: float = option(1e-4, "last-block span distance below which a peeled sentence is exact")
     tol_all: float = option(

@@ -139,7 +139,8 @@ class SentenceScore:
     def _with_gradient(self, ids: Tensor) -> tuple[Tensor, Tensor]:
         ids = ids.to(model_device(self.model))
         assert self.tok_grad is not None
-        with recording_inputs([self.q2, self.check.module]) as seen:
+        row_test = isinstance(self.check, RowCheck)  # reads the gradients, not the last block's inputs
+        with recording_inputs([self.q2] if row_test else [self.q2, self.check.module]) as seen:
             grads = label_grads(self.model, ids)
         target = self.tok_grad[ids]  # (N, T, D)
         tnorm = target.norm(dim=-1).clamp_min(1e-30)
@@ -148,10 +149,7 @@ class SentenceScore:
             e = ((g / self.batch_size - target).norm(dim=-1) / tnorm).clamp_max(self.cap).detach()
             best = e if best is None else torch.where((e.sum(1) < best.sum(1))[:, None], e, best)
         d2 = self.span2.distance(seen[id(self.q2)].double()).float()
-        if isinstance(self.check, RowCheck):
-            dc = self.check.from_grads(ids, grads)
-        else:
-            dc = self.check.distance(seen[id(self.check.module)])
+        dc = self.check.from_grads(ids, grads) if row_test else self.check.distance(seen[id(self.check.module)])
         assert best is not None
         return (d2 + best).cpu(), dc.cpu()
 
